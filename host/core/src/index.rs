@@ -1,0 +1,297 @@
+//! The global KV block index: which rank holds which block, in which tier.
+//!
+//! One node per sequence hash. A sequence hash already names a block *with* its whole prefix, so
+//! the radix tree's path is implicit in the hash chain: a lookup walks the request's chain from the
+//! root and intersects owners as it goes, and there are no edges to compress or merge. Removing a
+//! block's last owner deletes its node, so memory is bounded by the blocks the engines hold.
+//!
+//! The index is a plain value: `apply` takes `&mut self`. Concurrency (readers that never wait behind
+//! event application) is the driver's business; the gateway keeps two copies with `left-right`.
+
+use crate::hash::SequenceHash;
+use crate::worker::{Rank, Tier, TierSet};
+use smallvec::SmallVec;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// A change to the index, already translated into our own hash space.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IndexOp {
+    /// `rank` now holds `blocks` (a chain, or any set of sequence hashes) in `tier`.
+    Store {
+        /// Owner.
+        rank: Rank,
+        /// Where.
+        tier: Tier,
+        /// Sequence hashes of the stored blocks.
+        blocks: Vec<SequenceHash>,
+    },
+    /// `rank` dropped `blocks` from `tier`.
+    Remove {
+        /// Owner.
+        rank: Rank,
+        /// Where.
+        tier: Tier,
+        /// Sequence hashes of the removed blocks.
+        blocks: Vec<SequenceHash>,
+    },
+    /// `rank` dropped everything (engine restart, `AllBlocksCleared`, lost events, worker removed).
+    Clear {
+        /// Owner.
+        rank: Rank,
+    },
+}
+
+impl IndexOp {
+    /// Blocks this op touches (1 for a clear), the unit of the index benchmark.
+    pub fn block_count(&self) -> usize {
+        match self {
+            IndexOp::Store { blocks, .. } | IndexOp::Remove { blocks, .. } => blocks.len(),
+            IndexOp::Clear { .. } => 1,
+        }
+    }
+}
+
+/// How much of a request's prefix one rank holds, split by tier.
+///
+/// `device` counts the prefix blocks resident on the device; `host` the blocks *beyond* that which
+/// are reachable in host memory; `disk` those beyond both. The three never double-count a block, so
+/// `total()` is the prefix reachable without recompute.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Overlap {
+    /// Prefix blocks on the device.
+    pub device: u32,
+    /// Further prefix blocks in host memory.
+    pub host: u32,
+    /// Further prefix blocks on disk.
+    pub disk: u32,
+}
+
+impl Overlap {
+    /// Prefix blocks reachable in any tier.
+    pub fn total(&self) -> u32 {
+        self.device + self.host + self.disk
+    }
+
+    /// Combine two views of one rank (e.g. indexed and predicted blocks): the longer prefix wins
+    /// in each cumulative tier.
+    pub fn max(self, other: Overlap) -> Overlap {
+        let device = self.device.max(other.device);
+        let hot = (self.device + self.host).max(other.device + other.host).max(device);
+        let any = self.total().max(other.total()).max(hot);
+        Overlap {
+            device,
+            host: hot - device,
+            disk: any - hot,
+        }
+    }
+}
+
+/// Per-rank result of a lookup: only ranks that hold at least the first block appear.
+pub type Matches = Vec<(Rank, Overlap)>;
+
+type Owners = SmallVec<[(u32, TierSet); 4]>;
+
+/// Identity hasher: sequence hashes are already uniformly distributed 64-bit values.
+#[derive(Debug, Default, Clone, Copy)]
+struct PassThrough(u64);
+
+impl Hasher for PassThrough {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+type HashMapByHash<V> = HashMap<SequenceHash, V, BuildHasherDefault<PassThrough>>;
+
+#[derive(Debug, Clone)]
+struct RankEntry {
+    rank: Rank,
+    /// Blocks held per tier, indexed by `Tier as usize`.
+    blocks: [u64; 3],
+}
+
+/// All ranks' blocks in one structure.
+#[derive(Debug, Clone, Default)]
+pub struct KvIndex {
+    nodes: HashMapByHash<Owners>,
+    ranks: Vec<RankEntry>,
+    slots: HashMap<Rank, u32>,
+}
+
+// === impl KvIndex ===
+
+impl KvIndex {
+    /// An empty index.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Apply one change.
+    pub fn apply(&mut self, op: &IndexOp) {
+        match op {
+            IndexOp::Store { rank, tier, blocks } => {
+                let slot = self.slot(*rank);
+                for &hash in blocks {
+                    let owners = self.nodes.entry(hash).or_default();
+                    match owners.iter_mut().find(|(s, _)| *s == slot) {
+                        Some((_, tiers)) if tiers.contains(*tier) => continue,
+                        Some((_, tiers)) => *tiers = tiers.with(*tier),
+                        None => owners.push((slot, TierSet::EMPTY.with(*tier))),
+                    }
+                    self.ranks[slot as usize].blocks[*tier as usize] += 1;
+                }
+            }
+            IndexOp::Remove { rank, tier, blocks } => {
+                let Some(&slot) = self.slots.get(rank) else {
+                    return;
+                };
+                for hash in blocks {
+                    let Some(owners) = self.nodes.get_mut(hash) else {
+                        continue;
+                    };
+                    let Some(pos) = owners.iter().position(|(s, _)| *s == slot) else {
+                        continue;
+                    };
+                    let tiers = owners[pos].1;
+                    if !tiers.contains(*tier) {
+                        continue;
+                    }
+                    self.ranks[slot as usize].blocks[*tier as usize] -= 1;
+                    let left = tiers.without(*tier);
+                    if left.is_empty() {
+                        owners.swap_remove(pos);
+                        if owners.is_empty() {
+                            self.nodes.remove(hash);
+                        }
+                    } else {
+                        owners[pos].1 = left;
+                    }
+                }
+            }
+            IndexOp::Clear { rank } => {
+                let Some(&slot) = self.slots.get(rank) else {
+                    return;
+                };
+                if self.ranks[slot as usize].blocks == [0; 3] {
+                    return;
+                }
+                self.nodes.retain(|_, owners| {
+                    owners.retain(|(s, _)| *s != slot);
+                    !owners.is_empty()
+                });
+                self.ranks[slot as usize].blocks = [0; 3];
+            }
+        }
+    }
+
+    /// How far each rank holds the prefix named by `hashes` (a request's sequence hashes).
+    pub fn find_matches(&self, hashes: &[SequenceHash]) -> Matches {
+        // Per matching rank: (slot, still on device, still on device or host, still anywhere, depths).
+        struct Run {
+            slot: u32,
+            live: [bool; 3],
+            depth: [u32; 3],
+        }
+        let mut runs: SmallVec<[Run; 16]> = SmallVec::new();
+        for (i, hash) in hashes.iter().enumerate() {
+            let Some(owners) = self.nodes.get(hash) else {
+                break;
+            };
+            if i == 0 {
+                for &(slot, tiers) in owners {
+                    let device = tiers.contains(Tier::Device);
+                    let hot = device || tiers.contains(Tier::Host);
+                    runs.push(Run {
+                        slot,
+                        live: [device, hot, true],
+                        depth: [device as u32, hot as u32, 1],
+                    });
+                }
+                continue;
+            }
+            let mut any_live = false;
+            for run in runs.iter_mut().filter(|r| r.live[2]) {
+                let tiers = owners
+                    .iter()
+                    .find(|(s, _)| *s == run.slot)
+                    .map_or(TierSet::EMPTY, |(_, t)| *t);
+                let device = tiers.contains(Tier::Device);
+                let hot = device || tiers.contains(Tier::Host);
+                let present = [device, hot, !tiers.is_empty()];
+                for level in 0..3 {
+                    run.live[level] &= present[level];
+                    run.depth[level] += run.live[level] as u32;
+                }
+                any_live |= run.live[2];
+            }
+            if !any_live {
+                break;
+            }
+        }
+        runs.iter()
+            .map(|run| {
+                let [device, hot, any] = run.depth;
+                let overlap = Overlap {
+                    device,
+                    host: hot - device,
+                    disk: any - hot,
+                };
+                (self.ranks[run.slot as usize].rank, overlap)
+            })
+            .collect()
+    }
+
+    /// Blocks `rank` holds in `tier`.
+    pub fn blocks(&self, rank: Rank, tier: Tier) -> u64 {
+        self.slots
+            .get(&rank)
+            .map_or(0, |&slot| self.ranks[slot as usize].blocks[tier as usize])
+    }
+
+    /// Blocks `rank` holds in any tier (counting a block once per tier).
+    pub fn total_blocks(&self, rank: Rank) -> u64 {
+        Tier::ALL.iter().map(|&t| self.blocks(rank, t)).sum()
+    }
+
+    /// Distinct blocks (nodes) in the index.
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Whether `rank` holds `hash` in `tier`.
+    pub fn contains(&self, rank: Rank, tier: Tier, hash: SequenceHash) -> bool {
+        let Some(&slot) = self.slots.get(&rank) else {
+            return false;
+        };
+        self.nodes.get(&hash).is_some_and(|owners| {
+            owners
+                .iter()
+                .any(|(s, tiers)| *s == slot && tiers.contains(tier))
+        })
+    }
+
+    fn slot(&mut self, rank: Rank) -> u32 {
+        if let Some(&slot) = self.slots.get(&rank) {
+            return slot;
+        }
+        let slot = self.ranks.len() as u32;
+        self.ranks.push(RankEntry {
+            rank,
+            blocks: [0; 3],
+        });
+        self.slots.insert(rank, slot);
+        slot
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,211 @@
+use super::*;
+use crate::hash::BlockHasher;
+use proptest::prelude::*;
+use std::collections::HashSet;
+
+fn chain(tokens: &[u32]) -> Vec<SequenceHash> {
+    BlockHasher::new(1).sequence(tokens)
+}
+
+fn store(rank: Rank, tier: Tier, blocks: &[SequenceHash]) -> IndexOp {
+    IndexOp::Store {
+        rank,
+        tier,
+        blocks: blocks.to_vec(),
+    }
+}
+
+fn remove(rank: Rank, tier: Tier, blocks: &[SequenceHash]) -> IndexOp {
+    IndexOp::Remove {
+        rank,
+        tier,
+        blocks: blocks.to_vec(),
+    }
+}
+
+fn overlap_of(m: &Matches, rank: Rank) -> Overlap {
+    m.iter()
+        .find(|(r, _)| *r == rank)
+        .map_or(Overlap::default(), |(_, o)| *o)
+}
+
+#[test]
+fn depth_per_rank_and_tier() {
+    let (a, b) = (Rank::new(0, 0), Rank::new(1, 0));
+    let seq = chain(&[1, 2, 3, 4, 5]);
+    let mut index = KvIndex::new();
+    index.apply(&store(a, Tier::Device, &seq[..3]));
+    index.apply(&store(a, Tier::Host, &seq[..5]));
+    index.apply(&store(b, Tier::Disk, &seq[..2]));
+    let m = index.find_matches(&seq);
+    assert_eq!(
+        overlap_of(&m, a),
+        Overlap {
+            device: 3,
+            host: 2,
+            disk: 0
+        }
+    );
+    assert_eq!(
+        overlap_of(&m, b),
+        Overlap {
+            device: 0,
+            host: 0,
+            disk: 2
+        }
+    );
+}
+
+#[test]
+fn a_hole_ends_the_prefix() {
+    let a = Rank::new(0, 0);
+    let seq = chain(&[1, 2, 3, 4]);
+    let mut index = KvIndex::new();
+    index.apply(&store(a, Tier::Device, &seq));
+    index.apply(&remove(a, Tier::Device, &seq[1..2]));
+    assert_eq!(overlap_of(&index.find_matches(&seq), a).device, 1);
+    // Missing first block: no match at all, even though later blocks are held.
+    index.apply(&remove(a, Tier::Device, &seq[..1]));
+    assert!(index.find_matches(&seq).is_empty());
+}
+
+#[test]
+fn removing_last_owner_frees_the_node() {
+    let (a, b) = (Rank::new(0, 0), Rank::new(0, 1));
+    let seq = chain(&[7, 8, 9]);
+    let mut index = KvIndex::new();
+    index.apply(&store(a, Tier::Device, &seq));
+    index.apply(&store(b, Tier::Device, &seq[..1]));
+    index.apply(&store(a, Tier::Host, &seq));
+    assert_eq!(index.node_count(), 3);
+    index.apply(&remove(a, Tier::Device, &seq));
+    assert_eq!(index.node_count(), 3, "host copies keep the nodes");
+    index.apply(&remove(a, Tier::Host, &seq));
+    assert_eq!(index.node_count(), 1, "rank b still holds the first block");
+    index.apply(&IndexOp::Clear { rank: b });
+    assert_eq!(index.node_count(), 0);
+    assert_eq!(index.total_blocks(a) + index.total_blocks(b), 0);
+}
+
+#[test]
+fn stores_are_idempotent_and_removes_of_unknown_blocks_ignored() {
+    let a = Rank::new(3, 0);
+    let seq = chain(&[1, 2]);
+    let mut index = KvIndex::new();
+    index.apply(&store(a, Tier::Device, &seq));
+    index.apply(&store(a, Tier::Device, &seq));
+    assert_eq!(index.blocks(a, Tier::Device), 2);
+    index.apply(&remove(a, Tier::Device, &chain(&[5, 6])));
+    index.apply(&remove(Rank::new(9, 9), Tier::Device, &seq));
+    index.apply(&IndexOp::Clear {
+        rank: Rank::new(9, 9),
+    });
+    assert_eq!(index.blocks(a, Tier::Device), 2);
+}
+
+#[test]
+fn overlap_max_combines_cumulative_tiers() {
+    let indexed = Overlap {
+        device: 2,
+        host: 3,
+        disk: 1,
+    };
+    let predicted = Overlap {
+        device: 4,
+        host: 0,
+        disk: 0,
+    };
+    assert_eq!(
+        indexed.max(predicted),
+        Overlap {
+            device: 4,
+            host: 1,
+            disk: 1
+        }
+    );
+}
+
+/// Naive model: per rank, the set of (hash, tier) it holds.
+#[derive(Default)]
+struct Model(HashMap<Rank, HashSet<(SequenceHash, Tier)>>);
+
+impl Model {
+    fn apply(&mut self, op: &IndexOp) {
+        match op {
+            IndexOp::Store { rank, tier, blocks } => {
+                let set = self.0.entry(*rank).or_default();
+                set.extend(blocks.iter().map(|b| (*b, *tier)));
+            }
+            IndexOp::Remove { rank, tier, blocks } => {
+                if let Some(set) = self.0.get_mut(rank) {
+                    for b in blocks {
+                        set.remove(&(*b, *tier));
+                    }
+                }
+            }
+            IndexOp::Clear { rank } => {
+                self.0.remove(rank);
+            }
+        }
+    }
+
+    fn overlap(&self, rank: Rank, seq: &[SequenceHash]) -> Overlap {
+        let Some(set) = self.0.get(&rank) else {
+            return Overlap::default();
+        };
+        let depth = |tiers: &[Tier]| {
+            seq.iter()
+                .take_while(|h| tiers.iter().any(|t| set.contains(&(**h, *t))))
+                .count() as u32
+        };
+        let device = depth(&[Tier::Device]);
+        let hot = depth(&[Tier::Device, Tier::Host]);
+        let any = depth(&Tier::ALL);
+        Overlap {
+            device,
+            host: hot - device,
+            disk: any - hot,
+        }
+    }
+}
+
+fn op_strategy() -> impl Strategy<Value = IndexOp> {
+    let rank = (0u32..3, 0u32..2).prop_map(|(w, d)| Rank::new(w, d));
+    let tier = prop_oneof![Just(Tier::Device), Just(Tier::Host), Just(Tier::Disk)];
+    // Blocks are prefixes of a few branching token chains, so lookups share paths.
+    let blocks = (0u32..3, 1usize..8).prop_map(|(branch, len)| {
+        let tokens: Vec<u32> = (0..len as u32).map(|i| if i < 2 { i } else { i + branch * 100 }).collect();
+        chain(&tokens)
+    });
+    prop_oneof![
+        4 => (rank.clone(), tier.clone(), blocks.clone()).prop_map(|(rank, tier, blocks)| IndexOp::Store { rank, tier, blocks }),
+        3 => (rank.clone(), tier, blocks.clone(), 0usize..4).prop_map(|(rank, tier, blocks, skip)| IndexOp::Remove { rank, tier, blocks: blocks.into_iter().skip(skip).collect() }),
+        1 => rank.prop_map(|rank| IndexOp::Clear { rank }),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn index_agrees_with_naive_model(ops in proptest::collection::vec(op_strategy(), 1..60), branch in 0u32..3) {
+        let mut index = KvIndex::new();
+        let mut model = Model::default();
+        for op in &ops {
+            index.apply(op);
+            model.apply(op);
+        }
+        let tokens: Vec<u32> = (0..8u32).map(|i| if i < 2 { i } else { i + branch * 100 }).collect();
+        let seq = chain(&tokens);
+        let matches = index.find_matches(&seq);
+        for w in 0..3 {
+            for d in 0..2 {
+                let rank = Rank::new(w, d);
+                prop_assert_eq!(overlap_of(&matches, rank), model.overlap(rank, &seq));
+                let held: u64 = model.0.get(&rank).map_or(0, |s| s.len() as u64);
+                prop_assert_eq!(index.total_blocks(rank), held);
+            }
+        }
+        // Memory bound: every node has an owner.
+        let distinct: HashSet<SequenceHash> = model.0.values().flatten().map(|(h, _)| *h).collect();
+        prop_assert_eq!(index.node_count(), distinct.len());
+    }
+}

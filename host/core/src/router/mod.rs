@@ -1,0 +1,443 @@
+//! The router core: candidates, cost, temperature sampling and load bookings.
+//!
+//! Pure and synchronous. The caller passes the current time (`now`, a `Duration` since any fixed
+//! epoch of its choosing) and an index to read; the gateway drives it with tokio and real engines,
+//! the simulator with a virtual clock.
+
+mod policy;
+
+pub use policy::{
+    Candidate, CostWeights, KvCost, PolicyRequest, RoundRobin, RoutingPolicy, Selection,
+    native_policy,
+};
+
+use crate::hash::SequenceHash;
+use crate::index::{KvIndex, Overlap};
+use crate::predicted::PredictedBlocks;
+use crate::worker::Rank;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// Router settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouterConfig {
+    /// Tokens per KV block of the hashes passed in.
+    pub block_size: u32,
+    /// Default cost weights.
+    pub weights: CostWeights,
+    /// Sampling temperature over costs; 0 picks the cheapest.
+    pub temperature: f64,
+    /// How long a decision's predicted blocks stand in for the engine's events.
+    pub booking_ttl: Duration,
+    /// How long blocks are assumed cached on ranks that publish no KV events.
+    pub approx_ttl: Duration,
+    /// Most predicted blocks kept per rank (approximate mode's memory bound).
+    pub approx_max_blocks: usize,
+    /// Seed of the sampling RNG, so simulations repeat.
+    pub seed: u64,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        Self {
+            block_size: 16,
+            weights: CostWeights::default(),
+            temperature: 0.0,
+            booking_ttl: Duration::from_secs(2),
+            approx_ttl: Duration::from_secs(120),
+            approx_max_blocks: 1 << 20,
+            seed: 0x5717_c4ad,
+        }
+    }
+}
+
+/// Identifies a request from routing to its end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(pub u64);
+
+/// A request to place.
+#[derive(Debug, Clone, Default)]
+pub struct RouteRequest<'a> {
+    /// Sequence hashes of the prompt's full blocks.
+    pub hashes: &'a [SequenceHash],
+    /// Prompt tokens.
+    pub tokens: u32,
+    /// Expected output tokens, if the caller hinted them.
+    pub expected_output_tokens: Option<u32>,
+    /// Per-request cost weights.
+    pub weights: Option<CostWeights>,
+    /// Per-request temperature.
+    pub temperature: Option<f64>,
+    /// Ranks not to use (they failed this request already).
+    pub exclude: &'a [Rank],
+}
+
+/// Where a request goes, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    /// Chosen rank.
+    pub rank: Rank,
+    /// Its prefix overlap, events and bookings combined.
+    pub overlap: Overlap,
+    /// The part of the overlap the engine's own KV events showed.
+    pub indexed: Overlap,
+    /// The chosen rank's cost, when the policy answered with costs.
+    pub cost: Option<f64>,
+    /// How many ranks were considered.
+    pub candidates: usize,
+}
+
+/// Why a request could not be placed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RouteError {
+    /// Every rank is unhealthy or excluded.
+    #[error("no healthy worker")]
+    NoHealthyWorker,
+    /// The policy refused the request.
+    #[error("rejected by policy: {reason}")]
+    Rejected {
+        /// The policy's reason.
+        reason: String,
+    },
+    /// The policy answered something impossible (wrong number of costs, index out of range).
+    #[error("policy {policy} answered an invalid selection: {detail}")]
+    BadSelection {
+        /// Policy name.
+        policy: String,
+        /// What was wrong.
+        detail: String,
+    },
+}
+
+/// Load a rank carries from the router's point of view.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RankLoad {
+    /// Uncached prompt tokens not yet past their first token.
+    pub prefill_tokens: u64,
+    /// KV blocks of running requests.
+    pub decode_blocks: u64,
+    /// Requests in flight.
+    pub requests: u32,
+}
+
+#[derive(Debug, Clone)]
+struct RankState {
+    rank: Rank,
+    healthy: bool,
+    /// Publishes no KV events: index it from our own decisions.
+    approximate: bool,
+    load: RankLoad,
+}
+
+#[derive(Debug, Clone)]
+struct Booking {
+    slot: usize,
+    prefill_tokens: u64,
+    decode_blocks: u64,
+    prefill_done: bool,
+    hashes: Vec<SequenceHash>,
+}
+
+/// The router: ranks, their bookings and the routing policy.
+#[derive(Debug)]
+pub struct Router {
+    config: RouterConfig,
+    policy: Box<dyn RoutingPolicy>,
+    ranks: Vec<RankState>,
+    predicted: PredictedBlocks,
+    bookings: HashMap<RequestId, Booking>,
+    rng: SmallRng,
+}
+
+// === impl Router ===
+
+impl Router {
+    /// A router with no ranks yet.
+    pub fn new(config: RouterConfig, policy: Box<dyn RoutingPolicy>) -> Self {
+        Self {
+            predicted: PredictedBlocks::new(config.approx_max_blocks),
+            rng: SmallRng::seed_from_u64(config.seed),
+            config,
+            policy,
+            ranks: Vec::new(),
+            bookings: HashMap::new(),
+        }
+    }
+
+    /// Settings in force.
+    pub fn config(&self) -> &RouterConfig {
+        &self.config
+    }
+
+    /// Name of the routing policy.
+    pub fn policy_name(&self) -> &str {
+        self.policy.name()
+    }
+
+    /// Replace the routing policy (bookings and ranks are kept).
+    pub fn set_policy(&mut self, policy: Box<dyn RoutingPolicy>) {
+        self.policy = policy;
+    }
+
+    /// Add a rank (healthy). `approximate`: it publishes no KV events.
+    pub fn add_rank(&mut self, rank: Rank, approximate: bool) {
+        if self.ranks.iter().any(|r| r.rank == rank) {
+            return;
+        }
+        self.ranks.push(RankState {
+            rank,
+            healthy: true,
+            approximate,
+            load: RankLoad::default(),
+        });
+    }
+
+    /// Mark a rank healthy or not; an unhealthy rank gets no requests and loses its predictions.
+    pub fn set_healthy(&mut self, rank: Rank, healthy: bool) {
+        if let Some(state) = self.ranks.iter_mut().find(|r| r.rank == rank) {
+            if state.healthy && !healthy {
+                self.predicted.clear(rank);
+            }
+            state.healthy = healthy;
+        }
+    }
+
+    /// Forget what was predicted for `rank` (its engine restarted).
+    pub fn forget_predictions(&mut self, rank: Rank) {
+        self.predicted.clear(rank);
+    }
+
+    /// Ranks with their health.
+    pub fn ranks(&self) -> impl Iterator<Item = (Rank, bool)> + '_ {
+        self.ranks.iter().map(|r| (r.rank, r.healthy))
+    }
+
+    /// Current load of `rank`.
+    pub fn load(&self, rank: Rank) -> RankLoad {
+        self.ranks
+            .iter()
+            .find(|r| r.rank == rank)
+            .map_or_else(RankLoad::default, |r| r.load)
+    }
+
+    /// Requests booked and not finished.
+    pub fn in_flight(&self) -> usize {
+        self.bookings.len()
+    }
+
+    /// Place `request` and book it at once, so that the next decision sees it.
+    pub fn route(
+        &mut self,
+        id: RequestId,
+        request: &RouteRequest<'_>,
+        index: &KvIndex,
+        now: Duration,
+    ) -> Result<Decision, RouteError> {
+        self.predicted.expire(now);
+        let indexed = index.find_matches(request.hashes);
+        let predicted = self.predicted.find_matches(request.hashes, now);
+        let lookup = |rank: Rank| {
+            let from_events = indexed
+                .iter()
+                .find(|(r, _)| *r == rank)
+                .map_or(Overlap::default(), |(_, o)| *o);
+            let booked = predicted
+                .iter()
+                .find(|(r, _)| *r == rank)
+                .map_or(0, |(_, d)| *d);
+            let combined = from_events.max(Overlap {
+                device: booked,
+                ..Overlap::default()
+            });
+            (from_events, combined)
+        };
+
+        let mut slots = Vec::new();
+        let mut candidates = Vec::new();
+        let mut from_events = Vec::new();
+        for (slot, state) in self.ranks.iter().enumerate() {
+            if !state.healthy || request.exclude.contains(&state.rank) {
+                continue;
+            }
+            let (events, overlap) = lookup(state.rank);
+            slots.push(slot);
+            from_events.push(events);
+            candidates.push(Candidate {
+                rank: state.rank,
+                overlap,
+                indexed_blocks: index.total_blocks(state.rank)
+                    + self.predicted.len(state.rank) as u64,
+                active_prefill_tokens: state.load.prefill_tokens,
+                active_decode_blocks: state.load.decode_blocks,
+                active_requests: state.load.requests,
+            });
+        }
+        if candidates.is_empty() {
+            return Err(RouteError::NoHealthyWorker);
+        }
+
+        let block_size = self.config.block_size.max(1);
+        let policy_request = PolicyRequest {
+            tokens: request.tokens,
+            blocks: request.tokens.div_ceil(block_size),
+            block_size,
+            weights: request.weights.unwrap_or(self.config.weights),
+        };
+        let temperature = request.temperature.unwrap_or(self.config.temperature);
+        let (chosen, cost) = match self.policy.select(&policy_request, &candidates) {
+            Selection::Pick(i) if i < candidates.len() => (i, None),
+            Selection::Pick(i) => {
+                return Err(self.bad_selection(format!(
+                    "picked {i} of {} candidates",
+                    candidates.len()
+                )));
+            }
+            Selection::Costs(costs) if costs.len() == candidates.len() => {
+                if costs.iter().any(|c| !c.is_finite()) {
+                    return Err(self.bad_selection("a cost is not finite".into()));
+                }
+                let i = self.sample(&costs, &candidates, temperature);
+                (i, Some(costs[i]))
+            }
+            Selection::Costs(costs) => {
+                return Err(self.bad_selection(format!(
+                    "{} costs for {} candidates",
+                    costs.len(),
+                    candidates.len()
+                )));
+            }
+            Selection::Reject(reason) => return Err(RouteError::Rejected { reason }),
+        };
+
+        let candidate = candidates[chosen];
+        let decision = Decision {
+            rank: candidate.rank,
+            overlap: candidate.overlap,
+            indexed: from_events[chosen],
+            cost,
+            candidates: candidates.len(),
+        };
+        self.book(id, slots[chosen], request, &decision, now);
+        Ok(decision)
+    }
+
+    /// The request produced its first token: its prefill no longer loads the rank.
+    pub fn first_token(&mut self, id: RequestId) {
+        let Some(booking) = self.bookings.get_mut(&id) else {
+            return;
+        };
+        if !booking.prefill_done {
+            booking.prefill_done = true;
+            let load = &mut self.ranks[booking.slot].load;
+            load.prefill_tokens = load.prefill_tokens.saturating_sub(booking.prefill_tokens);
+        }
+    }
+
+    /// The request ended (finished, failed or cancelled): release what it booked.
+    pub fn finish(&mut self, id: RequestId, now: Duration) {
+        self.first_token(id);
+        let Some(booking) = self.bookings.remove(&id) else {
+            return;
+        };
+        let state = &mut self.ranks[booking.slot];
+        state.load.decode_blocks = state.load.decode_blocks.saturating_sub(booking.decode_blocks);
+        state.load.requests = state.load.requests.saturating_sub(1);
+        if state.approximate {
+            // The engine just used these blocks: they are the freshest in its LRU.
+            let rank = state.rank;
+            self.predicted
+                .insert(rank, &booking.hashes, self.config.approx_ttl, now);
+        }
+    }
+
+    fn book(
+        &mut self,
+        id: RequestId,
+        slot: usize,
+        request: &RouteRequest<'_>,
+        decision: &Decision,
+        now: Duration,
+    ) {
+        let bs = u64::from(self.config.block_size.max(1));
+        let cached_tokens = u64::from(decision.overlap.device) * bs;
+        let prefill_tokens = u64::from(request.tokens).saturating_sub(cached_tokens);
+        let total_tokens =
+            u64::from(request.tokens) + u64::from(request.expected_output_tokens.unwrap_or(0));
+        let decode_blocks = total_tokens.div_ceil(bs);
+        let state = &mut self.ranks[slot];
+        state.load.prefill_tokens += prefill_tokens;
+        state.load.decode_blocks += decode_blocks;
+        state.load.requests += 1;
+        let ttl = if state.approximate {
+            self.config.approx_ttl
+        } else {
+            self.config.booking_ttl
+        };
+        self.predicted.insert(state.rank, request.hashes, ttl, now);
+        // A retried request books again: release the earlier booking first.
+        if let Some(old) = self.bookings.remove(&id) {
+            let old_state = &mut self.ranks[old.slot];
+            old_state.load.decode_blocks = old_state.load.decode_blocks.saturating_sub(old.decode_blocks);
+            old_state.load.requests = old_state.load.requests.saturating_sub(1);
+            if !old.prefill_done {
+                old_state.load.prefill_tokens = old_state.load.prefill_tokens.saturating_sub(old.prefill_tokens);
+            }
+        }
+        self.bookings.insert(
+            id,
+            Booking {
+                slot,
+                prefill_tokens,
+                decode_blocks,
+                prefill_done: false,
+                hashes: request.hashes.to_vec(),
+            },
+        );
+    }
+
+    /// Pick an index from costs: the cheapest at temperature 0 (ties: fewest indexed blocks, then
+    /// random), else softmax over normalised costs.
+    fn sample(&mut self, costs: &[f64], candidates: &[Candidate], temperature: f64) -> usize {
+        let min = costs.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = costs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let spread = max - min;
+        if temperature > 0.0 && spread > 0.0 {
+            let weights: Vec<f64> = costs
+                .iter()
+                .map(|c| (-(c - min) / (spread * temperature)).exp())
+                .collect();
+            let mut x = self.rng.random::<f64>() * weights.iter().sum::<f64>();
+            for (i, w) in weights.iter().enumerate() {
+                if x < *w {
+                    return i;
+                }
+                x -= w;
+            }
+            return weights.len() - 1;
+        }
+        let tolerance = 1e-9 * min.abs().max(1.0);
+        let cheapest = costs.iter().enumerate().filter(|(_, c)| **c - min <= tolerance);
+        let fewest = cheapest
+            .clone()
+            .map(|(i, _)| candidates[i].indexed_blocks)
+            .min()
+            .unwrap_or(0);
+        let ties: Vec<usize> = cheapest
+            .filter(|(i, _)| candidates[*i].indexed_blocks == fewest)
+            .map(|(i, _)| i)
+            .collect();
+        ties[self.rng.random_range(0..ties.len())]
+    }
+
+    fn bad_selection(&self, detail: String) -> RouteError {
+        RouteError::BadSelection {
+            policy: self.policy.name().to_string(),
+            detail,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

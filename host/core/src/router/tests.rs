@@ -1,0 +1,247 @@
+use super::*;
+use crate::hash::BlockHasher;
+use crate::index::IndexOp;
+use crate::worker::Tier;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn router(ranks: u32, policy: Box<dyn RoutingPolicy>) -> Router {
+    let mut r = Router::new(
+        RouterConfig {
+            block_size: 4,
+            ..RouterConfig::default()
+        },
+        policy,
+    );
+    for w in 0..ranks {
+        r.add_rank(Rank::new(w, 0), false);
+    }
+    r
+}
+
+fn request(hashes: &[SequenceHash], tokens: u32) -> RouteRequest<'_> {
+    RouteRequest {
+        hashes,
+        tokens,
+        ..RouteRequest::default()
+    }
+}
+
+#[test]
+fn prefers_the_rank_holding_the_prefix() {
+    let tokens: Vec<u32> = (0..64).collect();
+    let hashes = BlockHasher::new(4).sequence(&tokens);
+    let mut index = KvIndex::new();
+    index.apply(&IndexOp::Store {
+        rank: Rank::new(2, 0),
+        tier: Tier::Device,
+        blocks: hashes[..12].to_vec(),
+    });
+    let mut r = router(4, Box::new(KvCost));
+    let d = r.route(RequestId(1), &request(&hashes, 64), &index, ms(0)).unwrap();
+    assert_eq!(d.rank, Rank::new(2, 0));
+    assert_eq!(d.indexed.device, 12);
+    assert_eq!(d.cost, Some(4.0 + 4.0), "4 uncached prefill blocks + 4 new blocks");
+}
+
+#[test]
+fn host_tier_earns_partial_credit() {
+    let tokens: Vec<u32> = (0..64).collect();
+    let hashes = BlockHasher::new(4).sequence(&tokens);
+    let mut index = KvIndex::new();
+    index.apply(&IndexOp::Store {
+        rank: Rank::new(0, 0),
+        tier: Tier::Host,
+        blocks: hashes.clone(),
+    });
+    index.apply(&IndexOp::Store {
+        rank: Rank::new(1, 0),
+        tier: Tier::Device,
+        blocks: hashes[..8].to_vec(),
+    });
+    let mut r = router(2, Box::new(KvCost));
+    // rank 0: prefill 16 - 0.75*16 = 4, decode 16 -> 20; rank 1: prefill 8, decode 8 -> 16.
+    let d = r.route(RequestId(1), &request(&hashes, 64), &index, ms(0)).unwrap();
+    assert_eq!(d.rank, Rank::new(1, 0));
+}
+
+#[test]
+fn bookings_let_siblings_see_each_other() {
+    let tokens: Vec<u32> = (0..64).collect();
+    let hashes = BlockHasher::new(4).sequence(&tokens);
+    let index = KvIndex::new();
+    let mut r = router(4, Box::new(KvCost));
+    let first = r.route(RequestId(1), &request(&hashes, 64), &index, ms(0)).unwrap();
+    r.first_token(RequestId(1));
+    // Same prompt a millisecond later, no events yet: the booking predicts the prefix.
+    let second = r.route(RequestId(2), &request(&hashes, 64), &index, ms(1)).unwrap();
+    assert_eq!(first.rank, second.rank);
+    assert_eq!(second.overlap.device, 16);
+    assert_eq!(second.indexed.device, 0);
+    // After the booking TTL, the prediction is gone and load spreads the third one.
+    let third = r.route(RequestId(3), &request(&hashes, 64), &index, ms(5_000)).unwrap();
+    assert_ne!(third.rank, first.rank);
+}
+
+#[test]
+fn load_is_released_at_first_token_and_finish() {
+    let hashes = BlockHasher::new(4).sequence(&[1; 40]);
+    let index = KvIndex::new();
+    let mut r = router(1, Box::new(KvCost));
+    let req = RouteRequest {
+        expected_output_tokens: Some(8),
+        ..request(&hashes, 40)
+    };
+    let d = r.route(RequestId(7), &req, &index, ms(0)).unwrap();
+    assert_eq!(
+        r.load(d.rank),
+        RankLoad {
+            prefill_tokens: 40,
+            decode_blocks: 12,
+            requests: 1
+        }
+    );
+    r.first_token(RequestId(7));
+    assert_eq!(r.load(d.rank).prefill_tokens, 0);
+    assert_eq!(r.load(d.rank).decode_blocks, 12);
+    r.finish(RequestId(7), ms(10));
+    assert_eq!(r.load(d.rank), RankLoad::default());
+    assert_eq!(r.in_flight(), 0);
+    r.finish(RequestId(7), ms(11)); // idempotent
+}
+
+#[test]
+fn unhealthy_and_excluded_ranks_are_skipped() {
+    let index = KvIndex::new();
+    let mut r = router(3, Box::new(KvCost));
+    r.set_healthy(Rank::new(0, 0), false);
+    let exclude = [Rank::new(1, 0)];
+    let req = RouteRequest {
+        exclude: &exclude,
+        ..request(&[], 3)
+    };
+    for i in 0..10 {
+        let d = r.route(RequestId(i), &req, &index, ms(i)).unwrap();
+        assert_eq!(d.rank, Rank::new(2, 0));
+    }
+    r.set_healthy(Rank::new(2, 0), false);
+    assert_eq!(
+        r.route(RequestId(99), &req, &index, ms(20)),
+        Err(RouteError::NoHealthyWorker)
+    );
+}
+
+#[test]
+fn ties_go_to_the_emptier_rank() {
+    let index = {
+        let mut i = KvIndex::new();
+        i.apply(&IndexOp::Store {
+            rank: Rank::new(0, 0),
+            tier: Tier::Device,
+            blocks: BlockHasher::new(4).sequence(&[9; 400]),
+        });
+        i
+    };
+    let mut r = router(2, Box::new(KvCost));
+    let hashes = BlockHasher::new(4).sequence(&[1; 8]);
+    let d = r.route(RequestId(1), &request(&hashes, 8), &index, ms(0)).unwrap();
+    assert_eq!(d.rank, Rank::new(1, 0));
+}
+
+#[test]
+fn temperature_spreads_choices_and_is_seeded() {
+    let index = KvIndex::new();
+    let run = || {
+        let mut r = router(4, Box::new(KvCost));
+        let mut picks = Vec::new();
+        for i in 0..200 {
+            let req = RouteRequest {
+                temperature: Some(1.0),
+                ..request(&[], 4)
+            };
+            let d = r.route(RequestId(i), &req, &index, ms(i)).unwrap();
+            r.finish(RequestId(i), ms(i));
+            picks.push(d.rank.worker.0);
+        }
+        picks
+    };
+    let picks = run();
+    assert_eq!(picks, run(), "same seed, same choices");
+    for w in 0..4 {
+        assert!(picks.contains(&w), "worker {w} never chosen");
+    }
+}
+
+#[test]
+fn round_robin_rotates() {
+    let index = KvIndex::new();
+    let mut r = router(3, Box::new(RoundRobin::default()));
+    let picks: Vec<u32> = (0..6)
+        .map(|i| r.route(RequestId(i), &request(&[], 1), &index, ms(0)).unwrap().rank.worker.0)
+        .collect();
+    assert_eq!(picks, vec![0, 1, 2, 0, 1, 2]);
+}
+
+#[derive(Debug)]
+struct Broken(Selection);
+
+impl RoutingPolicy for Broken {
+    fn name(&self) -> &str {
+        "broken"
+    }
+    fn select(&mut self, _: &PolicyRequest, _: &[Candidate]) -> Selection {
+        self.0.clone()
+    }
+}
+
+#[test]
+fn invalid_selections_are_errors_not_panics() {
+    let index = KvIndex::new();
+    for bad in [
+        Selection::Pick(5),
+        Selection::Costs(vec![1.0]),
+        Selection::Costs(vec![f64::NAN, 1.0]),
+    ] {
+        let mut r = router(2, Box::new(Broken(bad)));
+        assert!(matches!(
+            r.route(RequestId(1), &request(&[], 1), &index, ms(0)),
+            Err(RouteError::BadSelection { .. })
+        ));
+        assert_eq!(r.in_flight(), 0);
+    }
+    let mut r = router(2, Box::new(Broken(Selection::Reject("full".into()))));
+    assert_eq!(
+        r.route(RequestId(1), &request(&[], 1), &index, ms(0)),
+        Err(RouteError::Rejected {
+            reason: "full".into()
+        })
+    );
+}
+
+#[test]
+fn approximate_ranks_learn_from_decisions() {
+    let hashes = BlockHasher::new(4).sequence(&[3; 64]);
+    let index = KvIndex::new();
+    let mut r = Router::new(
+        RouterConfig {
+            block_size: 4,
+            approx_ttl: Duration::from_secs(60),
+            ..RouterConfig::default()
+        },
+        Box::new(KvCost),
+    );
+    r.add_rank(Rank::new(0, 0), true);
+    r.add_rank(Rank::new(1, 0), true);
+    let first = r.route(RequestId(1), &request(&hashes, 64), &index, ms(0)).unwrap();
+    r.finish(RequestId(1), ms(1_000));
+    // Much later than a booking TTL but within the approximate TTL: still sticks.
+    let again = r.route(RequestId(2), &request(&hashes, 64), &index, ms(30_000)).unwrap();
+    assert_eq!(first.rank, again.rank);
+    assert_eq!(again.overlap.device, 16);
+    r.finish(RequestId(2), ms(31_000));
+    // After the TTL the knowledge is gone.
+    let late = r.route(RequestId(3), &request(&hashes, 64), &index, ms(200_000)).unwrap();
+    assert_eq!(late.overlap.device, 0);
+}
