@@ -1,0 +1,1 @@
+//! Mock engine (being written).
