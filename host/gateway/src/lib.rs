@@ -1,1 +1,34 @@
-//! Gateway (being written).
+//! The Switchyard gateway: OpenAI-compatible frontends in front of inference engines, routed by
+//! the pure router core over a KV index fed by the engines' own ZMQ events.
+//!
+//! Layers, in request order: [`proxy`] (body -> tokens -> decision -> engine -> response),
+//! [`server`] (state, routes, background tasks), [`upstream`] (engines and health), [`index`]
+//! (the shared index, lock-free for readers), [`events`] (ingestion metrics), [`metrics`],
+//! [`error`] (the one mapping of failures to HTTP responses), [`config`].
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use switchyard_gateway::config::{Config, RawConfig};
+//! let raw: RawConfig = toml::from_str("[[workers]]\nurl = \"http://127.0.0.1:8101\"\n")?;
+//! let config = Config::try_from(raw)?;
+//! let tokenizer = switchyard_tokenizer::ModelTokenizer::embedded_default()?;
+//! let shutdown = tokio_util::sync::CancellationToken::new();
+//! let gateway = switchyard_gateway::start(config, tokenizer, shutdown).await?;
+//! println!("listening on {}", gateway.addr());
+//! gateway.wait().await;
+//! # Ok(()) }
+//! ```
+
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod error;
+pub mod events;
+pub mod index;
+pub mod metrics;
+pub mod proxy;
+pub mod server;
+pub mod sse;
+pub mod upstream;
+
+pub use server::{GatewayHandle, StartError, start};

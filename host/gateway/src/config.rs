@@ -1,0 +1,375 @@
+//! Gateway configuration: the TOML file a user writes (`RawConfig`) and the validated `Config`.
+
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use switchyard_core::router::{CostWeights, RouterConfig};
+
+/// The file as written (`switchyard.toml`); every field but `workers` has a default.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// Listener and request limits.
+    #[serde(default)]
+    pub server: ServerConfig,
+    /// The model every worker serves.
+    #[serde(default)]
+    pub model: ModelConfig,
+    /// Routing settings.
+    #[serde(default)]
+    pub router: RawRouterConfig,
+    /// Engines behind the gateway; none means the embedded default (in-process mock engines).
+    #[serde(default)]
+    pub workers: Vec<WorkerConfig>,
+}
+
+/// Listener and request limits.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Address to listen on. Default: 127.0.0.1.
+    pub host: String,
+    /// Port to listen on. Default: 8000.
+    pub port: u16,
+    /// Largest request body accepted; agent prompts are large. Default: 32 MiB.
+    pub max_body_bytes: usize,
+    /// Longest an upstream request may take in total. Default: 10 minutes.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// Longest to wait for an engine to accept a connection. Default: 5 s.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// How often each worker's `/health` is probed. Default: 2 s.
+    #[serde(with = "humantime_serde")]
+    pub health_interval: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            host: "127.0.0.1".into(),
+            port: 8000,
+            max_body_bytes: 32 << 20,
+            request_timeout: Duration::from_secs(600),
+            connect_timeout: Duration::from_secs(5),
+            health_interval: Duration::from_secs(2),
+        }
+    }
+}
+
+/// The model every worker serves.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelConfig {
+    /// Name clients put in `model`. Default: the tokenizer directory's name.
+    pub name: Option<String>,
+    /// Directory with `tokenizer.json` and `tokenizer_config.json`. Default: the embedded
+    /// SmolLM2-135M-Instruct tokenizer.
+    pub path: Option<PathBuf>,
+}
+
+/// Routing settings as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawRouterConfig {
+    /// Routing policy: `kv-cost` (default) or `round-robin`.
+    pub policy: String,
+    /// Sampling temperature over costs; 0 picks the cheapest. Default: 0.
+    pub temperature: f64,
+    /// Cost weights (device/host/disk credit, prefill load scale).
+    pub weights: CostWeights,
+    /// How long a decision's predicted blocks stand in for engine events. Default: 2 s.
+    #[serde(with = "humantime_serde")]
+    pub booking_ttl: Duration,
+    /// How long blocks are assumed cached on workers without KV events. Default: 120 s.
+    #[serde(with = "humantime_serde")]
+    pub approx_ttl: Duration,
+    /// Most predicted blocks per rank in approximate mode. Default: 1,048,576.
+    pub approx_max_blocks: usize,
+    /// Attempts per request when engines fail before the first byte. Default: 3.
+    pub max_attempts: u32,
+}
+
+impl Default for RawRouterConfig {
+    fn default() -> Self {
+        let core = RouterConfig::default();
+        Self {
+            policy: "kv-cost".into(),
+            temperature: core.temperature,
+            weights: core.weights,
+            booking_ttl: core.booking_ttl,
+            approx_ttl: core.approx_ttl,
+            approx_max_blocks: core.approx_max_blocks,
+            max_attempts: 3,
+        }
+    }
+}
+
+/// Which engine a worker runs; decides wire details such as data-parallel addressing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineKind {
+    /// vLLM.
+    Vllm,
+    /// SGLang.
+    Sglang,
+    /// TensorRT-LLM.
+    Trtllm,
+    /// Switchyard's mock engine.
+    Mock,
+    /// Any other OpenAI-compatible server (llama.cpp's `llama-server`, ...).
+    Openai,
+}
+
+/// One engine server.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// HTTP base URL, e.g. `http://10.0.0.5:8000`.
+    pub url: String,
+    /// Engine kind. Default: vllm.
+    #[serde(default = "default_kind")]
+    pub kind: EngineKind,
+    /// ZMQ endpoint of the engine's KV-event publisher (rank 0; rank r uses port + r). Absent:
+    /// the worker is routed in approximate mode.
+    pub kv_events: Option<String>,
+    /// ZMQ endpoint of the engine's replay socket (rank 0; rank r uses port + r).
+    pub replay: Option<String>,
+    /// Data-parallel ranks. Default: 1.
+    #[serde(default = "one")]
+    pub dp_size: u32,
+    /// KV block size in tokens. Default: 16.
+    #[serde(default = "sixteen")]
+    pub block_size: u32,
+}
+
+fn default_kind() -> EngineKind {
+    EngineKind::Vllm
+}
+fn one() -> u32 {
+    1
+}
+fn sixteen() -> u32 {
+    16
+}
+
+/// A configuration the gateway can run.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Listener address.
+    pub listen: SocketAddr,
+    /// Listener and request limits.
+    pub server: ServerConfig,
+    /// Model settings.
+    pub model: ModelConfig,
+    /// Router core settings.
+    pub router: RouterConfig,
+    /// Routing policy name.
+    pub policy: String,
+    /// Attempts per request.
+    pub max_attempts: u32,
+    /// Engines (never empty).
+    pub workers: Vec<WorkerConfig>,
+}
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for this schema.
+    #[error("{path}: {source}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: toml::de::Error,
+    },
+    /// A value is out of range or inconsistent.
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+// === impl RawConfig ===
+
+impl RawConfig {
+    /// Read and parse a TOML file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.to_owned(),
+            source,
+        })
+    }
+}
+
+impl TryFrom<RawConfig> for Config {
+    type Error = ConfigError;
+
+    fn try_from(raw: RawConfig) -> Result<Self, ConfigError> {
+        let invalid = |msg: String| Err(ConfigError::Invalid(msg));
+        if raw.workers.is_empty() {
+            return invalid("no workers".into());
+        }
+        let block_size = raw.workers[0].block_size;
+        for (i, w) in raw.workers.iter().enumerate() {
+            if !(w.url.starts_with("http://") || w.url.starts_with("https://")) {
+                return invalid(format!(
+                    "workers[{i}].url must be an http(s) URL, got {:?}",
+                    w.url
+                ));
+            }
+            if w.block_size == 0 || w.dp_size == 0 {
+                return invalid(format!(
+                    "workers[{i}]: block_size and dp_size must be positive"
+                ));
+            }
+            // Our hashes are per block size: one index needs one block size.
+            if w.block_size != block_size {
+                return invalid(format!(
+                    "workers[{i}].block_size is {} but workers[0] uses {block_size}: all workers of a model share one block size",
+                    w.block_size
+                ));
+            }
+            if w.replay.is_some() && w.kv_events.is_none() {
+                return invalid(format!("workers[{i}]: replay without kv_events"));
+            }
+        }
+        if switchyard_core::router::native_policy(&raw.router.policy).is_none() {
+            return invalid(format!(
+                "unknown router.policy {:?} (known: kv-cost, round-robin)",
+                raw.router.policy
+            ));
+        }
+        if !(raw.router.temperature >= 0.0 && raw.router.temperature.is_finite()) {
+            return invalid("router.temperature must be >= 0".into());
+        }
+        if raw.server.max_body_bytes == 0 {
+            return invalid("server.max_body_bytes must be positive".into());
+        }
+        let listen = format!("{}:{}", raw.server.host, raw.server.port)
+            .parse()
+            .or_else(|_| format!("[{}]:{}", raw.server.host, raw.server.port).parse())
+            .map_err(|_| ConfigError::Invalid(format!("bad server.host {:?}", raw.server.host)))?;
+        Ok(Config {
+            listen,
+            router: RouterConfig {
+                block_size,
+                weights: raw.router.weights,
+                temperature: raw.router.temperature,
+                booking_ttl: raw.router.booking_ttl,
+                approx_ttl: raw.router.approx_ttl,
+                approx_max_blocks: raw.router.approx_max_blocks,
+                ..RouterConfig::default()
+            },
+            policy: raw.router.policy,
+            max_attempts: raw.router.max_attempts.max(1),
+            server: raw.server,
+            model: raw.model,
+            workers: raw.workers,
+        })
+    }
+}
+
+/// Endpoint of data-parallel rank `dp_rank` given rank 0's (`tcp://host:port` -> port + rank).
+pub fn rank_endpoint(base: &str, dp_rank: u32) -> Result<String, ConfigError> {
+    if dp_rank == 0 {
+        return Ok(base.to_string());
+    }
+    let (head, port) = base
+        .rsplit_once(':')
+        .ok_or_else(|| ConfigError::Invalid(format!("endpoint {base:?} has no port")))?;
+    let port: u32 = port
+        .parse()
+        .map_err(|_| ConfigError::Invalid(format!("endpoint {base:?} has no numeric port")))?;
+    Ok(format!("{head}:{}", port + dp_rank))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::try_from(
+            toml::from_str::<RawConfig>(text).map_err(|e| ConfigError::Invalid(e.to_string()))?,
+        )
+    }
+
+    #[test]
+    fn minimal_file_gets_defaults() {
+        let c = parse("[[workers]]\nurl = \"http://127.0.0.1:9000\"\n").unwrap();
+        assert_eq!(c.listen.port(), 8000);
+        assert_eq!(c.router.block_size, 16);
+        assert_eq!(c.workers[0].kind, EngineKind::Vllm);
+        assert_eq!(c.server.max_body_bytes, 32 << 20);
+    }
+
+    #[test]
+    fn full_file() {
+        let c = parse(
+            r#"
+            [server]
+            port = 9100
+            request_timeout = "30s"
+            [router]
+            policy = "round-robin"
+            approx_ttl = "5m"
+            weights = { host_credit = 0.5 }
+            [[workers]]
+            url = "http://a:1"
+            kind = "sglang"
+            kv_events = "tcp://a:5557"
+            replay = "tcp://a:5558"
+            dp_size = 2
+            block_size = 32
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.server.request_timeout, Duration::from_secs(30));
+        assert_eq!(c.router.approx_ttl, Duration::from_secs(300));
+        assert_eq!(c.router.weights.host_credit, 0.5);
+        assert_eq!(c.router.weights.device_credit, 1.0);
+        assert_eq!(c.router.block_size, 32);
+        assert_eq!(c.policy, "round-robin");
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        for (text, needle) in [
+            ("", "no workers"),
+            ("[[workers]]\nurl = \"a:1\"", "http(s) URL"),
+            (
+                "[[workers]]\nurl = \"http://a\"\n[[workers]]\nurl = \"http://b\"\nblock_size = 64",
+                "share one block size",
+            ),
+            (
+                "[router]\npolicy = \"magic\"\n[[workers]]\nurl = \"http://a\"",
+                "unknown router.policy",
+            ),
+            (
+                "[[workers]]\nurl = \"http://a\"\nbogus = 1",
+                "unknown field",
+            ),
+        ] {
+            let err = parse(text).unwrap_err().to_string();
+            assert!(err.contains(needle), "{text:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn rank_endpoints_add_the_rank_to_the_port() {
+        assert_eq!(rank_endpoint("tcp://h:5557", 0).unwrap(), "tcp://h:5557");
+        assert_eq!(rank_endpoint("tcp://h:5557", 3).unwrap(), "tcp://h:5560");
+        assert!(rank_endpoint("tcp://h", 1).is_err());
+    }
+}

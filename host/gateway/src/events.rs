@@ -1,0 +1,102 @@
+//! KV-event ingestion health per worker rank, read from the subscribers at scrape time.
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use std::sync::{Arc, Mutex};
+use switchyard_core::worker::Rank;
+use switchyard_kv_events::subscriber::{SubscriberSnapshot, SubscriberStats};
+
+use crate::metrics::worker_label;
+
+/// The subscribers' statistics, exposed as `switchyard_kv_events_*` metrics.
+#[derive(Debug, Default, Clone)]
+pub struct EventMetrics {
+    ranks: Arc<Mutex<Vec<(Rank, Arc<SubscriberStats>)>>>,
+}
+
+impl EventMetrics {
+    /// Expose the statistics of `rank`'s subscriber.
+    pub fn add(&self, rank: Rank, stats: Arc<SubscriberStats>) {
+        self.ranks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((rank, stats));
+    }
+}
+
+type Field = fn(&SubscriberSnapshot) -> u64;
+
+const COUNTERS: [(&str, &str, Field); 6] = [
+    ("kv_events_messages", "KV-event batches received", |s| {
+        s.messages
+    }),
+    (
+        "kv_events_malformed",
+        "KV-event messages that could not be decoded (skipped)",
+        |s| s.malformed,
+    ),
+    (
+        "kv_events_gaps",
+        "Sequence gaps detected in the KV-event stream",
+        |s| s.gaps,
+    ),
+    (
+        "kv_events_replays",
+        "Gaps recovered from the engine's replay socket",
+        |s| s.replays,
+    ),
+    (
+        "kv_events_restarts",
+        "Engine restarts detected (sequence reset to 0)",
+        |s| s.restarts,
+    ),
+    (
+        "kv_events_clears",
+        "Times the worker's index entries were cleared",
+        |s| s.clears,
+    ),
+];
+
+impl Collector for EventMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let ranks = self.ranks.lock().unwrap_or_else(|e| e.into_inner());
+        let snapshots: Vec<_> = ranks
+            .iter()
+            .map(|(r, s)| (worker_label(*r), s.snapshot()))
+            .collect();
+        for (name, help, field) in COUNTERS {
+            let mut family = encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            for (label, snapshot) in &snapshots {
+                ConstCounter::new(field(snapshot)).encode(family.encode_family(label)?)?;
+            }
+        }
+        let mut lag = encoder.encode_descriptor(
+            "kv_events_lag_seconds",
+            "Delay between the engine stamping the last batch and the gateway receiving it",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for (label, snapshot) in &snapshots {
+            ConstGauge::new(snapshot.last_lag_ms as f64 / 1000.0)
+                .encode(lag.encode_family(label)?)?;
+        }
+        let mut connected = encoder.encode_descriptor(
+            "kv_events_connected",
+            "1 while the subscriber is connected to the engine's publisher",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for (label, snapshot) in &snapshots {
+            ConstGauge::new(i64::from(snapshot.connected))
+                .encode(connected.encode_family(label)?)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,329 @@
+//! Assembling the gateway: shared state, background tasks and the HTTP routes.
+
+use crate::config::{Config, rank_endpoint};
+use crate::error::GatewayError;
+use crate::events::EventMetrics;
+use crate::index::{IndexReader, spawn_index_writer};
+use crate::metrics::{Metrics, RejectLabels, worker_label};
+use crate::proxy::{Endpoint, handle};
+use crate::upstream::{Upstream, health_loop};
+use axum::Router as HttpRouter;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use switchyard_core::hash::BlockHasher;
+use switchyard_core::router::{
+    Decision, RequestId, RouteError, RouteRequest, Router, native_policy,
+};
+use switchyard_core::worker::Rank;
+use switchyard_kv_events::subscriber::{SubscriberConfig, SubscriberStats, run_subscriber};
+use switchyard_tokenizer::ModelTokenizer;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// State shared by every request.
+#[derive(Debug)]
+pub struct Shared {
+    pub(crate) config: Config,
+    pub(crate) tokenizer: ModelTokenizer,
+    pub(crate) model_name: String,
+    pub(crate) hasher: BlockHasher,
+    pub(crate) workers: Arc<Vec<Upstream>>,
+    pub(crate) client: reqwest::Client,
+    pub(crate) metrics: Arc<Metrics>,
+    router: Arc<Mutex<Router>>,
+    index: IndexReader,
+    /// The router's clock starts here.
+    epoch: Instant,
+    next_request: AtomicU64,
+}
+
+impl Shared {
+    pub(crate) fn next_request_id(&self) -> u64 {
+        self.next_request.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn now(&self) -> Duration {
+        self.epoch.elapsed()
+    }
+
+    fn router(&self) -> std::sync::MutexGuard<'_, Router> {
+        // The router holds plain data: a panic elsewhere cannot leave it half-updated in a way
+        // that matters more than refusing all traffic would.
+        self.router.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn route(
+        &self,
+        id: RequestId,
+        request: &RouteRequest<'_>,
+    ) -> Result<Decision, RouteError> {
+        let now = self.now();
+        let mut router = self.router();
+        self.index
+            .read(|index| router.route(id, request, index, now))
+    }
+
+    pub(crate) fn first_token(&self, id: RequestId) {
+        self.router().first_token(id);
+    }
+
+    pub(crate) fn finish(&self, id: RequestId) {
+        let now = self.now();
+        self.router().finish(id, now);
+    }
+
+    /// The worker refused a connection: skip all its ranks until its health check passes.
+    pub(crate) fn mark_unreachable(&self, rank: Rank) {
+        let mut router = self.router();
+        for r in self.workers[rank.worker.0 as usize].ranks() {
+            router.set_healthy(r, false);
+            self.metrics
+                .worker_healthy
+                .get_or_create(&worker_label(r))
+                .set(0);
+        }
+    }
+}
+
+/// A running gateway.
+#[derive(Debug)]
+pub struct GatewayHandle {
+    addr: SocketAddr,
+    tasks: TaskTracker,
+    shutdown: CancellationToken,
+}
+
+impl GatewayHandle {
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Wait until it has shut down (after the shutdown token is cancelled).
+    pub async fn wait(self) {
+        self.shutdown.cancelled().await;
+        self.tasks.wait().await;
+    }
+}
+
+/// Why the gateway could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The listener could not bind.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// Address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The configuration is inconsistent.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// The HTTP client could not be built.
+    #[error("http client: {0}")]
+    Client(#[from] reqwest::Error),
+}
+
+/// Start the gateway: index writer, event subscribers, health checks and the HTTP server.
+pub async fn start(
+    config: Config,
+    tokenizer: ModelTokenizer,
+    shutdown: CancellationToken,
+) -> Result<GatewayHandle, StartError> {
+    let tasks = TaskTracker::new();
+    let metrics = Arc::new(Metrics::new());
+    let (ops, index, writer) = spawn_index_writer(shutdown.clone());
+    tasks.spawn(async move {
+        let _ = writer.await;
+    });
+
+    let policy = native_policy(&config.policy).ok_or_else(|| {
+        crate::config::ConfigError::Invalid(format!("unknown policy {}", config.policy))
+    })?;
+    let mut router = Router::new(config.router.clone(), policy);
+    let workers: Vec<Upstream> = config
+        .workers
+        .iter()
+        .enumerate()
+        .map(|(i, w)| Upstream::new(i, w))
+        .collect();
+    let event_metrics = EventMetrics::default();
+    for (upstream, worker) in workers.iter().zip(&config.workers) {
+        for rank in upstream.ranks() {
+            router.add_rank(rank, !upstream.publishes_events);
+            metrics
+                .worker_healthy
+                .get_or_create(&worker_label(rank))
+                .set(1);
+            let Some(base) = &worker.kv_events else {
+                continue;
+            };
+            let stats = Arc::new(SubscriberStats::default());
+            event_metrics.add(rank, stats.clone());
+            let subscriber = SubscriberConfig {
+                rank,
+                block_size: worker.block_size,
+                endpoint: rank_endpoint(base, rank.dp_rank)?,
+                replay_endpoint: worker
+                    .replay
+                    .as_deref()
+                    .map(|r| rank_endpoint(r, rank.dp_rank))
+                    .transpose()?,
+                bind: false,
+                topic: String::new(),
+            };
+            tasks.spawn(run_subscriber(
+                subscriber,
+                ops.clone(),
+                stats,
+                shutdown.clone(),
+            ));
+        }
+    }
+    metrics.register_collector(Box::new(event_metrics));
+
+    let client = reqwest::Client::builder()
+        .connect_timeout(config.server.connect_timeout)
+        .pool_idle_timeout(Duration::from_secs(90))
+        .tcp_nodelay(true)
+        .build()?;
+    let model_name = config
+        .model
+        .name
+        .clone()
+        .unwrap_or_else(|| tokenizer.name().to_string());
+    let shared = Arc::new(Shared {
+        hasher: BlockHasher::new(config.router.block_size as usize),
+        workers: Arc::new(workers),
+        router: Arc::new(Mutex::new(router)),
+        metrics,
+        client,
+        model_name,
+        tokenizer,
+        index,
+        epoch: Instant::now(),
+        next_request: AtomicU64::new(1),
+        config,
+    });
+
+    tasks.spawn(health_loop(
+        shared.workers.clone(),
+        shared.router.clone(),
+        shared.client.clone(),
+        shared.metrics.clone(),
+        shared.config.server.health_interval,
+        shutdown.clone(),
+    ));
+
+    let addr = shared.config.listen;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Bind { addr, source })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|source| StartError::Bind { addr, source })?;
+    let app = routes(shared);
+    let stop = shutdown.clone();
+    tasks.spawn(async move {
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "http server stopped");
+        }
+    });
+    tasks.close();
+    Ok(GatewayHandle {
+        addr,
+        tasks,
+        shutdown,
+    })
+}
+
+fn routes(shared: Arc<Shared>) -> HttpRouter {
+    HttpRouter::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .with_state(shared)
+}
+
+async fn chat_completions(State(shared): State<Arc<Shared>>, body: Body) -> Response {
+    handle(shared, Endpoint::ChatCompletions, body).await
+}
+
+async fn completions(State(shared): State<Arc<Shared>>, body: Body) -> Response {
+    handle(shared, Endpoint::Completions, body).await
+}
+
+async fn models(State(shared): State<Arc<Shared>>) -> Response {
+    axum::Json(serde_json::json!({
+        "object": "list",
+        "data": [{"id": shared.model_name, "object": "model", "created": 0, "owned_by": "switchyard"}],
+    }))
+    .into_response()
+}
+
+async fn health(State(shared): State<Arc<Shared>>) -> Response {
+    let router = shared.router();
+    let healthy = router.ranks().filter(|(_, ok)| *ok).count();
+    let total = router.ranks().count();
+    drop(router);
+    let status = if healthy > 0 {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let state = if healthy > 0 { "ok" } else { "unavailable" };
+    (
+        status,
+        axum::Json(
+            serde_json::json!({"status": state, "workers_healthy": healthy, "workers": total}),
+        ),
+    )
+        .into_response()
+}
+
+async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+    {
+        let router = shared.router();
+        for (rank, _) in router.ranks() {
+            shared
+                .metrics
+                .in_flight
+                .get_or_create(&worker_label(rank))
+                .set(i64::from(router.load(rank).requests));
+        }
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        shared.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn not_found(State(shared): State<Arc<Shared>>, uri: axum::http::Uri) -> Response {
+    let err = GatewayError::NoSuchEndpoint(uri.path().to_string());
+    shared
+        .metrics
+        .rejected
+        .get_or_create(&RejectLabels {
+            reason: err.reason().into(),
+        })
+        .inc();
+    err.into_response()
+}
