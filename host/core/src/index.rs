@@ -77,7 +77,9 @@ impl Overlap {
     /// in each cumulative tier.
     pub fn max(self, other: Overlap) -> Overlap {
         let device = self.device.max(other.device);
-        let hot = (self.device + self.host).max(other.device + other.host).max(device);
+        let hot = (self.device + self.host)
+            .max(other.device + other.host)
+            .max(device);
         let any = self.total().max(other.total()).max(hot);
         Overlap {
             device,
@@ -227,9 +229,9 @@ impl KvIndex {
                 let device = tiers.contains(Tier::Device);
                 let hot = device || tiers.contains(Tier::Host);
                 let present = [device, hot, !tiers.is_empty()];
-                for level in 0..3 {
-                    run.live[level] &= present[level];
-                    run.depth[level] += run.live[level] as u32;
+                for ((live, depth), here) in run.live.iter_mut().zip(&mut run.depth).zip(present) {
+                    *live &= here;
+                    *depth += *live as u32;
                 }
                 any_live |= run.live[2];
             }

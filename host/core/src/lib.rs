@@ -27,6 +27,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod engine;
 pub mod hash;
 pub mod index;
 pub mod predicted;

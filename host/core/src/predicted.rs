@@ -159,7 +159,10 @@ mod tests {
         let mut p = PredictedBlocks::new(100);
         p.insert(a, &seq[..2], secs(5), secs(0));
         assert_eq!(p.find_matches(&seq, secs(1)), vec![(a, 2)]);
-        assert!(p.find_matches(&seq, secs(5)).is_empty(), "expired at the TTL");
+        assert!(
+            p.find_matches(&seq, secs(5)).is_empty(),
+            "expired at the TTL"
+        );
         p.expire(secs(6));
         assert!(p.is_empty());
         assert_eq!(p.len(a), 0);
@@ -191,7 +194,11 @@ mod tests {
         p.insert(a, &new, secs(100), secs(1));
         assert_eq!(p.len(a), 4);
         assert_eq!(p.find_matches(&new, secs(2)), vec![(a, 3)]);
-        assert_eq!(p.find_matches(&old, secs(2)), vec![(b, 3)], "a lost its oldest blocks");
+        assert_eq!(
+            p.find_matches(&old, secs(2)),
+            vec![(b, 3)],
+            "a lost its oldest blocks"
+        );
         p.clear(b);
         assert!(p.find_matches(&old, secs(2)).is_empty());
     }

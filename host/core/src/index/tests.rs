@@ -174,7 +174,9 @@ fn op_strategy() -> impl Strategy<Value = IndexOp> {
     let tier = prop_oneof![Just(Tier::Device), Just(Tier::Host), Just(Tier::Disk)];
     // Blocks are prefixes of a few branching token chains, so lookups share paths.
     let blocks = (0u32..3, 1usize..8).prop_map(|(branch, len)| {
-        let tokens: Vec<u32> = (0..len as u32).map(|i| if i < 2 { i } else { i + branch * 100 }).collect();
+        let tokens: Vec<u32> = (0..len as u32)
+            .map(|i| if i < 2 { i } else { i + branch * 100 })
+            .collect();
         chain(&tokens)
     });
     prop_oneof![

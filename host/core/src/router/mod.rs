@@ -289,10 +289,9 @@ impl Router {
         let (chosen, cost) = match self.policy.select(&policy_request, &candidates) {
             Selection::Pick(i) if i < candidates.len() => (i, None),
             Selection::Pick(i) => {
-                return Err(self.bad_selection(format!(
-                    "picked {i} of {} candidates",
-                    candidates.len()
-                )));
+                return Err(
+                    self.bad_selection(format!("picked {i} of {} candidates", candidates.len()))
+                );
             }
             Selection::Costs(costs) if costs.len() == candidates.len() => {
                 if costs.iter().any(|c| !c.is_finite()) {
@@ -342,7 +341,10 @@ impl Router {
             return;
         };
         let state = &mut self.ranks[booking.slot];
-        state.load.decode_blocks = state.load.decode_blocks.saturating_sub(booking.decode_blocks);
+        state.load.decode_blocks = state
+            .load
+            .decode_blocks
+            .saturating_sub(booking.decode_blocks);
         state.load.requests = state.load.requests.saturating_sub(1);
         if state.approximate {
             // The engine just used these blocks: they are the freshest in its LRU.
@@ -379,10 +381,16 @@ impl Router {
         // A retried request books again: release the earlier booking first.
         if let Some(old) = self.bookings.remove(&id) {
             let old_state = &mut self.ranks[old.slot];
-            old_state.load.decode_blocks = old_state.load.decode_blocks.saturating_sub(old.decode_blocks);
+            old_state.load.decode_blocks = old_state
+                .load
+                .decode_blocks
+                .saturating_sub(old.decode_blocks);
             old_state.load.requests = old_state.load.requests.saturating_sub(1);
             if !old.prefill_done {
-                old_state.load.prefill_tokens = old_state.load.prefill_tokens.saturating_sub(old.prefill_tokens);
+                old_state.load.prefill_tokens = old_state
+                    .load
+                    .prefill_tokens
+                    .saturating_sub(old.prefill_tokens);
             }
         }
         self.bookings.insert(
@@ -418,7 +426,10 @@ impl Router {
             return weights.len() - 1;
         }
         let tolerance = 1e-9 * min.abs().max(1.0);
-        let cheapest = costs.iter().enumerate().filter(|(_, c)| **c - min <= tolerance);
+        let cheapest = costs
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| **c - min <= tolerance);
         let fewest = cheapest
             .clone()
             .map(|(i, _)| candidates[i].indexed_blocks)

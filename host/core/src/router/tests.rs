@@ -40,10 +40,16 @@ fn prefers_the_rank_holding_the_prefix() {
         blocks: hashes[..12].to_vec(),
     });
     let mut r = router(4, Box::new(KvCost));
-    let d = r.route(RequestId(1), &request(&hashes, 64), &index, ms(0)).unwrap();
+    let d = r
+        .route(RequestId(1), &request(&hashes, 64), &index, ms(0))
+        .unwrap();
     assert_eq!(d.rank, Rank::new(2, 0));
     assert_eq!(d.indexed.device, 12);
-    assert_eq!(d.cost, Some(4.0 + 4.0), "4 uncached prefill blocks + 4 new blocks");
+    assert_eq!(
+        d.cost,
+        Some(4.0 + 4.0),
+        "4 uncached prefill blocks + 4 new blocks"
+    );
 }
 
 #[test]
@@ -63,7 +69,9 @@ fn host_tier_earns_partial_credit() {
     });
     let mut r = router(2, Box::new(KvCost));
     // rank 0: prefill 16 - 0.75*16 = 4, decode 16 -> 20; rank 1: prefill 8, decode 8 -> 16.
-    let d = r.route(RequestId(1), &request(&hashes, 64), &index, ms(0)).unwrap();
+    let d = r
+        .route(RequestId(1), &request(&hashes, 64), &index, ms(0))
+        .unwrap();
     assert_eq!(d.rank, Rank::new(1, 0));
 }
 
@@ -73,15 +81,21 @@ fn bookings_let_siblings_see_each_other() {
     let hashes = BlockHasher::new(4).sequence(&tokens);
     let index = KvIndex::new();
     let mut r = router(4, Box::new(KvCost));
-    let first = r.route(RequestId(1), &request(&hashes, 64), &index, ms(0)).unwrap();
+    let first = r
+        .route(RequestId(1), &request(&hashes, 64), &index, ms(0))
+        .unwrap();
     r.first_token(RequestId(1));
     // Same prompt a millisecond later, no events yet: the booking predicts the prefix.
-    let second = r.route(RequestId(2), &request(&hashes, 64), &index, ms(1)).unwrap();
+    let second = r
+        .route(RequestId(2), &request(&hashes, 64), &index, ms(1))
+        .unwrap();
     assert_eq!(first.rank, second.rank);
     assert_eq!(second.overlap.device, 16);
     assert_eq!(second.indexed.device, 0);
     // After the booking TTL, the prediction is gone and load spreads the third one.
-    let third = r.route(RequestId(3), &request(&hashes, 64), &index, ms(5_000)).unwrap();
+    let third = r
+        .route(RequestId(3), &request(&hashes, 64), &index, ms(5_000))
+        .unwrap();
     assert_ne!(third.rank, first.rank);
 }
 
@@ -146,7 +160,9 @@ fn ties_go_to_the_emptier_rank() {
     };
     let mut r = router(2, Box::new(KvCost));
     let hashes = BlockHasher::new(4).sequence(&[1; 8]);
-    let d = r.route(RequestId(1), &request(&hashes, 8), &index, ms(0)).unwrap();
+    let d = r
+        .route(RequestId(1), &request(&hashes, 8), &index, ms(0))
+        .unwrap();
     assert_eq!(d.rank, Rank::new(1, 0));
 }
 
@@ -179,7 +195,13 @@ fn round_robin_rotates() {
     let index = KvIndex::new();
     let mut r = router(3, Box::new(RoundRobin::default()));
     let picks: Vec<u32> = (0..6)
-        .map(|i| r.route(RequestId(i), &request(&[], 1), &index, ms(0)).unwrap().rank.worker.0)
+        .map(|i| {
+            r.route(RequestId(i), &request(&[], 1), &index, ms(0))
+                .unwrap()
+                .rank
+                .worker
+                .0
+        })
         .collect();
     assert_eq!(picks, vec![0, 1, 2, 0, 1, 2]);
 }
@@ -234,14 +256,20 @@ fn approximate_ranks_learn_from_decisions() {
     );
     r.add_rank(Rank::new(0, 0), true);
     r.add_rank(Rank::new(1, 0), true);
-    let first = r.route(RequestId(1), &request(&hashes, 64), &index, ms(0)).unwrap();
+    let first = r
+        .route(RequestId(1), &request(&hashes, 64), &index, ms(0))
+        .unwrap();
     r.finish(RequestId(1), ms(1_000));
     // Much later than a booking TTL but within the approximate TTL: still sticks.
-    let again = r.route(RequestId(2), &request(&hashes, 64), &index, ms(30_000)).unwrap();
+    let again = r
+        .route(RequestId(2), &request(&hashes, 64), &index, ms(30_000))
+        .unwrap();
     assert_eq!(first.rank, again.rank);
     assert_eq!(again.overlap.device, 16);
     r.finish(RequestId(2), ms(31_000));
     // After the TTL the knowledge is gone.
-    let late = r.route(RequestId(3), &request(&hashes, 64), &index, ms(200_000)).unwrap();
+    let late = r
+        .route(RequestId(3), &request(&hashes, 64), &index, ms(200_000))
+        .unwrap();
     assert_eq!(late.overlap.device, 0);
 }

@@ -1,0 +1,453 @@
+//! A simulated inference engine: continuous batching, chunked prefill and a prefix-cached paged
+//! KV cache, with step times from a fitted model instead of a GPU.
+//!
+//! The model is a plain state machine: the driver adds and cancels requests, calls
+//! [`EngineModel::step`], advances its clock by the returned duration and only then delivers the
+//! step's tokens and events. The mock engine drives it with tokio timers, the simulator with a
+//! virtual clock; neither changes what the engine computes.
+//!
+//! Scheduling follows vLLM's v1 scheduler with one simplification: admission reserves every block
+//! a request can need (prompt and output), so running requests are never preempted; a request that
+//! does not fit waits, first come first served, until finished requests free blocks.
+//!
+//! ```
+//! use switchyard_core::engine::{EngineConfig, EngineModel, EngineRequest};
+//!
+//! let mut engine = EngineModel::new(EngineConfig::default())?;
+//! engine.add_request(EngineRequest { id: 1, prompt: (0..100).collect(), max_tokens: 2 })?;
+//! let mut tokens = Vec::new();
+//! while engine.has_work() {
+//!     let step = engine.step();
+//!     assert!(!step.duration.is_zero());
+//!     tokens.extend(step.outputs);
+//! }
+//! assert_eq!(tokens.len(), 2);
+//! assert!(tokens[0].first && tokens[1].finished);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod cache;
+mod timing;
+
+pub use cache::{BlockTable, CacheEvent, ENGINE_SEED, KvCache};
+pub use timing::StepTiming;
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::time::Duration;
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+/// Engine settings (vLLM's names where vLLM has one).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    /// Tokens per KV block (`--block-size`).
+    pub block_size: usize,
+    /// KV blocks on the device (`num_gpu_blocks`).
+    pub num_blocks: usize,
+    /// Most requests running at once (`--max-num-seqs`).
+    pub max_num_seqs: usize,
+    /// Most tokens computed in one step (`--max-num-batched-tokens`); longer prefills are chunked.
+    pub max_batched_tokens: usize,
+    /// Token ids the engine generates from; callers exclude special tokens.
+    pub output_vocab: Range<u32>,
+    /// Step time model.
+    pub timing: StepTiming,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            block_size: 16,
+            num_blocks: 16_384,
+            max_num_seqs: 256,
+            max_batched_tokens: 8_192,
+            output_vocab: 1_000..30_000,
+            timing: StepTiming::default(),
+        }
+    }
+}
+
+impl EngineConfig {
+    /// Check the settings once, before an engine is built.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let fail = |what| Err(ConfigError(what));
+        if self.block_size == 0 {
+            return fail("block_size must be positive");
+        }
+        if self.num_blocks == 0 || self.num_blocks >= u32::MAX as usize {
+            return fail("num_blocks must be between 1 and 2^32 - 2");
+        }
+        if self.max_num_seqs == 0 {
+            return fail("max_num_seqs must be positive");
+        }
+        if self.max_batched_tokens == 0 {
+            return fail("max_batched_tokens must be positive");
+        }
+        if self.output_vocab.is_empty() {
+            return fail("output_vocab must not be empty");
+        }
+        Ok(())
+    }
+}
+
+/// An invalid [`EngineConfig`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid engine config: {0}")]
+pub struct ConfigError(&'static str);
+
+/// Why a request was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// The prompt has no token.
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    /// `max_tokens` is 0.
+    #[error("max_tokens must be at least 1")]
+    NoOutput,
+    /// Prompt and output need more blocks than the whole cache holds.
+    #[error("request needs {needed} KV blocks, the engine has {capacity}")]
+    TooLong {
+        /// Blocks the request needs.
+        needed: usize,
+        /// Blocks of the engine.
+        capacity: usize,
+    },
+    /// A request with this id is already in the engine.
+    #[error("request {0} is already in the engine")]
+    DuplicateId(u64),
+}
+
+/// A request to generate `max_tokens` tokens after `prompt`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineRequest {
+    /// The caller's id, unique among requests in the engine.
+    pub id: u64,
+    /// Prompt tokens.
+    pub prompt: Vec<u32>,
+    /// Tokens to generate (at least 1); generation always runs to this length.
+    pub max_tokens: u32,
+}
+
+/// One generated token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenOut {
+    /// Request id.
+    pub id: u64,
+    /// The token.
+    pub token: u32,
+    /// The request's first token (its prefill just ended).
+    pub first: bool,
+    /// The request's last token; the request has left the engine.
+    pub finished: bool,
+}
+
+/// A request that left the queue and started running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admitted {
+    /// Request id.
+    pub id: u64,
+    /// Prompt tokens found in the prefix cache (vLLM's `cached_tokens`).
+    pub cached_tokens: usize,
+}
+
+/// What one step did. The driver lets `duration` pass before it acts on the rest.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Step {
+    /// Simulated time the step takes.
+    pub duration: Duration,
+    /// Cache changes, oldest first.
+    pub events: Vec<CacheEvent>,
+    /// Tokens generated.
+    pub outputs: Vec<TokenOut>,
+    /// Requests admitted in this step.
+    pub admitted: Vec<Admitted>,
+}
+
+/// Gauges and counters behind vLLM's metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EngineStats {
+    /// Requests running (`vllm:num_requests_running`).
+    pub running: usize,
+    /// Requests queued (`vllm:num_requests_waiting`).
+    pub waiting: usize,
+    /// Fraction of KV blocks in use (`vllm:kv_cache_usage_perc`).
+    pub kv_usage: f64,
+    /// Prompt tokens looked up in the prefix cache (`vllm:prefix_cache_queries`).
+    pub prefix_queries: u64,
+    /// Of those, tokens found (`vllm:prefix_cache_hits`).
+    pub prefix_hits: u64,
+    /// Prompt tokens of admitted requests (`vllm:prompt_tokens`).
+    pub prompt_tokens: u64,
+    /// Tokens generated (`vllm:generation_tokens`).
+    pub generation_tokens: u64,
+    /// Requests that ran to completion (`vllm:request_success`).
+    pub finished: u64,
+}
+
+#[derive(Debug)]
+struct Waiting {
+    request: EngineRequest,
+    hashes: Vec<u64>,
+}
+
+#[derive(Debug)]
+struct Running {
+    id: u64,
+    /// Prompt, then generated tokens.
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    max_tokens: usize,
+    /// Tokens whose KV is written; during decode the last sampled token is not yet.
+    computed: usize,
+    /// Seeds the output tokens, so that equal prompts produce equal text.
+    seed: u64,
+    table: BlockTable,
+}
+
+/// The simulated engine.
+#[derive(Debug)]
+pub struct EngineModel {
+    config: EngineConfig,
+    cache: KvCache,
+    waiting: VecDeque<Waiting>,
+    running: Vec<Running>,
+    stats: EngineStats,
+}
+
+// === impl EngineModel ===
+
+impl EngineModel {
+    /// An idle engine with an empty cache.
+    pub fn new(config: EngineConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Self {
+            cache: KvCache::new(config.block_size, config.num_blocks),
+            config,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            stats: EngineStats::default(),
+        })
+    }
+
+    /// Settings in force.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// The KV cache, to inspect.
+    pub fn cache(&self) -> &KvCache {
+        &self.cache
+    }
+
+    /// Queue a request; it is admitted by a later [`EngineModel::step`].
+    pub fn add_request(&mut self, request: EngineRequest) -> Result<(), RequestError> {
+        if request.prompt.is_empty() {
+            return Err(RequestError::EmptyPrompt);
+        }
+        if request.max_tokens == 0 {
+            return Err(RequestError::NoOutput);
+        }
+        let needed = self.blocks_needed(&request);
+        if needed > self.config.num_blocks {
+            return Err(RequestError::TooLong {
+                needed,
+                capacity: self.config.num_blocks,
+            });
+        }
+        if self.waiting.iter().any(|w| w.request.id == request.id)
+            || self.running.iter().any(|r| r.id == request.id)
+        {
+            return Err(RequestError::DuplicateId(request.id));
+        }
+        let hashes = self.cache.hash_blocks(&request.prompt);
+        self.waiting.push_back(Waiting { request, hashes });
+        Ok(())
+    }
+
+    /// Drop a queued or running request; its computed blocks stay cached. `false` if unknown.
+    pub fn cancel(&mut self, id: u64) -> bool {
+        if let Some(pos) = self.waiting.iter().position(|w| w.request.id == id) {
+            self.waiting.remove(pos);
+            return true;
+        }
+        if let Some(pos) = self.running.iter().position(|r| r.id == id) {
+            let seq = self.running.remove(pos);
+            self.cache.release(seq.table);
+            return true;
+        }
+        false
+    }
+
+    /// Drop every cached block; refused (`false`) while requests run. The next step reports it.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        self.running.is_empty() && self.cache.reset()
+    }
+
+    /// Whether [`EngineModel::step`] has anything to do. When not, the driver waits for input.
+    pub fn has_work(&self) -> bool {
+        !self.running.is_empty() || !self.waiting.is_empty() || self.cache.has_events()
+    }
+
+    /// Current gauges and counters.
+    pub fn stats(&self) -> EngineStats {
+        EngineStats {
+            running: self.running.len(),
+            waiting: self.waiting.len(),
+            kv_usage: self.cache.usage(),
+            ..self.stats
+        }
+    }
+
+    /// Run one forward pass: running requests first (decodes and unfinished prefills, in
+    /// admission order), then new requests from the queue while the token budget, the sequence
+    /// limit and the KV blocks allow.
+    pub fn step(&mut self) -> Step {
+        let mut budget = self.config.max_batched_tokens;
+        let mut pass = Pass::default();
+        let mut outputs = Vec::new();
+        let vocab = self.config.output_vocab.clone();
+        for seq in &mut self.running {
+            budget -= advance(
+                &mut self.cache,
+                seq,
+                budget,
+                &vocab,
+                &mut pass,
+                &mut outputs,
+            );
+        }
+        let mut admitted = Vec::new();
+        while budget > 0 && self.running.len() < self.config.max_num_seqs {
+            let Some(mut seq) = self.admit_next() else {
+                break;
+            };
+            admitted.push(Admitted {
+                id: seq.id,
+                cached_tokens: seq.computed,
+            });
+            budget -= advance(
+                &mut self.cache,
+                &mut seq,
+                budget,
+                &vocab,
+                &mut pass,
+                &mut outputs,
+            );
+            self.running.push(seq);
+        }
+
+        let capacity = (self.config.num_blocks * self.config.block_size) as f64;
+        let kv_tokens: usize = self.running.iter().map(|s| s.computed).sum();
+        let duration = self.config.timing.step(
+            pass.prefill_tokens,
+            pass.decoding,
+            kv_tokens as f64 / capacity,
+        );
+
+        self.stats.generation_tokens += outputs.len() as u64;
+        for out in outputs.iter().filter(|o| o.finished) {
+            if let Some(pos) = self.running.iter().position(|s| s.id == out.id) {
+                let seq = self.running.remove(pos);
+                self.cache.release(seq.table);
+                self.stats.finished += 1;
+            }
+        }
+        Step {
+            duration,
+            events: self.cache.take_events(),
+            outputs,
+            admitted,
+        }
+    }
+
+    /// Blocks a request can occupy: the last generated token is never fed back, so its KV is never
+    /// written.
+    fn blocks_needed(&self, request: &EngineRequest) -> usize {
+        (request.prompt.len() + request.max_tokens as usize - 1).div_ceil(self.config.block_size)
+    }
+
+    /// Move the head of the queue to running if its blocks fit.
+    fn admit_next(&mut self) -> Option<Running> {
+        let head = self.waiting.front()?;
+        // At least the last prompt token is computed, to sample the first output from.
+        let reusable = (head.request.prompt.len() - 1) / self.config.block_size;
+        let table = self
+            .cache
+            .allocate(&head.hashes[..reusable], self.blocks_needed(&head.request))?;
+        let Waiting { request, .. } = self.waiting.pop_front()?;
+        let cached = table.hashes().len() * self.config.block_size;
+        self.stats.prefix_queries += request.prompt.len() as u64;
+        self.stats.prefix_hits += cached as u64;
+        self.stats.prompt_tokens += request.prompt.len() as u64;
+        let prompt_bytes: Vec<u8> = request
+            .prompt
+            .iter()
+            .flat_map(|t| t.to_le_bytes())
+            .collect();
+        Some(Running {
+            id: request.id,
+            prompt_len: request.prompt.len(),
+            max_tokens: request.max_tokens as usize,
+            computed: cached,
+            seed: xxh3_64_with_seed(&prompt_bytes, ENGINE_SEED),
+            tokens: request.prompt,
+            table,
+        })
+    }
+}
+
+/// Work of one pass, for its duration.
+#[derive(Debug, Default)]
+struct Pass {
+    prefill_tokens: usize,
+    decoding: bool,
+}
+
+/// Give `seq` up to `budget` tokens of this pass: a prefill chunk, or one decode. Returns the
+/// tokens used.
+fn advance(
+    cache: &mut KvCache,
+    seq: &mut Running,
+    budget: usize,
+    vocab: &Range<u32>,
+    pass: &mut Pass,
+    outputs: &mut Vec<TokenOut>,
+) -> usize {
+    let used = if seq.computed < seq.prompt_len {
+        let chunk = (seq.prompt_len - seq.computed).min(budget);
+        pass.prefill_tokens += chunk;
+        chunk
+    } else {
+        let decode = budget.min(1);
+        pass.decoding |= decode > 0;
+        decode
+    };
+    if used == 0 {
+        return 0;
+    }
+    seq.computed += used;
+    cache.write(&mut seq.table, &seq.tokens[..seq.computed]);
+    if seq.computed == seq.tokens.len() {
+        // The pass reached the newest token: sample the next one.
+        let generated = seq.tokens.len() - seq.prompt_len;
+        let token = output_token(seq.seed, generated, vocab);
+        seq.tokens.push(token);
+        outputs.push(TokenOut {
+            id: seq.id,
+            token,
+            first: generated == 0,
+            finished: generated + 1 == seq.max_tokens,
+        });
+    }
+    used
+}
+
+/// Deterministic pseudo-text: a function of the prompt and the position only.
+fn output_token(seed: u64, position: usize, vocab: &Range<u32>) -> u32 {
+    let span = u64::from(vocab.end - vocab.start);
+    let draw = xxh3_64_with_seed(&(position as u64).to_le_bytes(), seed);
+    vocab.start + (draw % span) as u32
+}
+
+#[cfg(test)]
+mod tests;

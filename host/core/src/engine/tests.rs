@@ -1,0 +1,326 @@
+use super::*;
+use proptest::prelude::*;
+use std::collections::HashSet;
+
+fn config(block_size: usize, num_blocks: usize) -> EngineConfig {
+    EngineConfig {
+        block_size,
+        num_blocks,
+        ..EngineConfig::default()
+    }
+}
+
+fn request(id: u64, prompt: Vec<u32>, max_tokens: u32) -> EngineRequest {
+    EngineRequest {
+        id,
+        prompt,
+        max_tokens,
+    }
+}
+
+/// Step until idle; returns every step.
+fn drain(engine: &mut EngineModel) -> Vec<Step> {
+    let mut steps = Vec::new();
+    while engine.has_work() {
+        steps.push(engine.step());
+        assert!(steps.len() < 10_000, "engine never goes idle");
+    }
+    steps
+}
+
+fn cached_tokens(steps: &[Step], id: u64) -> Option<usize> {
+    steps
+        .iter()
+        .flat_map(|s| &s.admitted)
+        .find(|a| a.id == id)
+        .map(|a| a.cached_tokens)
+}
+
+#[test]
+fn a_repeated_prompt_hits_its_full_blocks() {
+    let mut engine = EngineModel::new(config(16, 64)).expect("valid");
+    let prompt: Vec<u32> = (0..40).collect();
+    engine
+        .add_request(request(1, prompt.clone(), 4))
+        .expect("fits");
+    let first = drain(&mut engine);
+    engine.add_request(request(2, prompt, 4)).expect("fits");
+    let second = drain(&mut engine);
+    assert_eq!(cached_tokens(&first, 1), Some(0));
+    assert_eq!(cached_tokens(&second, 2), Some(32));
+    let stats = engine.stats();
+    assert_eq!((stats.prefix_queries, stats.prefix_hits), (80, 32));
+    assert_eq!((stats.prompt_tokens, stats.finished), (80, 2));
+}
+
+#[test]
+fn the_last_prompt_token_is_always_computed() {
+    let mut engine = EngineModel::new(config(16, 64)).expect("valid");
+    let prompt: Vec<u32> = (0..48).collect();
+    engine
+        .add_request(request(1, prompt.clone(), 1))
+        .expect("fits");
+    drain(&mut engine);
+    engine.add_request(request(2, prompt, 1)).expect("fits");
+    // Three full blocks cached, but the third is recomputed to sample from.
+    assert_eq!(cached_tokens(&drain(&mut engine), 2), Some(32));
+}
+
+#[test]
+fn generates_max_tokens_deterministic_tokens_from_the_vocabulary() {
+    let run = |id| {
+        let mut engine = EngineModel::new(config(16, 64)).expect("valid");
+        engine
+            .add_request(request(id, (0..20).collect(), 5))
+            .expect("fits");
+        drain(&mut engine)
+            .into_iter()
+            .flat_map(|s| s.outputs)
+            .collect::<Vec<_>>()
+    };
+    let outputs = run(1);
+    assert_eq!(outputs.len(), 5);
+    assert!(outputs[0].first && outputs.iter().skip(1).all(|o| !o.first));
+    assert!(outputs[4].finished && outputs.iter().take(4).all(|o| !o.finished));
+    let vocab = EngineConfig::default().output_vocab;
+    assert!(outputs.iter().all(|o| vocab.contains(&o.token)));
+    let tokens = |outs: &[TokenOut]| outs.iter().map(|o| o.token).collect::<Vec<_>>();
+    assert_eq!(tokens(&outputs), tokens(&run(2)));
+}
+
+#[test]
+fn generated_blocks_are_cached_too() {
+    let mut engine = EngineModel::new(config(4, 16)).expect("valid");
+    let prompt: Vec<u32> = (0..4).collect();
+    engine
+        .add_request(request(1, prompt.clone(), 6))
+        .expect("fits");
+    let steps = drain(&mut engine);
+    let output: Vec<u32> = steps
+        .iter()
+        .flat_map(|s| &s.outputs)
+        .map(|o| o.token)
+        .collect();
+    // 4 prompt + 5 fed-back outputs: two full blocks, the second made of output tokens.
+    let all: Vec<u32> = prompt.iter().chain(&output).copied().collect();
+    let hashes = engine.cache().hash_blocks(&all[..8]);
+    assert_eq!(engine.cache().cached_prefix(&hashes), 2);
+}
+
+#[test]
+fn chunked_prefill_spreads_a_long_prompt_over_steps() {
+    let mut engine = EngineModel::new(EngineConfig::default()).expect("valid");
+    engine
+        .add_request(request(1, (0..20_000).collect(), 2))
+        .expect("fits");
+    let steps = drain(&mut engine);
+    assert_eq!(
+        steps.len(),
+        4,
+        "8192 + 8192 + 3616 prompt tokens, then one decode"
+    );
+    assert!(steps[1].outputs.is_empty());
+    assert!(steps[2].outputs[0].first);
+    let timing = StepTiming::default();
+    assert_eq!(
+        steps[0].duration,
+        Duration::from_secs_f64(timing.prefill_ms(8192) / 1000.0)
+    );
+    assert_eq!(
+        steps[2].duration,
+        Duration::from_secs_f64(timing.prefill_ms(3616) / 1000.0)
+    );
+}
+
+#[test]
+fn a_pass_mixing_prefill_and_decode_costs_both() {
+    let mut engine = EngineModel::new(config(16, 100)).expect("valid");
+    engine
+        .add_request(request(1, (0..16).collect(), 10))
+        .expect("fits");
+    engine.step();
+    engine
+        .add_request(request(2, (100..200).collect(), 10))
+        .expect("fits");
+    let step = engine.step();
+    // Request 1 decodes its 17th token, request 2 prefills 100.
+    let usage = (17.0 + 100.0) / 1600.0;
+    let timing = StepTiming::default();
+    let expected = (timing.prefill_ms(100) + timing.decode_ms(usage)) / 1000.0;
+    assert!((step.duration.as_secs_f64() - expected).abs() < 1e-9);
+}
+
+#[test]
+fn timing_follows_the_reference_fit() {
+    let timing = StepTiming::default();
+    assert!((timing.prefill_ms(1000) - (0.421 + 15.18 + 16.5)).abs() < 1e-9);
+    assert!((timing.decode_ms(0.0) - 5.74).abs() < 1e-9);
+    assert!((timing.decode_ms(1.0) - (54.01 - 25.74 + 5.74)).abs() < 1e-9);
+    let steep = StepTiming {
+        decode: [-100.0, 0.0, 5.0],
+        ..timing
+    };
+    assert_eq!(steep.decode_ms(1.0), 1.0, "floor of 1 ms");
+    assert_eq!(timing.step(0, false, 0.5), Duration::ZERO);
+}
+
+#[test]
+fn requests_wait_for_blocks_and_the_sequence_limit() {
+    let mut engine = EngineModel::new(EngineConfig {
+        max_num_seqs: 2,
+        ..config(4, 10)
+    })
+    .expect("valid");
+    // Each needs (16 + 4 - 1) / 4 = 5 blocks: two fit at once.
+    for id in 0..3 {
+        let prompt = (0..16).map(|t| t + 100 * id as u32).collect();
+        engine.add_request(request(id, prompt, 4)).expect("fits");
+    }
+    let first = engine.step();
+    assert_eq!(first.admitted.len(), 2);
+    assert_eq!(engine.stats().waiting, 1);
+    let mut steps = vec![first];
+    while engine.has_work() {
+        steps.push(engine.step());
+        assert!(engine.cache().used_blocks() <= 10);
+        assert!(engine.stats().running <= 2);
+    }
+    let admitted_at = steps
+        .iter()
+        .position(|s| s.admitted.iter().any(|a| a.id == 2));
+    let finished_at = steps
+        .iter()
+        .position(|s| s.outputs.iter().any(|o| o.finished));
+    assert!(admitted_at > finished_at);
+}
+
+#[test]
+fn refuses_requests_that_cannot_run() {
+    let mut engine = EngineModel::new(config(4, 4)).expect("valid");
+    assert_eq!(
+        engine.add_request(request(1, Vec::new(), 1)),
+        Err(RequestError::EmptyPrompt)
+    );
+    assert_eq!(
+        engine.add_request(request(1, vec![1], 0)),
+        Err(RequestError::NoOutput)
+    );
+    assert_eq!(
+        engine.add_request(request(1, vec![1; 16], 2)),
+        Err(RequestError::TooLong {
+            needed: 5,
+            capacity: 4
+        })
+    );
+    engine
+        .add_request(request(1, vec![1; 16], 1))
+        .expect("fits");
+    assert_eq!(
+        engine.add_request(request(1, vec![1], 1)),
+        Err(RequestError::DuplicateId(1))
+    );
+    assert!(EngineModel::new(config(0, 4)).is_err());
+}
+
+#[test]
+fn cancel_frees_blocks_and_keeps_the_cache() {
+    let mut engine = EngineModel::new(config(4, 16)).expect("valid");
+    engine
+        .add_request(request(1, (0..12).collect(), 10))
+        .expect("fits");
+    engine
+        .add_request(request(2, (0..8).collect(), 10))
+        .expect("fits");
+    engine.step();
+    assert!(engine.cancel(2));
+    assert!(engine.cancel(1));
+    assert!(!engine.cancel(1));
+    assert_eq!(engine.cache().used_blocks(), 0);
+    assert_eq!(engine.stats().running, 0);
+    assert!(!engine.has_work());
+    assert_eq!(engine.cache().cached_hashes().count(), 3);
+}
+
+#[test]
+fn reset_reports_cleared_on_the_next_step() {
+    let mut engine = EngineModel::new(config(4, 16)).expect("valid");
+    engine
+        .add_request(request(1, (0..12).collect(), 2))
+        .expect("fits");
+    engine.step();
+    assert!(!engine.reset_prefix_cache(), "a request is running");
+    drain(&mut engine);
+    assert!(engine.reset_prefix_cache());
+    assert!(engine.has_work());
+    let step = engine.step();
+    assert_eq!(step.events, vec![CacheEvent::Cleared]);
+    assert_eq!(step.duration, Duration::ZERO);
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Add { prefix: u32, len: usize, out: u32 },
+    Cancel(u64),
+    Step,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (0..3u32, 1..40usize, 1..8u32).prop_map(|(prefix, len, out)| Op::Add { prefix, len, out }),
+        (0..20u64).prop_map(Op::Cancel),
+        Just(Op::Step),
+        Just(Op::Step),
+    ]
+}
+
+proptest! {
+    /// Replaying the events reproduces the cache, and nothing is removed before it was stored.
+    #[test]
+    fn events_replay_to_the_cache_content(ops in prop::collection::vec(op(), 1..120)) {
+        let mut engine = EngineModel::new(EngineConfig {
+            max_batched_tokens: 24,
+            max_num_seqs: 4,
+            ..config(4, 24)
+        }).expect("valid");
+        let mut replayed = HashSet::new();
+        let mut apply = |events: Vec<CacheEvent>| -> Result<(), TestCaseError> {
+            for event in events {
+                match event {
+                    CacheEvent::Stored { hashes, token_ids, .. } => {
+                        prop_assert_eq!(token_ids.len(), hashes.len() * 4);
+                        for hash in hashes {
+                            prop_assert!(replayed.insert(hash), "stored twice");
+                        }
+                    }
+                    CacheEvent::Removed { hashes } => {
+                        for hash in hashes {
+                            prop_assert!(replayed.remove(&hash), "removed before stored");
+                        }
+                    }
+                    CacheEvent::Cleared => replayed.clear(),
+                }
+            }
+            Ok(())
+        };
+        for (id, op) in ops.into_iter().enumerate() {
+            match op {
+                Op::Add { prefix, len, out } => {
+                    // Shared prefixes: prompts start with one of three token runs.
+                    let prompt = (0..len as u32).map(|t| prefix * 100 + t).collect();
+                    engine.add_request(request(id as u64, prompt, out)).ok();
+                }
+                Op::Cancel(id) => {
+                    engine.cancel(id);
+                }
+                Op::Step => apply(engine.step().events)?,
+            }
+            prop_assert!(engine.cache().used_blocks() <= 24);
+        }
+        while engine.has_work() {
+            apply(engine.step().events)?;
+        }
+        let cached: HashSet<u64> = engine.cache().cached_hashes().collect();
+        prop_assert_eq!(replayed, cached);
+        prop_assert_eq!(engine.cache().used_blocks(), 0);
+    }
+}

@@ -1,0 +1,354 @@
+//! One publisher's event stream turned into index changes in our own hash space.
+//!
+//! The engine names blocks by its own hashes, which depend on its version and settings. We re-hash
+//! the tokens of every stored block with [`BlockHasher`] (so the index agrees with the hashes the
+//! router computes for requests) and keep `engine hash -> our hash` only to resolve later removals
+//! and token-less copies. Pure: no I/O, no clock; the subscriber drives it.
+
+use crate::wire::{EngineHash, KvEvent, decode_batch};
+use std::collections::HashMap;
+use std::ops::Range;
+use switchyard_core::hash::{BlockHasher, SequenceHash};
+use switchyard_core::index::IndexOp;
+use switchyard_core::worker::{Rank, Tier};
+
+/// What one message changed.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Ingested {
+    /// Index changes to apply, in order.
+    pub ops: Vec<IndexOp>,
+    /// Messages were lost: the driver replays `expected..` (see [`Ingestor::on_message`]).
+    pub gap: Option<Gap>,
+    /// The publisher restarted; `ops` starts with a clear of the rank.
+    pub restarted: bool,
+    /// The payload did not decode and was skipped.
+    pub malformed: bool,
+    /// Engine time of the applied batch (seconds since the Unix epoch), for lag metrics.
+    pub ts: Option<f64>,
+}
+
+/// Sequence numbers that never arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gap {
+    /// The first missing sequence number.
+    pub expected: u64,
+    /// The sequence number that arrived instead.
+    pub received: u64,
+}
+
+/// Counters of what an [`Ingestor`] applied and skipped.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IngestStats {
+    /// Batches decoded and applied.
+    pub batches: u64,
+    /// Events in those batches.
+    pub events: u64,
+    /// Blocks that became present in a tier.
+    pub stored_blocks: u64,
+    /// Blocks that left a tier.
+    pub removed_blocks: u64,
+    /// Payloads that did not decode.
+    pub malformed: u64,
+    /// Sequence gaps seen on the live stream.
+    pub gaps: u64,
+    /// Publisher restarts (sequence number went back).
+    pub restarts: u64,
+    /// Stores whose token count does not match their blocks or our block size.
+    pub skipped_unaligned: u64,
+    /// Stores whose parent block we do not know, so their prefix is unknown.
+    pub skipped_unknown_parent: u64,
+    /// Events of KV groups other than 0 (hybrid models route on group 0).
+    pub skipped_other_group: u64,
+    /// Stores computed with a LoRA adapter: requests hash without one, so they would never match.
+    pub skipped_lora: u64,
+    /// Token-less stores and removals of engine hashes we do not hold in that tier.
+    pub skipped_unknown_hash: u64,
+}
+
+/// Our name for an engine block and how many copies the engine holds in each tier.
+#[derive(Debug, Clone, Copy)]
+struct Block {
+    hash: SequenceHash,
+    /// Indexed by `Tier as usize`.
+    copies: [u32; 3],
+}
+
+/// Per-publisher state: sequence tracking and the engine-to-own hash map.
+///
+/// A publisher serves exactly one rank. The batch's `data_parallel_rank` is not consulted: with
+/// data parallelism every rank has its own publisher (and so its own `Ingestor`), and the rank it
+/// was configured for is the one whose cache the events describe.
+#[derive(Debug)]
+pub struct Ingestor {
+    rank: Rank,
+    hasher: BlockHasher,
+    /// Highest sequence number received on the live stream.
+    last_seq: Option<u64>,
+    /// Sequence numbers lost on the live stream and not yet replayed.
+    missing: Option<Range<u64>>,
+    blocks: HashMap<EngineHash, Block>,
+    stats: IngestStats,
+}
+
+// === impl Ingestor ===
+
+impl Ingestor {
+    /// An ingestor for `rank`, whose engine uses `block_size`-token blocks.
+    ///
+    /// # Panics
+    /// If `block_size` is 0.
+    pub fn new(rank: Rank, block_size: u32) -> Self {
+        Self {
+            rank,
+            hasher: BlockHasher::new(block_size as usize),
+            last_seq: None,
+            missing: None,
+            blocks: HashMap::new(),
+            stats: IngestStats::default(),
+        }
+    }
+
+    /// A message from the live stream.
+    ///
+    /// - The first message sets the baseline; `last + 1` is applied.
+    /// - A jump reports a [`Gap`] and is *not* applied: the message is in the engine's replay
+    ///   buffer, and applying it before the lost ones would let removals and child blocks overtake
+    ///   the stores they refer to. The driver then replays `expected..` through
+    ///   [`on_replayed`](Self::on_replayed), or calls [`reset`](Self::reset) if it cannot, before
+    ///   feeding the next live message.
+    /// - A number that goes back means the publisher restarted with an empty cache: the rank is
+    ///   cleared first. If that number is not 0, the new process's first messages were missed too
+    ///   and are reported as a gap from 0.
+    /// - A repeat of the last number is ignored.
+    pub fn on_message(&mut self, seq: u64, payload: &[u8]) -> Ingested {
+        let mut out = Ingested::default();
+        let expected = match self.last_seq {
+            None => seq,
+            Some(last) if seq == last => return out,
+            Some(last) if seq < last => {
+                self.stats.restarts += 1;
+                out.restarted = true;
+                out.ops.push(self.reset());
+                0
+            }
+            Some(last) => last + 1,
+        };
+        self.last_seq = Some(seq);
+        if seq > expected {
+            self.stats.gaps += 1;
+            self.missing = Some(expected..seq + 1);
+            out.gap = Some(Gap {
+                expected,
+                received: seq,
+            });
+        } else {
+            self.apply(payload, &mut out);
+        }
+        out
+    }
+
+    /// A message answered by the replay socket: applied only if it is the next missing one, so
+    /// messages already applied (or still to come live) are skipped.
+    pub fn on_replayed(&mut self, seq: u64, payload: &[u8]) -> Ingested {
+        let mut out = Ingested::default();
+        let Some(missing) = &mut self.missing else {
+            return out;
+        };
+        if seq != missing.start {
+            return out;
+        }
+        missing.start += 1;
+        if missing.is_empty() {
+            self.missing = None;
+        }
+        self.apply(payload, &mut out);
+        out
+    }
+
+    /// Sequence numbers reported lost and not yet replayed.
+    pub fn missing(&self) -> Option<Range<u64>> {
+        self.missing.clone()
+    }
+
+    /// Give up on lost messages: forget every block and return the clear that says so.
+    pub fn reset(&mut self) -> IndexOp {
+        self.missing = None;
+        self.clear()
+    }
+
+    /// What was applied and skipped so far.
+    pub fn stats(&self) -> &IngestStats {
+        &self.stats
+    }
+
+    fn apply(&mut self, payload: &[u8], out: &mut Ingested) {
+        let batch = match decode_batch(payload) {
+            Ok(batch) => batch,
+            Err(error) => {
+                tracing::debug!(rank = %self.rank, %error, "skipping malformed KV event batch");
+                self.stats.malformed += 1;
+                out.malformed = true;
+                return;
+            }
+        };
+        self.stats.batches += 1;
+        self.stats.events += batch.events.len() as u64;
+        out.ts = Some(batch.ts);
+        for event in batch.events {
+            if let Some(op) = self.apply_event(event) {
+                out.ops.push(op);
+            }
+        }
+    }
+
+    fn apply_event(&mut self, event: KvEvent) -> Option<IndexOp> {
+        match event {
+            KvEvent::BlockStored { group_idx, .. } | KvEvent::BlockRemoved { group_idx, .. }
+                if group_idx.is_some_and(|group| group != 0) =>
+            {
+                self.stats.skipped_other_group += 1;
+                None
+            }
+            KvEvent::BlockStored {
+                lora_id: Some(_), ..
+            } => {
+                self.stats.skipped_lora += 1;
+                None
+            }
+            KvEvent::BlockStored {
+                block_hashes,
+                parent_block_hash,
+                token_ids,
+                block_size,
+                medium,
+                ..
+            } => {
+                let tier = Tier::from_medium(medium.as_deref());
+                let blocks = if token_ids.is_empty() && block_size == 0 {
+                    self.store_copies(&block_hashes, tier)
+                } else {
+                    self.store_computed(
+                        &block_hashes,
+                        parent_block_hash,
+                        &token_ids,
+                        block_size,
+                        tier,
+                    )
+                };
+                self.stats.stored_blocks += blocks.len() as u64;
+                (!blocks.is_empty()).then_some(IndexOp::Store {
+                    rank: self.rank,
+                    tier,
+                    blocks,
+                })
+            }
+            KvEvent::BlockRemoved {
+                block_hashes,
+                medium,
+                ..
+            } => {
+                let tier = Tier::from_medium(medium.as_deref());
+                let blocks = self.remove(&block_hashes, tier);
+                self.stats.removed_blocks += blocks.len() as u64;
+                (!blocks.is_empty()).then_some(IndexOp::Remove {
+                    rank: self.rank,
+                    tier,
+                    blocks,
+                })
+            }
+            KvEvent::AllBlocksCleared => Some(self.clear()),
+        }
+    }
+
+    /// Blocks computed from tokens: re-hash them, chained from the parent's own hash.
+    fn store_computed(
+        &mut self,
+        engine_hashes: &[EngineHash],
+        parent: Option<EngineHash>,
+        tokens: &[u32],
+        block_size: u32,
+        tier: Tier,
+    ) -> Vec<SequenceHash> {
+        let ours = self.hasher.block_size();
+        if block_size as usize != ours || tokens.len() != engine_hashes.len() * ours {
+            self.stats.skipped_unaligned += 1;
+            return Vec::new();
+        }
+        let parent = match parent {
+            None => None,
+            Some(engine) => match self.blocks.get(&engine) {
+                Some(block) => Some(block.hash),
+                None => {
+                    self.stats.skipped_unknown_parent += 1;
+                    return Vec::new();
+                }
+            },
+        };
+        let hashes = self
+            .hasher
+            .sequence_from(parent, &self.hasher.locals(tokens));
+        engine_hashes
+            .iter()
+            .zip(hashes)
+            .filter_map(|(&engine, hash)| {
+                // A known engine hash names the same tokens and prefix: keep its first own hash.
+                let block = self.blocks.entry(engine).or_insert(Block {
+                    hash,
+                    copies: [0; 3],
+                });
+                add_copy(block, tier)
+            })
+            .collect()
+    }
+
+    /// Token-less copies of blocks we already know (offload to host memory or disk).
+    fn store_copies(&mut self, engine_hashes: &[EngineHash], tier: Tier) -> Vec<SequenceHash> {
+        let mut stored = Vec::new();
+        for engine in engine_hashes {
+            match self.blocks.get_mut(engine) {
+                Some(block) => stored.extend(add_copy(block, tier)),
+                None => self.stats.skipped_unknown_hash += 1,
+            }
+        }
+        stored
+    }
+
+    /// Drop one copy per hash; a block leaves a tier with its last copy there.
+    fn remove(&mut self, engine_hashes: &[EngineHash], tier: Tier) -> Vec<SequenceHash> {
+        let mut removed = Vec::new();
+        for engine in engine_hashes {
+            let Some(block) = self.blocks.get_mut(engine) else {
+                self.stats.skipped_unknown_hash += 1;
+                continue;
+            };
+            let copies = &mut block.copies[tier as usize];
+            if *copies == 0 {
+                self.stats.skipped_unknown_hash += 1;
+                continue;
+            }
+            *copies -= 1;
+            if *copies == 0 {
+                removed.push(block.hash);
+            }
+            if block.copies == [0; 3] {
+                self.blocks.remove(engine);
+            }
+        }
+        removed
+    }
+
+    fn clear(&mut self) -> IndexOp {
+        self.blocks.clear();
+        IndexOp::Clear { rank: self.rank }
+    }
+}
+
+/// Count one more copy of `block` in `tier`; our hash if the tier did not hold it yet.
+fn add_copy(block: &mut Block, tier: Tier) -> Option<SequenceHash> {
+    let copies = &mut block.copies[tier as usize];
+    *copies += 1;
+    (*copies == 1).then_some(block.hash)
+}
+
+#[cfg(test)]
+mod tests;

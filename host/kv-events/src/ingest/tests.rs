@@ -1,0 +1,286 @@
+use super::*;
+use crate::wire::{Encoding, EventBatch, encode_batch};
+
+const BS: u32 = 2;
+
+fn rank() -> Rank {
+    Rank::new(3, 0)
+}
+
+fn payload(events: Vec<KvEvent>) -> Vec<u8> {
+    let batch = EventBatch {
+        ts: 10.0,
+        events,
+        dp_rank: None,
+    };
+    encode_batch(&batch, Encoding::Array)
+}
+
+fn stored(hashes: &[u64], parent: Option<u64>, tokens: &[u32]) -> KvEvent {
+    KvEvent::BlockStored {
+        block_hashes: hashes.iter().copied().map(EngineHash).collect(),
+        parent_block_hash: parent.map(EngineHash),
+        token_ids: tokens.to_vec(),
+        block_size: BS,
+        lora_id: None,
+        medium: None,
+        group_idx: None,
+    }
+}
+
+fn offloaded(hashes: &[u64], medium: &str) -> KvEvent {
+    KvEvent::BlockStored {
+        block_hashes: hashes.iter().copied().map(EngineHash).collect(),
+        parent_block_hash: None,
+        token_ids: vec![],
+        block_size: 0,
+        lora_id: None,
+        medium: Some(medium.into()),
+        group_idx: None,
+    }
+}
+
+fn removed(hashes: &[u64], medium: Option<&str>) -> KvEvent {
+    KvEvent::BlockRemoved {
+        block_hashes: hashes.iter().copied().map(EngineHash).collect(),
+        medium: medium.map(str::to_owned),
+        group_idx: None,
+    }
+}
+
+fn ours(tokens: &[u32]) -> Vec<SequenceHash> {
+    BlockHasher::new(BS as usize).sequence(tokens)
+}
+
+fn store(tier: Tier, blocks: Vec<SequenceHash>) -> IndexOp {
+    IndexOp::Store {
+        rank: rank(),
+        tier,
+        blocks,
+    }
+}
+
+fn remove(tier: Tier, blocks: Vec<SequenceHash>) -> IndexOp {
+    IndexOp::Remove {
+        rank: rank(),
+        tier,
+        blocks,
+    }
+}
+
+/// An ingestor that has applied seq 0 holding blocks 10, 11 for tokens 1..=4.
+fn primed() -> Ingestor {
+    let mut ingestor = Ingestor::new(rank(), BS);
+    ingestor.on_message(0, &payload(vec![stored(&[10, 11], None, &[1, 2, 3, 4])]));
+    ingestor
+}
+
+#[test]
+fn stores_rehash_tokens_into_our_hash_space() {
+    let mut ingestor = Ingestor::new(rank(), BS);
+    let out = ingestor.on_message(5, &payload(vec![stored(&[10, 11], None, &[1, 2, 3, 4])]));
+    assert_eq!(out.ops, vec![store(Tier::Device, ours(&[1, 2, 3, 4]))]);
+    assert_eq!(out.gap, None, "the first message sets the baseline");
+    assert_eq!(out.ts, Some(10.0));
+    // A continuation chains from the parent's own hash.
+    let out = ingestor.on_message(6, &payload(vec![stored(&[12], Some(11), &[5, 6])]));
+    assert_eq!(
+        out.ops,
+        vec![store(Tier::Device, ours(&[1, 2, 3, 4, 5, 6])[2..].to_vec())]
+    );
+    assert_eq!(ingestor.stats().stored_blocks, 3);
+}
+
+#[test]
+fn unknown_parent_and_unaligned_stores_are_skipped() {
+    let mut ingestor = primed();
+    let events = vec![
+        stored(&[20], Some(99), &[5, 6]),
+        stored(&[21], None, &[5, 6, 7]),
+        KvEvent::BlockStored {
+            block_hashes: vec![EngineHash(22)],
+            parent_block_hash: None,
+            token_ids: vec![1, 2, 3, 4],
+            block_size: 4,
+            lora_id: None,
+            medium: None,
+            group_idx: None,
+        },
+    ];
+    let out = ingestor.on_message(1, &payload(events));
+    assert!(out.ops.is_empty());
+    assert_eq!(ingestor.stats().skipped_unknown_parent, 1);
+    assert_eq!(ingestor.stats().skipped_unaligned, 2);
+}
+
+#[test]
+fn other_groups_and_lora_are_skipped() {
+    let mut ingestor = Ingestor::new(rank(), BS);
+    let mut sliding = stored(&[10], None, &[1, 2]);
+    if let KvEvent::BlockStored { group_idx, .. } = &mut sliding {
+        *group_idx = Some(1);
+    }
+    let mut adapter = stored(&[11], None, &[1, 2]);
+    if let KvEvent::BlockStored { lora_id, .. } = &mut adapter {
+        *lora_id = Some(7);
+    }
+    let out = ingestor.on_message(0, &payload(vec![sliding, adapter]));
+    assert!(out.ops.is_empty());
+    assert_eq!(ingestor.stats().skipped_other_group, 1);
+    assert_eq!(ingestor.stats().skipped_lora, 1);
+}
+
+#[test]
+fn offload_copies_resolve_through_the_map() {
+    let mut ingestor = primed();
+    let out = ingestor.on_message(1, &payload(vec![offloaded(&[11, 99], "CPU")]));
+    assert_eq!(
+        out.ops,
+        vec![store(Tier::Host, ours(&[1, 2, 3, 4])[1..].to_vec())]
+    );
+    assert_eq!(ingestor.stats().skipped_unknown_hash, 1);
+    // Dropping the device copy leaves the host copy and its map entry.
+    let out = ingestor.on_message(2, &payload(vec![removed(&[11], None)]));
+    assert_eq!(
+        out.ops,
+        vec![remove(Tier::Device, ours(&[1, 2, 3, 4])[1..].to_vec())]
+    );
+    let out = ingestor.on_message(3, &payload(vec![removed(&[11], Some("CPU_PINNED"))]));
+    assert_eq!(
+        out.ops,
+        vec![remove(Tier::Host, ours(&[1, 2, 3, 4])[1..].to_vec())]
+    );
+    assert!(
+        !ingestor.blocks.contains_key(&EngineHash(11)),
+        "entry dropped with its last copy"
+    );
+}
+
+#[test]
+fn double_copies_are_removed_with_the_last_one() {
+    let mut ingestor = primed();
+    let again = ingestor.on_message(1, &payload(vec![stored(&[10], None, &[1, 2])]));
+    assert!(again.ops.is_empty(), "already held in this tier");
+    let first = ingestor.on_message(2, &payload(vec![removed(&[10], None)]));
+    assert!(first.ops.is_empty());
+    let last = ingestor.on_message(3, &payload(vec![removed(&[10], None)]));
+    assert_eq!(
+        last.ops,
+        vec![remove(Tier::Device, ours(&[1, 2])[..1].to_vec())]
+    );
+    let extra = ingestor.on_message(4, &payload(vec![removed(&[10], None)]));
+    assert!(extra.ops.is_empty());
+    assert_eq!(ingestor.stats().removed_blocks, 1);
+    assert_eq!(ingestor.stats().skipped_unknown_hash, 1);
+}
+
+#[test]
+fn all_blocks_cleared_clears_the_rank_and_the_map() {
+    let mut ingestor = primed();
+    let out = ingestor.on_message(1, &payload(vec![KvEvent::AllBlocksCleared]));
+    assert_eq!(out.ops, vec![IndexOp::Clear { rank: rank() }]);
+    assert!(ingestor.blocks.is_empty());
+}
+
+#[test]
+fn gaps_are_reported_and_filled_by_replay_in_order() {
+    let mut ingestor = primed();
+    let lost = payload(vec![stored(&[12], Some(11), &[5, 6])]);
+    let arrived = payload(vec![removed(&[12], None)]);
+    let out = ingestor.on_message(2, &arrived);
+    assert_eq!(
+        out.gap,
+        Some(Gap {
+            expected: 1,
+            received: 2
+        })
+    );
+    assert!(
+        out.ops.is_empty(),
+        "applied after the lost message, through replay"
+    );
+    assert_eq!(ingestor.missing(), Some(1..3));
+
+    assert!(
+        ingestor.on_replayed(0, &payload(vec![])).ops.is_empty(),
+        "already applied"
+    );
+    let block = ours(&[1, 2, 3, 4, 5, 6])[2..].to_vec();
+    assert_eq!(
+        ingestor.on_replayed(1, &lost).ops,
+        vec![store(Tier::Device, block.clone())]
+    );
+    assert_eq!(
+        ingestor.on_replayed(2, &arrived).ops,
+        vec![remove(Tier::Device, block)]
+    );
+    assert_eq!(ingestor.missing(), None);
+    assert!(
+        ingestor.on_replayed(3, &lost).ops.is_empty(),
+        "beyond the live stream"
+    );
+    assert!(ingestor.on_message(3, &payload(vec![])).gap.is_none());
+    assert_eq!(ingestor.stats().gaps, 1);
+}
+
+#[test]
+fn a_replay_with_a_hole_leaves_messages_missing() {
+    let mut ingestor = primed();
+    ingestor.on_message(3, &payload(vec![]));
+    assert!(ingestor.on_replayed(2, &payload(vec![])).ops.is_empty());
+    assert_eq!(ingestor.missing(), Some(1..4));
+    assert_eq!(ingestor.reset(), IndexOp::Clear { rank: rank() });
+    assert_eq!(ingestor.missing(), None);
+    assert!(ingestor.blocks.is_empty());
+}
+
+#[test]
+fn duplicates_are_ignored() {
+    let mut ingestor = primed();
+    let out = ingestor.on_message(0, &payload(vec![stored(&[30], None, &[9, 9])]));
+    assert_eq!(out, Ingested::default());
+}
+
+#[test]
+fn sequence_reset_is_a_restart() {
+    let mut ingestor = primed();
+    ingestor.on_message(1, &payload(vec![]));
+    let out = ingestor.on_message(0, &payload(vec![stored(&[40], None, &[7, 8])]));
+    assert!(out.restarted);
+    assert_eq!(
+        out.ops,
+        vec![
+            IndexOp::Clear { rank: rank() },
+            store(Tier::Device, ours(&[7, 8]))
+        ]
+    );
+    assert_eq!(ingestor.stats().restarts, 1);
+    assert!(!ingestor.blocks.contains_key(&EngineHash(10)));
+}
+
+#[test]
+fn restart_seen_late_is_also_a_gap_from_zero() {
+    let mut ingestor = primed();
+    ingestor.on_message(9, &payload(vec![]));
+    ingestor.reset();
+    let out = ingestor.on_message(4, &payload(vec![]));
+    assert!(out.restarted);
+    assert_eq!(
+        out.gap,
+        Some(Gap {
+            expected: 0,
+            received: 4
+        })
+    );
+    assert_eq!(ingestor.missing(), Some(0..5));
+}
+
+#[test]
+fn malformed_payloads_are_counted_and_advance_the_sequence() {
+    let mut ingestor = primed();
+    let out = ingestor.on_message(1, b"\xc1 not msgpack");
+    assert!(out.malformed && out.ops.is_empty());
+    assert!(ingestor.on_message(2, &payload(vec![])).gap.is_none());
+    assert_eq!(ingestor.stats().malformed, 1);
+    assert_eq!(ingestor.stats().batches, 2);
+}

@@ -1,0 +1,315 @@
+//! The gateway side: a ZMQ SUB socket per engine rank, feeding an [`Ingestor`].
+//!
+//! This is the I/O edge: it reads the clock (for lag), retries connections, replays lost messages
+//! and never stops on bad input. Index changes go out on a channel to whoever owns the index.
+
+use crate::Error;
+use crate::ingest::{Gap, Ingested, Ingestor};
+use crate::publisher::{END_OF_REPLAY, message};
+use bytes::Bytes;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use switchyard_core::index::IndexOp;
+use switchyard_core::worker::Rank;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use zeromq::{DealerSocket, Socket, SocketOptions, SocketRecv, SocketSend, SubSocket};
+
+/// How long one connection attempt may take before the socket is rebuilt.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the replay socket may take to connect or to send its next message.
+const REPLAY_STEP_TIMEOUT: Duration = Duration::from_secs(2);
+/// Backoff between socket rebuilds: doubles from the first value up to the second.
+const BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
+
+/// Where one rank's events come from.
+#[derive(Debug, Clone)]
+pub struct SubscriberConfig {
+    /// The rank whose cache the events describe.
+    pub rank: Rank,
+    /// The engine's tokens per block.
+    pub block_size: u32,
+    /// The engine's PUB address (`tcp://host:port`), or our address when `bind` is set.
+    pub endpoint: String,
+    /// The engine's replay (ROUTER) address; without it, lost messages clear the rank.
+    pub replay_endpoint: Option<String>,
+    /// Bind the SUB socket and let the engine connect, instead of connecting to the engine.
+    pub bind: bool,
+    /// Topic prefix to subscribe to (vLLM's default is empty: everything).
+    pub topic: String,
+}
+
+/// Live counters of one subscriber, shared with metrics.
+#[derive(Debug, Default)]
+pub struct SubscriberStats {
+    messages: AtomicU64,
+    malformed: AtomicU64,
+    gaps: AtomicU64,
+    replays: AtomicU64,
+    replay_failures: AtomicU64,
+    restarts: AtomicU64,
+    clears: AtomicU64,
+    last_lag_ms: AtomicU64,
+    connected: AtomicBool,
+}
+
+/// A copy of [`SubscriberStats`] at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SubscriberSnapshot {
+    /// Messages received on the stream.
+    pub messages: u64,
+    /// Messages skipped: wrong frame count, bad sequence frame or undecodable payload.
+    pub malformed: u64,
+    /// Sequence gaps on the stream.
+    pub gaps: u64,
+    /// Replay requests sent.
+    pub replays: u64,
+    /// Replays that failed or came back incomplete.
+    pub replay_failures: u64,
+    /// Publisher restarts (sequence number went back).
+    pub restarts: u64,
+    /// Clears of the rank sent because messages were lost for good.
+    pub clears: u64,
+    /// Wall-clock time now minus the last batch's engine timestamp, in ms (0 if negative).
+    pub last_lag_ms: u64,
+    /// Whether the SUB socket is connected (or bound).
+    pub connected: bool,
+}
+
+// === impl SubscriberStats ===
+
+impl SubscriberStats {
+    /// The counters now.
+    pub fn snapshot(&self) -> SubscriberSnapshot {
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        SubscriberSnapshot {
+            messages: load(&self.messages),
+            malformed: load(&self.malformed),
+            gaps: load(&self.gaps),
+            replays: load(&self.replays),
+            replay_failures: load(&self.replay_failures),
+            restarts: load(&self.restarts),
+            clears: load(&self.clears),
+            last_lag_ms: load(&self.last_lag_ms),
+            connected: self.connected.load(Ordering::Relaxed),
+        }
+    }
+
+    fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Receive one rank's events and send the index changes to `sink` until `shutdown` fires or the
+/// sink's receiver is dropped.
+///
+/// Bad messages are counted and skipped; a failed socket is rebuilt with backoff. Lost messages
+/// are replayed from `replay_endpoint`; when that is impossible the rank is cleared, because the
+/// index must not keep claiming blocks whose removal it may have missed.
+pub async fn run_subscriber(
+    config: SubscriberConfig,
+    sink: mpsc::Sender<IndexOp>,
+    stats: Arc<SubscriberStats>,
+    shutdown: CancellationToken,
+) {
+    let mut driver = Driver {
+        ingestor: Ingestor::new(config.rank, config.block_size),
+        config,
+        sink,
+        stats,
+    };
+    let mut backoff = BACKOFF.0;
+    loop {
+        let opened = tokio::select! {
+            () = shutdown.cancelled() => return,
+            opened = driver.open() => opened,
+        };
+        match opened {
+            Ok(mut socket) => {
+                driver.stats.connected.store(true, Ordering::Relaxed);
+                backoff = BACKOFF.0;
+                let keep_going = tokio::select! {
+                    () = shutdown.cancelled() => false,
+                    keep_going = driver.receive(&mut socket) => keep_going,
+                };
+                driver.stats.connected.store(false, Ordering::Relaxed);
+                if !keep_going {
+                    return;
+                }
+            }
+            Err(error) => {
+                tracing::warn!(rank = %driver.config.rank, endpoint = %driver.config.endpoint,
+                    %error, "KV event socket failed; retrying");
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(BACKOFF.1);
+    }
+}
+
+/// One subscriber's state across socket rebuilds.
+struct Driver {
+    config: SubscriberConfig,
+    ingestor: Ingestor,
+    sink: mpsc::Sender<IndexOp>,
+    stats: Arc<SubscriberStats>,
+}
+
+/// The sink's receiver is gone: nobody wants the index changes any more.
+struct SinkClosed;
+
+impl Driver {
+    async fn open(&self) -> Result<SubSocket, Error> {
+        let mut options = SocketOptions::default();
+        options.connect_timeout(CONNECT_TIMEOUT);
+        let mut socket = SubSocket::with_options(options);
+        socket.subscribe(&self.config.topic).await?;
+        if self.config.bind {
+            socket.bind(&self.config.endpoint).await?;
+        } else {
+            // Retries (within the timeout) until the engine's PUB socket is up.
+            socket.connect(&self.config.endpoint).await?;
+        }
+        Ok(socket)
+    }
+
+    /// Handle messages until the socket fails (true: rebuild it) or the sink closes (false).
+    async fn receive(&mut self, socket: &mut SubSocket) -> bool {
+        loop {
+            let frames = match socket.recv().await {
+                Ok(message) => message.into_vec(),
+                Err(error) => {
+                    tracing::warn!(rank = %self.config.rank, %error, "KV event stream failed");
+                    return true;
+                }
+            };
+            if self.handle(&frames).await.is_err() {
+                return false;
+            }
+        }
+    }
+
+    async fn handle(&mut self, frames: &[Bytes]) -> Result<(), SinkClosed> {
+        SubscriberStats::bump(&self.stats.messages);
+        let [_topic, seq, payload] = frames else {
+            SubscriberStats::bump(&self.stats.malformed);
+            return Ok(());
+        };
+        let Ok(seq) = <[u8; 8]>::try_from(seq.as_ref()).map(u64::from_be_bytes) else {
+            SubscriberStats::bump(&self.stats.malformed);
+            return Ok(());
+        };
+        let ingested = self.ingestor.on_message(seq, payload);
+        if ingested.restarted {
+            tracing::info!(rank = %self.config.rank, "KV event publisher restarted; rank cleared");
+            SubscriberStats::bump(&self.stats.restarts);
+        }
+        let gap = ingested.gap;
+        self.forward(ingested).await?;
+        if let Some(gap) = gap {
+            SubscriberStats::bump(&self.stats.gaps);
+            self.recover(gap).await?;
+        }
+        Ok(())
+    }
+
+    /// Replay the lost messages, or clear the rank if they cannot all be had.
+    async fn recover(&mut self, gap: Gap) -> Result<(), SinkClosed> {
+        let rank = self.config.rank;
+        if let Some(endpoint) = self.config.replay_endpoint.clone() {
+            SubscriberStats::bump(&self.stats.replays);
+            match self.replay(&endpoint, gap.expected).await {
+                Ok(()) => {}
+                Err(ReplayError::Socket(error)) => {
+                    tracing::warn!(%rank, %error, "KV event replay failed");
+                }
+                Err(ReplayError::SinkClosed) => return Err(SinkClosed),
+            }
+            if self.ingestor.missing().is_some() {
+                SubscriberStats::bump(&self.stats.replay_failures);
+            }
+        }
+        if let Some(missing) = self.ingestor.missing() {
+            tracing::warn!(%rank, ?missing, "KV events lost; clearing the rank");
+            SubscriberStats::bump(&self.stats.clears);
+            let clear = self.ingestor.reset();
+            self.send(clear).await?;
+        }
+        Ok(())
+    }
+
+    /// Ask the replay socket for everything from `start` and feed what is still missing.
+    async fn replay(&mut self, endpoint: &str, start: u64) -> Result<(), ReplayError> {
+        let mut dealer = DealerSocket::new();
+        tokio::time::timeout(REPLAY_STEP_TIMEOUT, dealer.connect(endpoint))
+            .await
+            .map_err(|_| Error::ReplayTimeout(REPLAY_STEP_TIMEOUT))?
+            .map_err(Error::from)?;
+        let request = vec![Bytes::new(), Bytes::copy_from_slice(&start.to_be_bytes())];
+        dealer.send(message(request)).await.map_err(Error::from)?;
+        while self.ingestor.missing().is_some() {
+            let frames = tokio::time::timeout(REPLAY_STEP_TIMEOUT, dealer.recv())
+                .await
+                .map_err(|_| Error::ReplayTimeout(REPLAY_STEP_TIMEOUT))?
+                .map_err(Error::from)?
+                .into_vec();
+            let [_empty, seq, payload] = frames.as_slice() else {
+                return Err(Error::BadReplay.into());
+            };
+            if seq.as_ref() == END_OF_REPLAY {
+                break;
+            }
+            let seq = <[u8; 8]>::try_from(seq.as_ref())
+                .map(u64::from_be_bytes)
+                .map_err(|_| Error::BadReplay)?;
+            let replayed = self.ingestor.on_replayed(seq, payload);
+            self.forward(replayed).await?;
+        }
+        Ok(())
+    }
+
+    /// Count what `ingested` reports and send its ops.
+    async fn forward(&mut self, ingested: Ingested) -> Result<(), SinkClosed> {
+        if ingested.malformed {
+            SubscriberStats::bump(&self.stats.malformed);
+        }
+        if let Some(ts) = ingested.ts {
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_secs_f64();
+            let lag_ms = ((now - ts) * 1000.0).max(0.0) as u64;
+            self.stats.last_lag_ms.store(lag_ms, Ordering::Relaxed);
+        }
+        for op in ingested.ops {
+            self.send(op).await?;
+        }
+        Ok(())
+    }
+
+    async fn send(&self, op: IndexOp) -> Result<(), SinkClosed> {
+        self.sink.send(op).await.map_err(|_| SinkClosed)
+    }
+}
+
+/// Why a replay stopped early: the socket, or nobody left to send ops to.
+enum ReplayError {
+    Socket(Error),
+    SinkClosed,
+}
+
+impl From<Error> for ReplayError {
+    fn from(error: Error) -> Self {
+        ReplayError::Socket(error)
+    }
+}
+
+impl From<SinkClosed> for ReplayError {
+    fn from(SinkClosed: SinkClosed) -> Self {
+        ReplayError::SinkClosed
+    }
+}

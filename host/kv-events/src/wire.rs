@@ -1,0 +1,351 @@
+//! The msgpack payload of engine KV events (engine-protocols.md section 1).
+//!
+//! vLLM encodes with msgspec: a batch is `[ts, events, data_parallel_rank]` and an event is
+//! `[type, field...]` (`array_like`), or, in newer versions, maps with the same field names and the
+//! event type under `"type"`. Older engines omit trailing fields. SGLang and TRT-LLM use the same
+//! shape. Decoding is lenient about what may be absent and strict about what is present.
+
+use rmpv::Value;
+use xxhash_rust::xxh3::xxh3_64;
+
+/// An engine's name for a block: an opaque key, only compared for equality.
+///
+/// vLLM sends an unsigned u64 (kept as is), SGLang a signed i64 (reinterpreted bitwise), and some
+/// settings send raw `bytes`, folded to a u64 with xxh3 (a collision is as unlikely as one between
+/// the engine's own 64-bit hashes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EngineHash(pub u64);
+
+/// One published message: the events of one engine step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventBatch {
+    /// Engine wall-clock time of the batch, seconds since the Unix epoch.
+    pub ts: f64,
+    /// The events, in order.
+    pub events: Vec<KvEvent>,
+    /// Data-parallel rank of the publisher, when the engine says.
+    pub dp_rank: Option<u32>,
+}
+
+/// A change to an engine's KV cache.
+#[derive(Debug, Clone, PartialEq)]
+pub enum KvEvent {
+    /// Blocks were stored (computed, or copied to another medium).
+    BlockStored {
+        /// One hash per stored block.
+        block_hashes: Vec<EngineHash>,
+        /// The block before the first stored one; `None` at the start of a sequence.
+        parent_block_hash: Option<EngineHash>,
+        /// Tokens of all stored blocks, `block_size` per block; empty for an offload copy.
+        token_ids: Vec<u32>,
+        /// Tokens per block; 0 for an offload copy.
+        block_size: u32,
+        /// LoRA adapter the blocks were computed with.
+        lora_id: Option<i64>,
+        /// Where the blocks live (`"GPU"`, `"CPU"`, ...); `None` means the device.
+        medium: Option<String>,
+        /// KV cache group of hybrid models; `None` for single-group models.
+        group_idx: Option<u32>,
+    },
+    /// Blocks were evicted from one medium.
+    BlockRemoved {
+        /// Hashes of the evicted blocks.
+        block_hashes: Vec<EngineHash>,
+        /// Where they were evicted from; `None` means the device.
+        medium: Option<String>,
+        /// KV cache group of hybrid models.
+        group_idx: Option<u32>,
+    },
+    /// The engine dropped its whole cache.
+    AllBlocksCleared,
+}
+
+/// How to encode batches and events, as msgspec does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding {
+    /// Positional arrays (`array_like=True`), the long-standing default.
+    Array,
+    /// Maps keyed by field name, events tagged by `"type"`.
+    Map,
+}
+
+/// A payload that is not a KV event batch.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// The bytes are not one msgpack value.
+    #[error("payload is not msgpack: {0}")]
+    Msgpack(#[from] rmpv::decode::Error),
+    /// Bytes follow the msgpack value.
+    #[error("{0} bytes after the msgpack value")]
+    TrailingBytes(usize),
+    /// A field is absent or has the wrong type.
+    #[error("field `{field}` is missing or not {expected}")]
+    Field {
+        /// Field name.
+        field: &'static str,
+        /// What it should have been.
+        expected: &'static str,
+    },
+}
+
+const BATCH_FIELDS: [&str; 3] = ["ts", "events", "data_parallel_rank"];
+const STORED_FIELDS: [&str; 11] = [
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+    "extra_keys",
+    "group_idx",
+    "kv_cache_spec_kind",
+    "kv_cache_spec_sliding_window",
+];
+const REMOVED_FIELDS: [&str; 3] = ["block_hashes", "medium", "group_idx"];
+
+/// Decode one payload, in either encoding, at either level.
+///
+/// Events of a type this decoder does not know are skipped: newer engines add types, and the
+/// batch's other events are still worth applying.
+pub fn decode_batch(payload: &[u8]) -> Result<EventBatch, DecodeError> {
+    let mut reader = payload;
+    let value = rmpv::decode::read_value(&mut reader)?;
+    if !reader.is_empty() {
+        return Err(DecodeError::TrailingBytes(reader.len()));
+    }
+    let batch = Fields::new(&value, None)?;
+    let ts = batch
+        .get(0, "ts")
+        .and_then(Value::as_f64)
+        .ok_or(field_error("ts", "a number"))?;
+    let events = batch
+        .get(1, "events")
+        .and_then(Value::as_array)
+        .ok_or(field_error("events", "an array"))?;
+    Ok(EventBatch {
+        ts,
+        events: events
+            .iter()
+            .filter_map(|event| decode_event(event).transpose())
+            .collect::<Result<_, _>>()?,
+        dp_rank: optional(
+            &batch,
+            2,
+            "data_parallel_rank",
+            as_u32,
+            "an unsigned integer",
+        )?,
+    })
+}
+
+/// Encode a batch exactly as vLLM does, every field present (absent ones as nil).
+///
+/// Hashes are written as unsigned integers, so those above `i64::MAX` become msgpack `uint64`.
+pub fn encode_batch(batch: &EventBatch, encoding: Encoding) -> Vec<u8> {
+    let events = batch
+        .events
+        .iter()
+        .map(|event| encode_event(event, encoding))
+        .collect();
+    let fields = vec![
+        Value::from(batch.ts),
+        Value::Array(events),
+        batch.dp_rank.map_or(Value::Nil, Value::from),
+    ];
+    let value = shape(None, &BATCH_FIELDS, fields, encoding);
+    let mut out = Vec::new();
+    rmpv::encode::write_value(&mut out, &value).expect("writing to a Vec cannot fail");
+    out
+}
+
+fn decode_event(value: &Value) -> Result<Option<KvEvent>, DecodeError> {
+    let fields = Fields::new(value, Some("type"))?;
+    let kind = fields.tag.ok_or(field_error("type", "a string"))?;
+    let event = match kind {
+        "BlockStored" => KvEvent::BlockStored {
+            block_hashes: hashes(&fields, 0, "block_hashes")?,
+            parent_block_hash: optional(&fields, 1, "parent_block_hash", as_hash, "a hash")?,
+            token_ids: fields
+                .get(2, "token_ids")
+                .and_then(Value::as_array)
+                .and_then(|tokens| tokens.iter().map(as_u32).collect())
+                .ok_or(field_error("token_ids", "an array of u32"))?,
+            block_size: fields
+                .get(3, "block_size")
+                .and_then(as_u32)
+                .ok_or(field_error("block_size", "an unsigned integer"))?,
+            lora_id: optional(&fields, 4, "lora_id", Value::as_i64, "an integer")?,
+            medium: optional(&fields, 5, "medium", as_string, "a string")?,
+            group_idx: optional(&fields, 8, "group_idx", as_u32, "an unsigned integer")?,
+        },
+        "BlockRemoved" => KvEvent::BlockRemoved {
+            block_hashes: hashes(&fields, 0, "block_hashes")?,
+            medium: optional(&fields, 1, "medium", as_string, "a string")?,
+            group_idx: optional(&fields, 2, "group_idx", as_u32, "an unsigned integer")?,
+        },
+        "AllBlocksCleared" => KvEvent::AllBlocksCleared,
+        _ => return Ok(None),
+    };
+    Ok(Some(event))
+}
+
+fn encode_event(event: &KvEvent, encoding: Encoding) -> Value {
+    let hashes = |hashes: &[EngineHash]| Value::Array(hashes.iter().map(|h| h.0.into()).collect());
+    let text = |s: &Option<String>| s.as_deref().map_or(Value::Nil, Value::from);
+    let number = |n: Option<u32>| n.map_or(Value::Nil, Value::from);
+    match event {
+        KvEvent::BlockStored {
+            block_hashes,
+            parent_block_hash,
+            token_ids,
+            block_size,
+            lora_id,
+            medium,
+            group_idx,
+        } => {
+            let fields = vec![
+                hashes(block_hashes),
+                parent_block_hash.map_or(Value::Nil, |h| h.0.into()),
+                Value::Array(token_ids.iter().map(|&t| t.into()).collect()),
+                (*block_size).into(),
+                lora_id.map_or(Value::Nil, Value::from),
+                text(medium),
+                Value::Nil, // lora_name
+                Value::Nil, // extra_keys
+                number(*group_idx),
+                Value::Nil, // kv_cache_spec_kind
+                Value::Nil, // kv_cache_spec_sliding_window
+            ];
+            shape(Some("BlockStored"), &STORED_FIELDS, fields, encoding)
+        }
+        KvEvent::BlockRemoved {
+            block_hashes,
+            medium,
+            group_idx,
+        } => {
+            let fields = vec![hashes(block_hashes), text(medium), number(*group_idx)];
+            shape(Some("BlockRemoved"), &REMOVED_FIELDS, fields, encoding)
+        }
+        KvEvent::AllBlocksCleared => shape(Some("AllBlocksCleared"), &[], Vec::new(), encoding),
+    }
+}
+
+/// Lay out `values` (one per name in `names`) as a tagged array or map.
+fn shape(tag: Option<&str>, names: &[&str], values: Vec<Value>, encoding: Encoding) -> Value {
+    match encoding {
+        Encoding::Array => Value::Array(tag.map(Value::from).into_iter().chain(values).collect()),
+        Encoding::Map => Value::Map(
+            tag.map(|tag| (Value::from("type"), Value::from(tag)))
+                .into_iter()
+                .chain(names.iter().map(|&name| Value::from(name)).zip(values))
+                .collect(),
+        ),
+    }
+}
+
+/// The fields of a struct encoded either way, looked up by position or by name.
+struct Fields<'a> {
+    tag: Option<&'a str>,
+    layout: Layout<'a>,
+}
+
+enum Layout<'a> {
+    Array(&'a [Value]),
+    Map(&'a [(Value, Value)]),
+}
+
+impl<'a> Fields<'a> {
+    /// `tag_key`: the map key of a tagged union's type; in array form the tag comes first.
+    fn new(value: &'a Value, tag_key: Option<&str>) -> Result<Self, DecodeError> {
+        match value {
+            Value::Array(items) => match tag_key {
+                Some(_) => {
+                    let (tag, rest) = items.split_first().ok_or(field_error("type", "a string"))?;
+                    Ok(Fields {
+                        tag: tag.as_str(),
+                        layout: Layout::Array(rest),
+                    })
+                }
+                None => Ok(Fields {
+                    tag: None,
+                    layout: Layout::Array(items),
+                }),
+            },
+            Value::Map(entries) => {
+                let mut fields = Fields {
+                    tag: None,
+                    layout: Layout::Map(entries),
+                };
+                fields.tag = tag_key
+                    .and_then(|key| fields.get(0, key))
+                    .and_then(Value::as_str);
+                Ok(fields)
+            }
+            _ => Err(field_error("(struct)", "an array or a map")),
+        }
+    }
+
+    /// The field at `index` (array form) or named `name` (map form); `None` when absent.
+    fn get(&self, index: usize, name: &str) -> Option<&'a Value> {
+        match self.layout {
+            Layout::Array(items) => items.get(index),
+            Layout::Map(entries) => entries
+                .iter()
+                .find(|(key, _)| key.as_str() == Some(name))
+                .map(|(_, value)| value),
+        }
+    }
+}
+
+/// A field that may be absent or nil, but must have the right type when present.
+fn optional<'a, T>(
+    fields: &Fields<'a>,
+    index: usize,
+    name: &'static str,
+    convert: impl Fn(&'a Value) -> Option<T>,
+    expected: &'static str,
+) -> Result<Option<T>, DecodeError> {
+    match fields.get(index, name) {
+        None | Some(Value::Nil) => Ok(None),
+        Some(value) => convert(value).map(Some).ok_or(field_error(name, expected)),
+    }
+}
+
+fn hashes(
+    fields: &Fields<'_>,
+    index: usize,
+    name: &'static str,
+) -> Result<Vec<EngineHash>, DecodeError> {
+    fields
+        .get(index, name)
+        .and_then(Value::as_array)
+        .and_then(|hashes| hashes.iter().map(as_hash).collect())
+        .ok_or(field_error(name, "an array of hashes"))
+}
+
+fn as_hash(value: &Value) -> Option<EngineHash> {
+    match value {
+        Value::Integer(n) => n
+            .as_u64()
+            .or_else(|| n.as_i64().map(|signed| signed as u64))
+            .map(EngineHash),
+        Value::Binary(bytes) => Some(EngineHash(xxh3_64(bytes))),
+        _ => None,
+    }
+}
+
+fn as_u32(value: &Value) -> Option<u32> {
+    value.as_u64().and_then(|n| u32::try_from(n).ok())
+}
+
+fn as_string(value: &Value) -> Option<String> {
+    value.as_str().map(str::to_owned)
+}
+
+fn field_error(field: &'static str, expected: &'static str) -> DecodeError {
+    DecodeError::Field { field, expected }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,218 @@
+use super::*;
+use proptest::prelude::*;
+
+fn sample() -> EventBatch {
+    EventBatch {
+        ts: 1_700_000_000.25,
+        events: vec![
+            KvEvent::BlockStored {
+                block_hashes: vec![EngineHash(u64::MAX - 7), EngineHash(42)],
+                parent_block_hash: Some(EngineHash(1 << 63)),
+                token_ids: (0..8).collect(),
+                block_size: 4,
+                lora_id: Some(-3),
+                medium: Some("GPU".into()),
+                group_idx: Some(0),
+            },
+            KvEvent::BlockStored {
+                block_hashes: vec![EngineHash(42)],
+                parent_block_hash: None,
+                token_ids: vec![],
+                block_size: 0,
+                lora_id: None,
+                medium: Some("CPU".into()),
+                group_idx: None,
+            },
+            KvEvent::BlockRemoved {
+                block_hashes: vec![EngineHash(42)],
+                medium: None,
+                group_idx: Some(1),
+            },
+            KvEvent::AllBlocksCleared,
+        ],
+        dp_rank: Some(2),
+    }
+}
+
+fn msgpack(value: &Value) -> Vec<u8> {
+    let mut out = Vec::new();
+    rmpv::encode::write_value(&mut out, value).expect("encode");
+    out
+}
+
+fn array(items: Vec<Value>) -> Value {
+    Value::Array(items)
+}
+
+#[test]
+fn round_trips_both_encodings() {
+    for encoding in [Encoding::Array, Encoding::Map] {
+        let bytes = encode_batch(&sample(), encoding);
+        assert_eq!(
+            decode_batch(&bytes).expect("decodes"),
+            sample(),
+            "{encoding:?}"
+        );
+    }
+}
+
+#[test]
+fn array_form_is_vllms_positional_layout() {
+    let value = rmpv::decode::read_value(&mut &encode_batch(&sample(), Encoding::Array)[..])
+        .expect("msgpack");
+    let batch = value.as_array().expect("batch array");
+    assert_eq!(batch.len(), 3);
+    assert_eq!(batch[2].as_u64(), Some(2));
+    let stored = batch[1][0].as_array().expect("event array");
+    assert_eq!(stored.len(), 12);
+    assert_eq!(stored[0].as_str(), Some("BlockStored"));
+    assert_eq!(stored[4].as_u64(), Some(4), "block_size");
+    assert_eq!(stored[6].as_str(), Some("GPU"), "medium");
+    assert_eq!(stored[9].as_u64(), Some(0), "group_idx");
+    let removed = batch[1][2].as_array().expect("event array");
+    assert_eq!(removed.len(), 4);
+    assert_eq!(batch[1][3], array(vec!["AllBlocksCleared".into()]));
+}
+
+#[test]
+fn map_form_names_every_field() {
+    let value = rmpv::decode::read_value(&mut &encode_batch(&sample(), Encoding::Map)[..])
+        .expect("msgpack");
+    let stored = &value["events"][0];
+    assert_eq!(stored["type"].as_str(), Some("BlockStored"));
+    assert_eq!(stored["block_size"].as_u64(), Some(4));
+    assert!(stored["kv_cache_spec_sliding_window"].is_nil());
+    assert_eq!(value["data_parallel_rank"].as_u64(), Some(2));
+}
+
+#[test]
+fn hashes_above_i64_max_are_written_as_uint64() {
+    let bytes = encode_batch(&sample(), Encoding::Array);
+    let mut marked = (u64::MAX - 7).to_be_bytes().to_vec();
+    marked.insert(0, 0xcf); // msgpack uint64 marker
+    assert!(bytes.windows(9).any(|w| w == marked.as_slice()));
+}
+
+#[test]
+fn accepts_old_short_forms() {
+    // `[ts, events]` and a BlockStored from before `medium` existed.
+    let old = array(vec![
+        1.5.into(),
+        array(vec![array(vec![
+            "BlockStored".into(),
+            array(vec![7u64.into()]),
+            Value::Nil,
+            array(vec![1u32.into(), 2u32.into()]),
+            2u32.into(),
+            Value::Nil,
+        ])]),
+    ]);
+    let batch = decode_batch(&msgpack(&old)).expect("decodes");
+    assert_eq!(batch.dp_rank, None);
+    assert_eq!(
+        batch.events,
+        vec![KvEvent::BlockStored {
+            block_hashes: vec![EngineHash(7)],
+            parent_block_hash: None,
+            token_ids: vec![1, 2],
+            block_size: 2,
+            lora_id: None,
+            medium: None,
+            group_idx: None,
+        }]
+    );
+    let removed = array(vec![
+        1.5.into(),
+        array(vec![array(vec![
+            "BlockRemoved".into(),
+            array(vec![7u64.into()]),
+        ])]),
+    ]);
+    let batch = decode_batch(&msgpack(&removed)).expect("decodes");
+    assert!(matches!(
+        &batch.events[0],
+        KvEvent::BlockRemoved { medium: None, .. }
+    ));
+}
+
+#[test]
+fn map_events_may_sit_in_an_array_batch() {
+    let mixed = array(vec![
+        2.0.into(),
+        array(vec![Value::Map(vec![
+            ("type".into(), "BlockRemoved".into()),
+            ("block_hashes".into(), array(vec![1u64.into()])),
+        ])]),
+        Value::Nil,
+    ]);
+    let batch = decode_batch(&msgpack(&mixed)).expect("decodes");
+    assert_eq!(batch.events.len(), 1);
+}
+
+#[test]
+fn signed_and_bytes_hashes() {
+    let batch = array(vec![
+        0.into(), // an integer timestamp is accepted too
+        array(vec![array(vec![
+            "BlockRemoved".into(),
+            array(vec![(-5i64).into(), Value::Binary(b"abc".to_vec())]),
+            "CPU".into(),
+        ])]),
+    ]);
+    let decoded = decode_batch(&msgpack(&batch)).expect("decodes");
+    let KvEvent::BlockRemoved { block_hashes, .. } = &decoded.events[0] else {
+        panic!("expected BlockRemoved");
+    };
+    assert_eq!(block_hashes[0], EngineHash(-5i64 as u64));
+    assert_eq!(block_hashes[1], EngineHash(xxh3_64(b"abc")));
+}
+
+#[test]
+fn unknown_event_types_are_skipped() {
+    let batch = array(vec![
+        1.0.into(),
+        array(vec![
+            array(vec!["KVCacheCreated".into(), 3u32.into()]),
+            array(vec!["AllBlocksCleared".into()]),
+        ]),
+    ]);
+    let decoded = decode_batch(&msgpack(&batch)).expect("decodes");
+    assert_eq!(decoded.events, vec![KvEvent::AllBlocksCleared]);
+}
+
+#[test]
+fn wrong_types_are_errors_naming_the_field() {
+    let batch = array(vec![
+        1.0.into(),
+        array(vec![array(vec![
+            "BlockStored".into(),
+            array(vec![1u64.into()]),
+            Value::Nil,
+            array(vec![(-1i64).into()]),
+            1u32.into(),
+        ])]),
+    ]);
+    let error = decode_batch(&msgpack(&batch)).expect_err("negative token");
+    assert!(error.to_string().contains("token_ids"), "{error}");
+    assert!(decode_batch(&msgpack(&"hello".into())).is_err());
+    assert!(decode_batch(&[]).is_err());
+    let mut trailing = encode_batch(&sample(), Encoding::Array);
+    trailing.push(0);
+    assert!(matches!(
+        decode_batch(&trailing),
+        Err(DecodeError::TrailingBytes(1))
+    ));
+}
+
+proptest! {
+    #[test]
+    fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+        let _ = decode_batch(&bytes);
+    }
+
+    #[test]
+    fn truncated_batches_never_panic(cut in 0usize..200) {
+        let bytes = encode_batch(&sample(), Encoding::Map);
+        let _ = decode_batch(&bytes[..cut.min(bytes.len())]);
+    }
+}
