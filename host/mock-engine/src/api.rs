@@ -1,0 +1,285 @@
+//! The HTTP API: OpenAI chat and text completions, models, health, metrics, and vLLM's
+//! `/reset_prefix_cache`.
+
+use crate::driver::{EngineClient, SubmitError};
+use crate::respond::{self, Kind};
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use prometheus_client::registry::Registry;
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+use std::sync::Arc;
+use switchyard_core::engine::RequestError;
+use switchyard_tokenizer::{ChatTemplateInput, ModelTokenizer, TokenizerError};
+
+/// Largest request body: long agentic conversations, sent as token ids, exceed axum's 2 MB.
+const MAX_BODY_BYTES: usize = 64 << 20;
+
+/// Output length when the request names none.
+const DEFAULT_MAX_TOKENS: u32 = 16;
+
+/// What every handler shares.
+#[derive(Debug)]
+pub(crate) struct AppState {
+    pub(crate) engine: EngineClient,
+    pub(crate) tokenizer: ModelTokenizer,
+    pub(crate) model: String,
+    pub(crate) max_tokens_cap: u32,
+    pub(crate) registry: Registry,
+}
+
+pub(crate) fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/reset_prefix_cache", post(reset_prefix_cache))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+/// Fields shared by both completion APIs.
+#[derive(Debug, Deserialize)]
+struct Common {
+    #[serde(default)]
+    stream: bool,
+    stream_options: Option<StreamOptions>,
+    max_tokens: Option<u32>,
+    max_completion_tokens: Option<u32>,
+    nvext: Option<NvExt>,
+}
+
+#[derive(Debug, Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+#[derive(Debug, Deserialize)]
+struct NvExt {
+    agent_hints: Option<AgentHints>,
+}
+
+#[derive(Debug, Deserialize)]
+struct AgentHints {
+    /// Expected output length.
+    osl: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ChatRequest {
+    messages: Vec<Value>,
+    tools: Option<Vec<Value>>,
+    #[serde(default = "default_true")]
+    add_generation_prompt: bool,
+    chat_template_kwargs: Option<Map<String, Value>>,
+    #[serde(flatten)]
+    common: Common,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+#[derive(Debug, Deserialize)]
+struct CompletionRequest {
+    prompt: Prompt,
+    #[serde(flatten)]
+    common: Common,
+}
+
+/// The shapes OpenAI accepts for `prompt`; a list asks for one completion per element.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Prompt {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+/// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    status: StatusCode,
+    message: String,
+}
+
+impl ApiError {
+    pub(crate) fn bad_request(message: impl ToString) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            message: message.to_string(),
+        }
+    }
+
+    pub(crate) fn unavailable() -> Self {
+        Self {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: "the engine is shutting down".to_owned(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let kind = match self.status {
+            StatusCode::BAD_REQUEST => "BadRequestError",
+            StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableError",
+            _ => "InternalServerError",
+        };
+        let body = json!({"error": {
+            "message": self.message,
+            "type": kind,
+            "param": null,
+            "code": self.status.as_u16(),
+        }});
+        (self.status, axum::Json(body)).into_response()
+    }
+}
+
+impl From<SubmitError> for ApiError {
+    fn from(error: SubmitError) -> Self {
+        match error {
+            // Ids are ours, so a duplicate is a server bug.
+            SubmitError::Rejected(error @ RequestError::DuplicateId(_)) => Self {
+                status: StatusCode::INTERNAL_SERVER_ERROR,
+                message: error.to_string(),
+            },
+            SubmitError::Rejected(error) => Self::bad_request(error),
+            SubmitError::Stopped => Self::unavailable(),
+        }
+    }
+}
+
+impl From<TokenizerError> for ApiError {
+    fn from(error: TokenizerError) -> Self {
+        match error {
+            TokenizerError::EmptyConversation | TokenizerError::Raised(_) => {
+                Self::bad_request(error)
+            }
+            error => Self {
+                status: StatusCode::INTERNAL_SERVER_ERROR,
+                message: error.to_string(),
+            },
+        }
+    }
+}
+
+fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("invalid request: {e}")))
+}
+
+async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let request: ChatRequest = parse(&body)?;
+    let prompt = state.tokenizer.encode_chat(&ChatTemplateInput {
+        messages: &request.messages,
+        tools: request.tools.as_deref(),
+        add_generation_prompt: request.add_generation_prompt,
+        extra: request.chat_template_kwargs.as_ref(),
+    })?;
+    generate(&state, Kind::Chat, vec![prompt], &request.common).await
+}
+
+async fn completions(
+    State(state): State<Arc<AppState>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let request: CompletionRequest = parse(&body)?;
+    let encode = |text: &str| state.tokenizer.encode(text, true);
+    let prompts = match request.prompt {
+        Prompt::Text(text) => vec![encode(&text)?],
+        Prompt::Texts(texts) => texts.iter().map(|t| encode(t)).collect::<Result<_, _>>()?,
+        Prompt::Tokens(tokens) => vec![tokens],
+        Prompt::TokenLists(lists) => lists,
+    };
+    if prompts.is_empty() {
+        return Err(ApiError::bad_request("prompt must not be empty"));
+    }
+    generate(&state, Kind::Completion, prompts, &request.common).await
+}
+
+/// Submit one generation per prompt and answer with all of them.
+async fn generate(
+    state: &AppState,
+    kind: Kind,
+    prompts: Vec<Vec<u32>>,
+    common: &Common,
+) -> Result<Response, ApiError> {
+    let osl = common
+        .nvext
+        .as_ref()
+        .and_then(|n| n.agent_hints.as_ref())
+        .and_then(|h| h.osl);
+    let max_tokens = common
+        .max_completion_tokens
+        .or(common.max_tokens)
+        .or(osl)
+        .unwrap_or(DEFAULT_MAX_TOKENS)
+        .min(state.max_tokens_cap);
+    let prompt_tokens = prompts.iter().map(Vec::len).sum();
+    let mut generations = Vec::with_capacity(prompts.len());
+    for prompt in prompts {
+        generations.push(state.engine.submit(prompt, max_tokens).await?);
+    }
+    let answer = respond::Answer::new(kind, &state.model, state.tokenizer.clone(), prompt_tokens);
+    if common.stream {
+        let include_usage = common
+            .stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage);
+        Ok(answer.stream(generations, include_usage))
+    } else {
+        answer.collect(generations).await
+    }
+}
+
+async fn models(State(state): State<Arc<AppState>>) -> Response {
+    axum::Json(json!({
+        "object": "list",
+        "data": [{
+            "id": state.model,
+            "object": "model",
+            "created": respond::unix_seconds(),
+            "owned_by": "switchyard",
+        }],
+    }))
+    .into_response()
+}
+
+async fn health() -> StatusCode {
+    StatusCode::OK
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let mut text = String::new();
+    match prometheus_client::encoding::text::encode(&mut text, &state.registry) {
+        Ok(()) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+/// vLLM's development endpoint: drop the prefix cache (publishes `AllBlocksCleared`).
+async fn reset_prefix_cache(State(state): State<Arc<AppState>>) -> StatusCode {
+    if state.engine.reset_prefix_cache().await {
+        StatusCode::OK
+    } else {
+        StatusCode::CONFLICT
+    }
+}

@@ -1,0 +1,325 @@
+//! The engine task: owns the [`EngineModel`], steps it in (scaled) real time, hands tokens to the
+//! requests and publishes the cache's events.
+
+use futures::Stream;
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use switchyard_core::engine::{
+    CacheEvent, EngineModel, EngineRequest, EngineStats, RequestError, Step,
+};
+use switchyard_kv_events::publisher::Publisher;
+use switchyard_kv_events::wire::{EngineHash, EventBatch, KvEvent};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
+
+/// What a request hears from the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Progress {
+    /// Admitted with this many prompt tokens found in the prefix cache.
+    Admitted { cached_tokens: usize },
+    /// A generated token; `finished` on the last one.
+    Token { token: u32, finished: bool },
+}
+
+#[derive(Debug)]
+enum Command {
+    Submit {
+        request: EngineRequest,
+        progress: mpsc::UnboundedSender<Progress>,
+        accepted: oneshot::Sender<Result<(), RequestError>>,
+    },
+    Cancel(u64),
+    ResetPrefixCache(oneshot::Sender<bool>),
+}
+
+/// Where KV events go, and how batches are labelled.
+#[derive(Debug)]
+pub(crate) struct EventSink {
+    pub(crate) publisher: Publisher,
+    pub(crate) block_size: u32,
+    pub(crate) dp_rank: Option<u32>,
+}
+
+/// The HTTP side's handle to the engine task.
+#[derive(Debug)]
+pub(crate) struct EngineClient {
+    commands: mpsc::UnboundedSender<Command>,
+    next_id: AtomicU64,
+    stats: watch::Receiver<EngineStats>,
+}
+
+/// Why a request did not reach the engine.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SubmitError {
+    /// The engine refused it.
+    #[error(transparent)]
+    Rejected(#[from] RequestError),
+    /// The engine task has stopped.
+    #[error("the engine is shutting down")]
+    Stopped,
+}
+
+// === impl EngineClient ===
+
+impl EngineClient {
+    /// Queue a generation; dropping the returned stream cancels it.
+    pub(crate) async fn submit(
+        &self,
+        prompt: Vec<u32>,
+        max_tokens: u32,
+    ) -> Result<Generation, SubmitError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (progress, events) = mpsc::unbounded_channel();
+        let (accepted, answer) = oneshot::channel();
+        let request = EngineRequest {
+            id,
+            prompt,
+            max_tokens,
+        };
+        self.commands
+            .send(Command::Submit {
+                request,
+                progress,
+                accepted,
+            })
+            .map_err(|_| SubmitError::Stopped)?;
+        answer.await.map_err(|_| SubmitError::Stopped)??;
+        Ok(Generation {
+            id,
+            events,
+            finished: false,
+            commands: self.commands.clone(),
+        })
+    }
+
+    /// Drop every cached block; `false` while requests run or once the engine stopped.
+    pub(crate) async fn reset_prefix_cache(&self) -> bool {
+        let (reply, answer) = oneshot::channel();
+        if self
+            .commands
+            .send(Command::ResetPrefixCache(reply))
+            .is_err()
+        {
+            return false;
+        }
+        answer.await.unwrap_or(false)
+    }
+
+    /// The engine's gauges and counters, updated after each step.
+    pub(crate) fn stats(&self) -> watch::Receiver<EngineStats> {
+        self.stats.clone()
+    }
+}
+
+/// One request's progress. Dropping it before the last token cancels the request in the engine,
+/// which is how a client that disconnects frees its KV blocks.
+#[derive(Debug)]
+pub(crate) struct Generation {
+    id: u64,
+    events: mpsc::UnboundedReceiver<Progress>,
+    finished: bool,
+    commands: mpsc::UnboundedSender<Command>,
+}
+
+impl Stream for Generation {
+    type Item = Progress;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Progress>> {
+        let polled = self.events.poll_recv(cx);
+        if let Poll::Ready(Some(Progress::Token { finished: true, .. })) = polled {
+            self.finished = true;
+        }
+        polled
+    }
+}
+
+impl Drop for Generation {
+    fn drop(&mut self) {
+        if !self.finished {
+            // The engine may be gone already; then there is nothing left to cancel.
+            let _ = self.commands.send(Command::Cancel(self.id));
+        }
+    }
+}
+
+/// Start the engine task. It stops on `shutdown`.
+pub(crate) fn start(
+    model: EngineModel,
+    sink: Option<EventSink>,
+    speedup: f64,
+    shutdown: CancellationToken,
+) -> (EngineClient, tokio::task::JoinHandle<()>) {
+    let (commands, inbox) = mpsc::unbounded_channel();
+    let (stats_tx, stats) = watch::channel(model.stats());
+    let driver = Driver {
+        model,
+        inbox,
+        requests: HashMap::new(),
+        sink,
+        speedup,
+        stats: stats_tx,
+    };
+    let task = tokio::spawn(driver.run(shutdown));
+    let client = EngineClient {
+        commands,
+        next_id: AtomicU64::new(0),
+        stats,
+    };
+    (client, task)
+}
+
+#[derive(Debug)]
+struct Driver {
+    model: EngineModel,
+    inbox: mpsc::UnboundedReceiver<Command>,
+    requests: HashMap<u64, mpsc::UnboundedSender<Progress>>,
+    sink: Option<EventSink>,
+    speedup: f64,
+    stats: watch::Sender<EngineStats>,
+}
+
+// === impl Driver ===
+
+impl Driver {
+    async fn run(mut self, shutdown: CancellationToken) {
+        self.serve(&shutdown).await;
+        if let Some(sink) = self.sink {
+            sink.publisher.close().await;
+        }
+    }
+
+    async fn serve(&mut self, shutdown: &CancellationToken) {
+        loop {
+            while let Ok(command) = self.inbox.try_recv() {
+                self.apply(command);
+            }
+            self.stats.send_replace(self.model.stats());
+            if !self.model.has_work() {
+                // Idle: sleep until a command arrives.
+                tokio::select! {
+                    command = self.inbox.recv() => match command {
+                        Some(command) => self.apply(command),
+                        None => return,
+                    },
+                    () = shutdown.cancelled() => return,
+                }
+                continue;
+            }
+            let step = self.model.step();
+            let pause = Duration::try_from_secs_f64(step.duration.as_secs_f64() / self.speedup)
+                .unwrap_or(Duration::MAX);
+            if !pause.is_zero() {
+                tokio::select! {
+                    () = tokio::time::sleep(pause) => {}
+                    () = shutdown.cancelled() => return,
+                }
+            }
+            self.deliver(step).await;
+        }
+    }
+
+    fn apply(&mut self, command: Command) {
+        match command {
+            Command::Submit {
+                request,
+                progress,
+                accepted,
+            } => {
+                let id = request.id;
+                let result = self.model.add_request(request);
+                if result.is_ok() {
+                    self.requests.insert(id, progress);
+                }
+                let _ = accepted.send(result);
+            }
+            Command::Cancel(id) => {
+                self.model.cancel(id);
+                self.requests.remove(&id);
+            }
+            Command::ResetPrefixCache(reply) => {
+                let _ = reply.send(self.model.reset_prefix_cache());
+            }
+        }
+    }
+
+    /// Hand out the step's tokens once its time has passed, then publish its events.
+    async fn deliver(&mut self, step: Step) {
+        for admitted in step.admitted {
+            self.send(
+                admitted.id,
+                Progress::Admitted {
+                    cached_tokens: admitted.cached_tokens,
+                },
+            );
+        }
+        for out in step.outputs {
+            self.send(
+                out.id,
+                Progress::Token {
+                    token: out.token,
+                    finished: out.finished,
+                },
+            );
+            if out.finished {
+                self.requests.remove(&out.id);
+            }
+        }
+        let Some(sink) = &self.sink else {
+            return;
+        };
+        if step.events.is_empty() {
+            return;
+        }
+        let batch = EventBatch {
+            ts: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or(Duration::ZERO)
+                .as_secs_f64(),
+            events: step
+                .events
+                .into_iter()
+                .map(|e| kv_event(e, sink.block_size))
+                .collect(),
+            dp_rank: sink.dp_rank,
+        };
+        if let Err(error) = sink.publisher.publish(&batch).await {
+            tracing::warn!(%error, "cannot publish KV events");
+        }
+    }
+
+    fn send(&self, id: u64, progress: Progress) {
+        // A request whose client left is cancelled by its `Generation`'s drop; ignore the gap.
+        if let Some(tx) = self.requests.get(&id) {
+            let _ = tx.send(progress);
+        }
+    }
+}
+
+/// The engine's event as vLLM publishes it.
+fn kv_event(event: CacheEvent, block_size: u32) -> KvEvent {
+    let hashes = |hashes: Vec<u64>| hashes.into_iter().map(EngineHash).collect();
+    match event {
+        CacheEvent::Stored {
+            hashes: stored,
+            parent,
+            token_ids,
+        } => KvEvent::BlockStored {
+            block_hashes: hashes(stored),
+            parent_block_hash: parent.map(EngineHash),
+            token_ids,
+            block_size,
+            lora_id: None,
+            medium: Some("GPU".to_owned()),
+            group_idx: None,
+        },
+        CacheEvent::Removed { hashes: removed } => KvEvent::BlockRemoved {
+            block_hashes: hashes(removed),
+            medium: Some("GPU".to_owned()),
+            group_idx: None,
+        },
+        CacheEvent::Cleared => KvEvent::AllBlocksCleared,
+    }
+}
