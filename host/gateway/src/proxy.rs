@@ -101,10 +101,12 @@ async fn proxy(
         };
         let decision = match shared.route(id, &request) {
             Ok(d) => d,
-            Err(RouteError::NoHealthyWorker) if attempt > 0 => {
-                return Err(GatewayError::Upstream(last_failure));
+            Err(RouteError::NoHealthyWorker) => {
+                if attempt > 0 {
+                    tracing::warn!(%last_failure, "every worker failed or is unhealthy");
+                }
+                return Err(GatewayError::NoHealthyWorker);
             }
-            Err(RouteError::NoHealthyWorker) => return Err(GatewayError::NoHealthyWorker),
             Err(RouteError::Rejected { reason }) => return Err(GatewayError::Rejected(reason)),
             Err(e @ RouteError::BadSelection { .. }) => {
                 return Err(GatewayError::Internal(e.to_string()));

@@ -1,1 +1,177 @@
-fn main() {}
+//! `switchyard`: the gateway (`serve`) and a standalone mock engine (`mock-engine`).
+
+mod embedded;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use switchyard_gateway::config::{Config, RawConfig};
+use switchyard_kv_events::wire::Encoding;
+use switchyard_mock_engine::MockEngineConfig;
+use switchyard_tokenizer::ModelTokenizer;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "switchyard",
+    version,
+    about = "KV-aware gateway for agentic LLM traffic"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the gateway. Without a config (or with no workers in it), start the embedded default:
+    /// in-process mock engines on loopback.
+    Serve {
+        /// Configuration file (TOML); see examples/.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// Listen address (overrides the file).
+        #[arg(long)]
+        host: Option<String>,
+        /// Listen port (overrides the file).
+        #[arg(long)]
+        port: Option<u16>,
+        /// Mock engines the embedded default starts.
+        #[arg(long, default_value_t = 4)]
+        mock_engines: u32,
+    },
+    /// Run one mock engine (OpenAI HTTP + vLLM-format KV events over ZMQ).
+    MockEngine {
+        /// Listen address.
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        /// Listen port.
+        #[arg(long, default_value_t = 8100)]
+        port: u16,
+        /// KV-event PUB endpoint, e.g. tcp://127.0.0.1:5557; absent: publish no events.
+        #[arg(long)]
+        kv_events: Option<String>,
+        /// Replay ROUTER endpoint, e.g. tcp://127.0.0.1:5558.
+        #[arg(long)]
+        replay: Option<String>,
+        /// Event encoding: array (classic vLLM) or map (vLLM since mid-2026).
+        #[arg(long, default_value = "array", value_parser = ["array", "map"])]
+        encoding: String,
+        /// KV block size in tokens.
+        #[arg(long, default_value_t = 16)]
+        block_size: usize,
+        /// KV cache capacity in blocks.
+        #[arg(long, default_value_t = 16_384)]
+        num_blocks: usize,
+        /// Simulated time runs this many times faster than real time.
+        #[arg(long, default_value_t = 1.0)]
+        speedup: f64,
+        /// Model name served.
+        #[arg(long)]
+        model: Option<String>,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let shutdown = CancellationToken::new();
+    let on_signal = shutdown.clone();
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        on_signal.cancel();
+    });
+    match Cli::parse().command {
+        Command::Serve {
+            config,
+            host,
+            port,
+            mock_engines,
+        } => serve(config, host, port, mock_engines, shutdown).await,
+        Command::MockEngine {
+            host,
+            port,
+            kv_events,
+            replay,
+            encoding,
+            block_size,
+            num_blocks,
+            speedup,
+            model,
+        } => {
+            let tokenizer = ModelTokenizer::embedded_default()?;
+            let config = MockEngineConfig {
+                host: host.parse().context("--host must be an IP address")?,
+                port,
+                served_model_name: model,
+                block_size,
+                num_blocks,
+                speedup,
+                kv_events,
+                replay_endpoint: replay,
+                encoding: if encoding == "map" {
+                    Encoding::Map
+                } else {
+                    Encoding::Array
+                },
+                ..MockEngineConfig::default()
+            };
+            let engine = switchyard_mock_engine::spawn(config, tokenizer, shutdown.clone()).await?;
+            println!("mock engine listening on {}", engine.base_url());
+            if let Some(events) = engine.kv_events_endpoint() {
+                println!("kv events on {events}");
+            }
+            if let Some(replay) = engine.replay_endpoint() {
+                println!("replay on {replay}");
+            }
+            engine.stopped().await?;
+            Ok(())
+        }
+    }
+}
+
+async fn serve(
+    path: Option<PathBuf>,
+    host: Option<String>,
+    port: Option<u16>,
+    mock_engines: u32,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let mut raw = match &path {
+        Some(path) => RawConfig::from_file(path)?,
+        None => RawConfig::default(),
+    };
+    raw.server.host = host.unwrap_or(raw.server.host);
+    raw.server.port = port.unwrap_or(raw.server.port);
+    let tokenizer = match &raw.model.path {
+        Some(dir) => ModelTokenizer::from_dir(dir)
+            .with_context(|| format!("loading the tokenizer from {}", dir.display()))?,
+        None => ModelTokenizer::embedded_default()?,
+    };
+    let embedded = raw.workers.is_empty();
+    let _engines = if embedded {
+        let engines = embedded::start(mock_engines, &tokenizer, shutdown.clone()).await?;
+        raw.workers = engines.iter().map(embedded::worker_config).collect();
+        engines
+    } else {
+        Vec::new()
+    };
+    let config = Config::try_from(raw)?;
+    let gateway = switchyard_gateway::start(config, tokenizer.clone(), shutdown).await?;
+    let addr = gateway.addr();
+    if embedded {
+        println!("switchyard: embedded default, {mock_engines} mock engines behind http://{addr}");
+    } else {
+        println!("switchyard: gateway on http://{addr}");
+    }
+    let model = tokenizer.name();
+    println!(
+        "try:\n  curl http://{addr}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}], \"stream\": true}}'"
+    );
+    gateway.wait().await;
+    Ok(())
+}

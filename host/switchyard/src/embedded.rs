@@ -1,0 +1,42 @@
+//! The embedded default: mock engines in this process, so `switchyard serve` works at once.
+
+use switchyard_gateway::config::{EngineKind, WorkerConfig};
+use switchyard_kv_events::wire::Encoding;
+use switchyard_mock_engine::{MockEngineConfig, MockEngineHandle};
+use switchyard_tokenizer::ModelTokenizer;
+use tokio_util::sync::CancellationToken;
+
+/// Start `count` mock engines on loopback ports chosen by the OS, each publishing KV events.
+pub(crate) async fn start(
+    count: u32,
+    tokenizer: &ModelTokenizer,
+    shutdown: CancellationToken,
+) -> anyhow::Result<Vec<MockEngineHandle>> {
+    let mut engines = Vec::new();
+    for _ in 0..count {
+        let config = MockEngineConfig {
+            host: std::net::Ipv4Addr::LOCALHOST.into(),
+            port: 0,
+            kv_events: Some("tcp://127.0.0.1:0".into()),
+            replay_endpoint: Some("tcp://127.0.0.1:0".into()),
+            encoding: Encoding::Array,
+            ..MockEngineConfig::default()
+        };
+        engines.push(
+            switchyard_mock_engine::spawn(config, tokenizer.clone(), shutdown.clone()).await?,
+        );
+    }
+    Ok(engines)
+}
+
+/// How the gateway reaches one embedded engine.
+pub(crate) fn worker_config(engine: &MockEngineHandle) -> WorkerConfig {
+    WorkerConfig {
+        url: engine.base_url(),
+        kind: EngineKind::Mock,
+        kv_events: engine.kv_events_endpoint().map(str::to_string),
+        replay: engine.replay_endpoint().map(str::to_string),
+        dp_size: 1,
+        block_size: MockEngineConfig::default().block_size as u32,
+    }
+}

@@ -1,0 +1,207 @@
+//! Bad input, dead workers and disconnecting clients: clear errors in OpenAI's shape, never a
+//! panic, every rejection counted.
+
+use crate::support::{Gateway, MockEngine, client, eventually, get_text, metric_sum};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+const MODEL: &str = "smollm2-135m-instruct";
+
+fn chat(content: &str) -> Value {
+    json!({"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 4})
+}
+
+async fn post_raw(
+    url: &str,
+    body: impl Into<reqwest::Body>,
+) -> (u16, Value, reqwest::header::HeaderMap) {
+    let r = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let headers = r.headers().clone();
+    let text = r.text().await.unwrap();
+    let json =
+        serde_json::from_str(&text).unwrap_or_else(|_| panic!("error body is not JSON: {text}"));
+    (status, json, headers)
+}
+
+fn assert_openai_error(body: &Value, needle: &str) {
+    let message = body["error"]["message"]
+        .as_str()
+        .unwrap_or_else(|| panic!("not an OpenAI error: {body}"));
+    assert!(body["error"]["type"].is_string(), "{body}");
+    assert!(
+        message.contains(needle),
+        "{message:?} should mention {needle:?}"
+    );
+}
+
+/// A URL nothing listens on.
+fn dead_url() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    drop(listener);
+    format!("http://127.0.0.1:{port}")
+}
+
+#[tokio::test]
+async fn bad_requests_get_clear_errors_and_are_counted() {
+    let engine = MockEngine::start(50.0, 4096);
+    let config = Gateway::config_for(&[&engine], "kv-cost") + "[server]\nmax_body_bytes = 4096\n";
+    // `[server]` after `[[workers]]` is still a top-level table in TOML.
+    let gateway = Gateway::start(&config);
+    let url = &gateway.url;
+
+    let (status, body, _) = post_raw(url, "{not json").await;
+    assert_eq!(status, 400);
+    assert_openai_error(&body, "invalid JSON");
+
+    let (status, body, _) =
+        post_raw(url, json!({"model": MODEL, "messages": "hi"}).to_string()).await;
+    assert_eq!(status, 400);
+    assert_openai_error(&body, "messages");
+
+    let (status, body, _) = post_raw(
+        url,
+        json!({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}).to_string(),
+    )
+    .await;
+    assert_eq!(status, 404);
+    assert_openai_error(&body, "gpt-9");
+
+    let (status, body, _) = post_raw(url, chat(&"long ".repeat(2000)).to_string()).await;
+    assert_eq!(status, 413);
+    assert_openai_error(&body, "4096");
+
+    let unknown = client()
+        .get(format!("{url}/v2/nothing"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unknown.status(), 404);
+
+    // A good request still works after all that.
+    let (status, body, _) = post_raw(url, chat("hello").to_string()).await;
+    assert_eq!(status, 200, "{body}");
+
+    let metrics = get_text(&format!("{url}/metrics")).await;
+    for reason in [
+        "bad_request",
+        "unknown_model",
+        "too_large",
+        "no_such_endpoint",
+    ] {
+        let line = format!("switchyard_rejected_total{{reason=\"{reason}\"}}");
+        assert!(
+            metric_sum(&metrics, &line) > 0.0,
+            "{reason} not counted:\n{metrics}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn engine_errors_pass_through_with_their_status() {
+    let engine = MockEngine::start(50.0, 4096);
+    let gateway = Gateway::start(&Gateway::config_for(&[&engine], "kv-cost"));
+    let mut body = chat("hello");
+    body["max_tokens"] = json!(-5);
+    let (status, error, _) = post_raw(&gateway.url, body.to_string()).await;
+    let direct = client()
+        .post(format!("{}/v1/chat/completions", engine.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        status,
+        direct.status().as_u16(),
+        "the engine's status is passed through"
+    );
+    assert!((400..500).contains(&status));
+    assert!(error["error"].is_object(), "{error}");
+}
+
+#[tokio::test]
+async fn no_healthy_worker_is_503_with_retry_after() {
+    let config = format!("[[workers]]\nurl = \"{}\"\nkind = \"openai\"\n", dead_url());
+    let gateway = Gateway::start(&config);
+    let (status, body, headers) = post_raw(&gateway.url, chat("hello").to_string()).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(headers.contains_key("retry-after"));
+    assert_openai_error(&body, "no healthy worker");
+    let health = client()
+        .get(format!("{}/health", gateway.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 503);
+}
+
+#[tokio::test]
+async fn a_worker_that_dies_is_skipped_and_requests_retry_elsewhere() {
+    let (doomed, survivor) = (MockEngine::start(50.0, 4096), MockEngine::start(50.0, 4096));
+    // Health checks far apart: only the failed attempt itself can notice the death.
+    let config = Gateway::config_for(&[&doomed, &survivor], "round-robin")
+        + "[server]\nhealth_interval = \"1h\"\n";
+    let gateway = Gateway::start(&config);
+    let (status, _, _) = post_raw(&gateway.url, chat("warm up").to_string()).await;
+    assert_eq!(status, 200);
+    drop(doomed);
+    for i in 0..6 {
+        let (status, body, headers) =
+            post_raw(&gateway.url, chat(&format!("hello {i}")).to_string()).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(headers["x-switchyard-worker"], "1.0");
+    }
+    let metrics = get_text(&format!("{}/metrics", gateway.url)).await;
+    assert_eq!(
+        metric_sum(&metrics, "switchyard_upstream_retries_total"),
+        1.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        metric_sum(&metrics, "switchyard_worker_healthy{worker=\"0.0\"}"),
+        0.0
+    );
+}
+
+#[tokio::test]
+async fn a_client_that_disconnects_cancels_the_engine_request() {
+    let engine = MockEngine::start(1.0, 4096);
+    let gateway = Gateway::start(&Gateway::config_for(&[&engine], "kv-cost"));
+    let mut body = chat("tell me a very long story");
+    body["max_tokens"] = json!(4000);
+    body["stream"] = json!(true);
+    let mut response = client()
+        .post(format!("{}/v1/chat/completions", gateway.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    // Read a little of the stream, then hang up.
+    let first = tokio::time::timeout(Duration::from_secs(30), response.chunk())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(first.is_some());
+    assert_eq!(engine.metric("vllm:num_requests_running").await, 1.0);
+    drop(response);
+    let released = eventually(20, async || {
+        engine.metric("vllm:num_requests_running").await == 0.0
+            && metric_sum(
+                &get_text(&format!("{}/metrics", gateway.url)).await,
+                "switchyard_worker_in_flight",
+            ) == 0.0
+    })
+    .await;
+    assert!(
+        released,
+        "the engine kept generating for a client that left"
+    );
+}

@@ -1,0 +1,174 @@
+//! A real engine: two llama.cpp `llama-server`s (SmolLM2-135M on CPU) behind the gateway in
+//! approximate mode (they publish no KV events). Later turns of a session must reach the server
+//! that holds the session's prefix, which the engine confirms by reporting cached prompt tokens.
+
+use crate::support::{Gateway, client, eventually};
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+const MODEL: &str = "smollm2-135m-instruct";
+
+/// Paths to the server binary and model: from `LLAMA_SERVER`/`LLAMA_MODEL`, else built by the
+/// shared setup script (cached after the first run).
+fn engine_paths() -> (PathBuf, PathBuf) {
+    if let (Ok(server), Ok(model)) = (std::env::var("LLAMA_SERVER"), std::env::var("LLAMA_MODEL")) {
+        return (server.into(), model.into());
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let script = root.join("../shared/engines/llama-server/setup.sh");
+    assert!(
+        script.exists(),
+        "llama-server setup script missing at {}",
+        script.display()
+    );
+    let out = Command::new("bash")
+        .arg(&script)
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run setup.sh");
+    assert!(out.status.success(), "setup.sh failed");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let value = |key: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .map(PathBuf::from)
+            .unwrap_or_else(|| panic!("setup.sh printed no {key}: {text}"))
+    };
+    (value("LLAMA_SERVER="), value("MODEL="))
+}
+
+struct LlamaServer {
+    child: Child,
+    url: String,
+}
+
+impl LlamaServer {
+    fn start(server: &PathBuf, model: &PathBuf) -> LlamaServer {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let child = Command::new(server)
+            .args(["-m"])
+            .arg(model)
+            .args([
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+                "-t",
+                "1",
+                "-np",
+                "2",
+                "-c",
+                "16384",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start llama-server");
+        LlamaServer {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        }
+    }
+}
+
+impl Drop for LlamaServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn cached_tokens(response: &Value) -> u64 {
+    response["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .or_else(|| response["timings"]["cache_n"].as_u64())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn later_turns_reach_the_llama_server_holding_the_prefix() {
+    let (server, model) = engine_paths();
+    let engines = [
+        LlamaServer::start(&server, &model),
+        LlamaServer::start(&server, &model),
+    ];
+    for e in &engines {
+        let up = eventually(120, async || {
+            matches!(client().get(format!("{}/health", e.url)).send().await, Ok(r) if r.status().is_success())
+        })
+        .await;
+        assert!(up, "llama-server at {} never became healthy", e.url);
+    }
+    let mut config = String::new();
+    for e in &engines {
+        config += &format!("[[workers]]\nurl = \"{}\"\nkind = \"openai\"\n", e.url);
+    }
+    let gateway = Gateway::start(&config);
+    let url = format!("{}/v1/chat/completions", gateway.url);
+
+    // A ~2K-token agent prompt: system prompt with tool docs, then growing turns.
+    let system: String = (0..120)
+        .map(|i| format!("Tool {i} reads file number {i} and returns its text. "))
+        .collect();
+    let mut messages = vec![json!({"role": "system", "content": system})];
+    let mut home = None;
+    for turn in 0..4 {
+        messages.push(
+            json!({"role": "user", "content": format!("Turn {turn}: summarise file {turn}.")}),
+        );
+        let body = json!({"model": MODEL, "messages": messages, "max_tokens": 8, "temperature": 0});
+        let started = std::time::Instant::now();
+        let r = client().post(&url).json(&body).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        let worker = r.headers()["x-switchyard-worker"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        let v: Value = r.json().await.unwrap();
+        let prompt_tokens = v["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
+        let cached = cached_tokens(&v);
+        eprintln!(
+            "turn {turn}: worker {worker}, {prompt_tokens} prompt tokens, {cached} cached, {:?}",
+            started.elapsed()
+        );
+        assert!(
+            prompt_tokens > 1500,
+            "the prompt should be ~2K tokens, got {prompt_tokens}"
+        );
+        match &home {
+            None => home = Some(worker),
+            Some(home) => {
+                assert_eq!(
+                    &worker, home,
+                    "turn {turn} left the worker holding its prefix"
+                );
+                assert!(
+                    cached * 10 >= prompt_tokens * 8,
+                    "turn {turn}: only {cached}/{prompt_tokens} cached"
+                );
+            }
+        }
+        let answer = v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        messages.push(json!({"role": "assistant", "content": answer}));
+    }
+    // A different session starts on the other, emptier worker.
+    let other = json!({"model": MODEL, "messages": [{"role": "user", "content": "An unrelated question."}], "max_tokens": 4});
+    let r = client().post(&url).json(&other).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_ne!(
+        Some(
+            r.headers()["x-switchyard-worker"]
+                .to_str()
+                .unwrap()
+                .to_string()
+        ),
+        home
+    );
+}

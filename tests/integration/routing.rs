@@ -1,0 +1,188 @@
+//! KV-aware routing across mock-engine processes, judged by the engines' own KV events.
+
+use crate::support::{Gateway, MockEngine, chat_text, client};
+use serde_json::{Value, json};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use switchyard_core::hash::{BlockHasher, SequenceHash};
+use switchyard_core::index::KvIndex;
+use switchyard_core::worker::Rank;
+use switchyard_kv_events::subscriber::{SubscriberConfig, SubscriberStats, run_subscriber};
+use switchyard_tokenizer::{ChatTemplateInput, ModelTokenizer};
+use tokio_util::sync::CancellationToken;
+
+const SESSIONS: usize = 16;
+const TURNS: usize = 8;
+const MODEL: &str = "smollm2-135m-instruct";
+
+/// The test's own view of the engines' caches, built from their KV events alone.
+struct Observer {
+    index: Arc<Mutex<KvIndex>>,
+    shutdown: CancellationToken,
+}
+
+impl Observer {
+    fn watch(engines: &[&MockEngine]) -> Observer {
+        let index = Arc::new(Mutex::new(KvIndex::new()));
+        let shutdown = CancellationToken::new();
+        let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
+        for (i, engine) in engines.iter().enumerate() {
+            let config = SubscriberConfig {
+                rank: Rank::new(i as u32, 0),
+                block_size: 16,
+                endpoint: engine.kv_events.clone(),
+                replay_endpoint: Some(engine.replay.clone()),
+                bind: false,
+                topic: String::new(),
+            };
+            let stats = Arc::new(SubscriberStats::default());
+            tokio::spawn(run_subscriber(config, tx.clone(), stats, shutdown.clone()));
+        }
+        let sink = index.clone();
+        tokio::spawn(async move {
+            while let Some(op) = rx.recv().await {
+                sink.lock().unwrap().apply(&op);
+            }
+        });
+        Observer { index, shutdown }
+    }
+}
+
+/// Ranks whose events show at least `blocks` blocks of the prefix `hashes`, waiting briefly for
+/// events still in flight.
+async fn holders(index: &Mutex<KvIndex>, hashes: &[SequenceHash], blocks: u32) -> Vec<Rank> {
+    for _ in 0..40 {
+        let found: Vec<Rank> = index
+            .lock()
+            .unwrap()
+            .find_matches(hashes)
+            .into_iter()
+            .filter(|(_, o)| o.device >= blocks)
+            .map(|(r, _)| r)
+            .collect();
+        if !found.is_empty() {
+            return found;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    Vec::new()
+}
+
+impl Drop for Observer {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+fn system_prompt() -> String {
+    let tools: Vec<String> = (0..6)
+        .map(|i| format!("tool_{i}(path: string, pattern: string) searches files; "))
+        .collect();
+    format!("You are a coding agent. Tools: {}", tools.concat())
+}
+
+fn user_turn(session: usize, turn: usize) -> String {
+    let words: Vec<String> = (0..70)
+        .map(|w| format!("s{session}t{turn}w{}", (w * 7 + session * 13 + turn) % 97))
+        .collect();
+    format!("Step {turn}: please look at {}", words.join(" "))
+}
+
+#[derive(Default)]
+struct RunStats {
+    later_turns: usize,
+    on_prefix_holder: usize,
+}
+
+/// Run every session's turns (sessions concurrently, turns in order), alternating streaming.
+async fn run_sessions(gateway: &Gateway, observer: Option<&Observer>) -> RunStats {
+    let tokenizer = ModelTokenizer::embedded_default().unwrap();
+    let hasher = BlockHasher::new(16);
+    let stats = Arc::new(Mutex::new(RunStats::default()));
+    let mut tasks = Vec::new();
+    for session in 0..SESSIONS {
+        let url = format!("{}/v1/chat/completions", gateway.url);
+        let tokenizer = tokenizer.clone();
+        let stats = stats.clone();
+        let observer_view = observer.map(|o| o.index.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut messages = vec![json!({"role": "system", "content": system_prompt()})];
+            let mut previous_blocks: Option<Vec<SequenceHash>> = None;
+            for turn in 0..TURNS {
+                messages.push(json!({"role": "user", "content": user_turn(session, turn)}));
+                let stream = turn % 2 == 1;
+                // Who holds the previous turn's prompt, by the engines' events? (allow for the
+                // tokenizer merging across the turn boundary: the last block may differ)
+                let holders = match (&observer_view, &previous_blocks) {
+                    (Some(index), Some(prev)) => {
+                        let need = (prev.len() as u32).saturating_sub(1).max(1);
+                        Some(holders(index, prev, need).await)
+                    }
+                    _ => None,
+                };
+                let body = json!({"model": MODEL, "messages": messages, "max_tokens": 24, "stream": stream});
+                let response = client().post(&url).json(&body).send().await.unwrap();
+                assert_eq!(response.status(), 200, "session {session} turn {turn}");
+                let worker = response.headers()["x-switchyard-worker"].to_str().unwrap().to_string();
+                let text = chat_text(&response.text().await.unwrap(), stream);
+                assert!(!text.is_empty(), "empty answer");
+                if let Some(holders) = holders {
+                    let mut s = stats.lock().unwrap();
+                    s.later_turns += 1;
+                    let hit = holders.iter().any(|r| r.to_string() == worker);
+                    if !hit { eprintln!("MISS session {session} turn {turn}: went to {worker}, holders {holders:?}"); }
+                    s.on_prefix_holder += hit as usize;
+                }
+                let prompt = tokenizer
+                    .encode_chat(&ChatTemplateInput { messages: &messages, tools: None, add_generation_prompt: true, extra: None })
+                    .unwrap();
+                previous_blocks = Some(hasher.sequence(&prompt));
+                messages.push(json!({"role": "assistant", "content": text}));
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    Arc::try_unwrap(stats).ok().unwrap().into_inner().unwrap()
+}
+
+async fn prefix_hits(engines: &[&MockEngine]) -> f64 {
+    let mut total = 0.0;
+    for e in engines {
+        total += e.metric("vllm:prefix_cache_hits_total").await;
+    }
+    total
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kv_routing_follows_the_prefix_and_beats_round_robin() {
+    // KV-aware run, judged by an independent observer of the engines' events.
+    let kv_engines: Vec<MockEngine> = (0..4).map(|_| MockEngine::start(20.0, 16_384)).collect();
+    let refs: Vec<&MockEngine> = kv_engines.iter().collect();
+    let observer = Observer::watch(&refs);
+    let gateway = Gateway::start(&Gateway::config_for(&refs, "kv-cost"));
+    let kv = run_sessions(&gateway, Some(&observer)).await;
+    let kv_hits = prefix_hits(&refs).await;
+    drop(gateway);
+
+    // The same conversations (the mock's answers are deterministic) over fresh engines, round robin.
+    let rr_engines: Vec<MockEngine> = (0..4).map(|_| MockEngine::start(20.0, 16_384)).collect();
+    let rr_refs: Vec<&MockEngine> = rr_engines.iter().collect();
+    let gateway = Gateway::start(&Gateway::config_for(&rr_refs, "round-robin"));
+    run_sessions(&gateway, None).await;
+    let rr_hits = prefix_hits(&rr_refs).await;
+
+    assert_eq!(kv.later_turns, SESSIONS * (TURNS - 1));
+    let share = kv.on_prefix_holder as f64 / kv.later_turns as f64;
+    assert!(
+        share >= 0.9,
+        "only {:.0}% of later turns reached a worker holding their prefix",
+        share * 100.0
+    );
+    assert!(rr_hits > 0.0, "round robin still shares the system prompt");
+    assert!(
+        kv_hits >= 2.0 * rr_hits,
+        "prefix-hit tokens: kv {kv_hits} vs round robin {rr_hits}"
+    );
+}

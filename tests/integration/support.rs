@@ -1,0 +1,258 @@
+//! Processes under test: mock engines, the gateway, and an HTTP client for them.
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// A child process killed on drop, with the lines it printed on stdout.
+pub struct Proc {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Proc {
+    /// Start `switchyard` with `args`.
+    pub fn switchyard(args: &[&str]) -> Proc {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start switchyard");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Proc { child, lines }
+    }
+
+    /// Wait for a printed line containing `marker`; return the word after it.
+    pub fn wait_for(&self, marker: &str) -> String {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let line = self
+                .lines
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("process never printed {marker:?}"));
+            if let Some(rest) = line.split(marker).nth(1) {
+                return rest
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string();
+            }
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A mock engine process and its addresses.
+pub struct MockEngine {
+    pub url: String,
+    pub kv_events: String,
+    pub replay: String,
+    _proc: Proc,
+}
+
+impl MockEngine {
+    /// Start one on ports the OS picks; `speedup` scales simulated compute time.
+    pub fn start(speedup: f64, num_blocks: u32) -> MockEngine {
+        let proc = Proc::switchyard(&[
+            "mock-engine",
+            "--port",
+            "0",
+            "--kv-events",
+            "tcp://127.0.0.1:0",
+            "--replay",
+            "tcp://127.0.0.1:0",
+            "--speedup",
+            &speedup.to_string(),
+            "--num-blocks",
+            &num_blocks.to_string(),
+        ]);
+        let url = proc.wait_for("listening on ");
+        let kv_events = proc.wait_for("kv events on ");
+        let replay = proc.wait_for("replay on ");
+        MockEngine {
+            url,
+            kv_events,
+            replay,
+            _proc: proc,
+        }
+    }
+
+    /// The value of an unlabelled-or-summed metric in the engine's `/metrics`.
+    pub async fn metric(&self, name: &str) -> f64 {
+        metric_sum(&get_text(&format!("{}/metrics", self.url)).await, name)
+    }
+}
+
+/// Sum every sample of `name` (any labels) in a Prometheus text page.
+pub fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A gateway process.
+pub struct Gateway {
+    pub url: String,
+    _proc: Proc,
+    _config: TempFile,
+}
+
+impl Gateway {
+    /// Start one with this TOML configuration (its port is chosen by the OS).
+    pub fn start(config_toml: &str) -> Gateway {
+        let config = TempFile::new("switchyard.toml", config_toml);
+        let path = config.path.to_string_lossy().to_string();
+        let proc = Proc::switchyard(&["serve", "--config", &path, "--port", "0"]);
+        let url = proc.wait_for("gateway on ");
+        Gateway {
+            url,
+            _proc: proc,
+            _config: config,
+        }
+    }
+
+    /// Configuration for `engines` behind this gateway.
+    pub fn config_for(engines: &[&MockEngine], policy: &str) -> String {
+        let mut toml = format!("[router]\npolicy = \"{policy}\"\n");
+        for e in engines {
+            toml += &format!(
+                "[[workers]]\nurl = \"{}\"\nkind = \"mock\"\nkv_events = \"{}\"\nreplay = \"{}\"\n",
+                e.url, e.kv_events, e.replay
+            );
+        }
+        toml
+    }
+}
+
+/// A file removed on drop.
+pub struct TempFile {
+    pub path: PathBuf,
+}
+
+impl TempFile {
+    pub fn new(name: &str, contents: &str) -> TempFile {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("switchyard-test-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join(name);
+        std::fs::write(&path, contents).expect("write temp file");
+        TempFile { path }
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if let Some(dir) = self.path.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .expect("client")
+}
+
+pub async fn get_text(url: &str) -> String {
+    client()
+        .get(url)
+        .send()
+        .await
+        .expect("GET")
+        .text()
+        .await
+        .expect("body")
+}
+
+/// Poll `check` until it holds, for at most `secs`.
+pub async fn eventually(secs: u64, mut check: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    while tokio::time::Instant::now() < deadline {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+/// Parse an SSE body into its JSON chunks; asserts it ends with `[DONE]`.
+pub fn sse_chunks(body: &str) -> Vec<Value> {
+    let data: Vec<&str> = body
+        .split("\n\n")
+        .filter_map(|event| event.trim().strip_prefix("data:"))
+        .map(str::trim)
+        .collect();
+    assert_eq!(
+        data.last(),
+        Some(&"[DONE]"),
+        "stream must end with [DONE]: {body}"
+    );
+    data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap_or_else(|e| panic!("bad chunk {d}: {e}")))
+        .collect()
+}
+
+/// The assistant text of a chat response, streamed or not, checking its shape.
+pub fn chat_text(body: &str, streamed: bool) -> String {
+    if streamed {
+        let chunks = sse_chunks(body);
+        assert!(!chunks.is_empty());
+        let mut text = String::new();
+        for c in &chunks {
+            assert_eq!(c["object"], "chat.completion.chunk", "{c}");
+            if let Some(piece) = c["choices"][0]["delta"]["content"].as_str() {
+                text += piece;
+            }
+        }
+        assert!(
+            chunks
+                .iter()
+                .any(|c| c["choices"][0]["finish_reason"].is_string()),
+            "no finish_reason in stream"
+        );
+        text
+    } else {
+        let v: Value =
+            serde_json::from_str(body).unwrap_or_else(|e| panic!("bad JSON {body}: {e}"));
+        assert_eq!(v["object"], "chat.completion", "{v}");
+        assert!(v["choices"][0]["finish_reason"].is_string(), "{v}");
+        assert!(
+            v["usage"]["prompt_tokens"].as_u64().is_some_and(|n| n > 0),
+            "{v}"
+        );
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no content: {v}"))
+            .to_string()
+    }
+}
