@@ -1,6 +1,8 @@
 //! End-to-end tests: the real `switchyard` binary, mock engines as separate processes, and a real
 //! llama.cpp engine. Everything listens on 127.0.0.1 and stops by itself.
 
+#![allow(clippy::unwrap_used, reason = "a test fails by panicking")]
+
 mod bad_input;
 mod embedded;
 mod llama;

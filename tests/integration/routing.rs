@@ -1,7 +1,7 @@
 //! KV-aware routing across mock-engine processes, judged by the engines' own KV events.
 
 use crate::support::{Gateway, MockEngine, chat_text, client};
-use serde_json::{Value, json};
+use serde_json::json;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use switchyard_core::hash::{BlockHasher, SequenceHash};
@@ -14,6 +14,11 @@ use tokio_util::sync::CancellationToken;
 const SESSIONS: usize = 16;
 const TURNS: usize = 8;
 const MODEL: &str = "smollm2-135m-instruct";
+/// KV capacity per engine (blocks of 16): room for the sessions' histories once across the fleet
+/// (~1,500 blocks per engine when each session stays home), not four times over, as a real fleet
+/// under agent load. Spraying sessions over every engine then costs evictions, as it does in
+/// production.
+const KV_BLOCKS: u32 = 2048;
 
 /// The test's own view of the engines' caches, built from their KV events alone.
 struct Observer {
@@ -81,11 +86,22 @@ fn system_prompt() -> String {
     format!("You are a coding agent. Tools: {}", tools.concat())
 }
 
+/// One agent turn. The first carries the session's own context (files the agent read, ~2K tokens),
+/// later ones a ~500-token tool result: most of each prompt was sent before, as with coding agents.
 fn user_turn(session: usize, turn: usize) -> String {
-    let words: Vec<String> = (0..70)
+    let words = if turn == 0 { 280 } else { 70 };
+    let text: Vec<String> = (0..words)
         .map(|w| format!("s{session}t{turn}w{}", (w * 7 + session * 13 + turn) % 97))
         .collect();
-    format!("Step {turn}: please look at {}", words.join(" "))
+    format!("Step {turn}: tool output follows. {}", text.join(" "))
+}
+
+/// Tool execution between turns: 100 ms to 1 s, scattered but fixed per (session, turn) so runs
+/// repeat and sessions drift out of step, as real agents do (Claude Code's median is ~10 s;
+/// shorter keeps the test quick).
+fn think_time(session: usize, turn: usize) -> Duration {
+    let spread = (session as u64 * 7919 + turn as u64 * 104_729).wrapping_mul(2_654_435_761) % 900;
+    Duration::from_millis(100 + spread)
 }
 
 #[derive(Default)]
@@ -129,15 +145,15 @@ async fn run_sessions(gateway: &Gateway, observer: Option<&Observer>) -> RunStat
                 if let Some(holders) = holders {
                     let mut s = stats.lock().unwrap();
                     s.later_turns += 1;
-                    let hit = holders.iter().any(|r| r.to_string() == worker);
-                    if !hit { eprintln!("MISS session {session} turn {turn}: went to {worker}, holders {holders:?}"); }
-                    s.on_prefix_holder += hit as usize;
+                    s.on_prefix_holder += holders.iter().any(|r| r.to_string() == worker) as usize;
                 }
                 let prompt = tokenizer
                     .encode_chat(&ChatTemplateInput { messages: &messages, tools: None, add_generation_prompt: true, extra: None })
                     .unwrap();
                 previous_blocks = Some(hasher.sequence(&prompt));
                 messages.push(json!({"role": "assistant", "content": text}));
+                // The agent runs its tool before the next turn.
+                tokio::time::sleep(think_time(session, turn)).await;
             }
         }));
     }
@@ -158,7 +174,7 @@ async fn prefix_hits(engines: &[&MockEngine]) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kv_routing_follows_the_prefix_and_beats_round_robin() {
     // KV-aware run, judged by an independent observer of the engines' events.
-    let kv_engines: Vec<MockEngine> = (0..4).map(|_| MockEngine::start(20.0, 16_384)).collect();
+    let kv_engines: Vec<MockEngine> = (0..4).map(|_| MockEngine::start(20.0, KV_BLOCKS)).collect();
     let refs: Vec<&MockEngine> = kv_engines.iter().collect();
     let observer = Observer::watch(&refs);
     let gateway = Gateway::start(&Gateway::config_for(&refs, "kv-cost"));
@@ -167,12 +183,16 @@ async fn kv_routing_follows_the_prefix_and_beats_round_robin() {
     drop(gateway);
 
     // The same conversations (the mock's answers are deterministic) over fresh engines, round robin.
-    let rr_engines: Vec<MockEngine> = (0..4).map(|_| MockEngine::start(20.0, 16_384)).collect();
+    let rr_engines: Vec<MockEngine> = (0..4).map(|_| MockEngine::start(20.0, KV_BLOCKS)).collect();
     let rr_refs: Vec<&MockEngine> = rr_engines.iter().collect();
     let gateway = Gateway::start(&Gateway::config_for(&rr_refs, "round-robin"));
     run_sessions(&gateway, None).await;
     let rr_hits = prefix_hits(&rr_refs).await;
 
+    eprintln!(
+        "later turns on a prefix holder: {}/{}; prefix-hit tokens kv {kv_hits} vs round robin {rr_hits}",
+        kv.on_prefix_holder, kv.later_turns
+    );
     assert_eq!(kv.later_turns, SESSIONS * (TURNS - 1));
     let share = kv.on_prefix_holder as f64 / kv.later_turns as f64;
     assert!(

@@ -8,17 +8,20 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 /// A child process killed on drop, with the lines it printed on stdout.
-pub struct Proc {
+pub(crate) struct Proc {
     child: Child,
     lines: mpsc::Receiver<String>,
 }
 
 impl Proc {
     /// Start `switchyard` with `args`.
-    pub fn switchyard(args: &[&str]) -> Proc {
+    pub(crate) fn switchyard(args: &[&str]) -> Proc {
         let mut child = Command::new(env!("CARGO_BIN_EXE_switchyard"))
             .args(args)
-            .env("RUST_LOG", "warn")
+            .env(
+                "RUST_LOG",
+                std::env::var("SWITCHYARD_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -36,7 +39,7 @@ impl Proc {
     }
 
     /// Wait for a printed line containing `marker`; return the word after it.
-    pub fn wait_for(&self, marker: &str) -> String {
+    pub(crate) fn wait_for(&self, marker: &str) -> String {
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
@@ -63,16 +66,16 @@ impl Drop for Proc {
 }
 
 /// A mock engine process and its addresses.
-pub struct MockEngine {
-    pub url: String,
-    pub kv_events: String,
-    pub replay: String,
+pub(crate) struct MockEngine {
+    pub(crate) url: String,
+    pub(crate) kv_events: String,
+    pub(crate) replay: String,
     _proc: Proc,
 }
 
 impl MockEngine {
     /// Start one on ports the OS picks; `speedup` scales simulated compute time.
-    pub fn start(speedup: f64, num_blocks: u32) -> MockEngine {
+    pub(crate) fn start(speedup: f64, num_blocks: u32) -> MockEngine {
         let proc = Proc::switchyard(&[
             "mock-engine",
             "--port",
@@ -98,13 +101,13 @@ impl MockEngine {
     }
 
     /// The value of an unlabelled-or-summed metric in the engine's `/metrics`.
-    pub async fn metric(&self, name: &str) -> f64 {
+    pub(crate) async fn metric(&self, name: &str) -> f64 {
         metric_sum(&get_text(&format!("{}/metrics", self.url)).await, name)
     }
 }
 
 /// Sum every sample of `name` (any labels) in a Prometheus text page.
-pub fn metric_sum(text: &str, name: &str) -> f64 {
+pub(crate) fn metric_sum(text: &str, name: &str) -> f64 {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter(|l| {
@@ -116,15 +119,15 @@ pub fn metric_sum(text: &str, name: &str) -> f64 {
 }
 
 /// A gateway process.
-pub struct Gateway {
-    pub url: String,
+pub(crate) struct Gateway {
+    pub(crate) url: String,
     _proc: Proc,
     _config: TempFile,
 }
 
 impl Gateway {
     /// Start one with this TOML configuration (its port is chosen by the OS).
-    pub fn start(config_toml: &str) -> Gateway {
+    pub(crate) fn start(config_toml: &str) -> Gateway {
         let config = TempFile::new("switchyard.toml", config_toml);
         let path = config.path.to_string_lossy().to_string();
         let proc = Proc::switchyard(&["serve", "--config", &path, "--port", "0"]);
@@ -137,7 +140,7 @@ impl Gateway {
     }
 
     /// Configuration for `engines` behind this gateway.
-    pub fn config_for(engines: &[&MockEngine], policy: &str) -> String {
+    pub(crate) fn config_for(engines: &[&MockEngine], policy: &str) -> String {
         let mut toml = format!("[router]\npolicy = \"{policy}\"\n");
         for e in engines {
             toml += &format!(
@@ -150,12 +153,12 @@ impl Gateway {
 }
 
 /// A file removed on drop.
-pub struct TempFile {
-    pub path: PathBuf,
+pub(crate) struct TempFile {
+    pub(crate) path: PathBuf,
 }
 
 impl TempFile {
-    pub fn new(name: &str, contents: &str) -> TempFile {
+    pub(crate) fn new(name: &str, contents: &str) -> TempFile {
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("switchyard-test-{}-{n}", std::process::id()));
@@ -174,14 +177,14 @@ impl Drop for TempFile {
     }
 }
 
-pub fn client() -> reqwest::Client {
+pub(crate) fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(120))
         .build()
         .expect("client")
 }
 
-pub async fn get_text(url: &str) -> String {
+pub(crate) async fn get_text(url: &str) -> String {
     client()
         .get(url)
         .send()
@@ -193,7 +196,7 @@ pub async fn get_text(url: &str) -> String {
 }
 
 /// Poll `check` until it holds, for at most `secs`.
-pub async fn eventually(secs: u64, mut check: impl AsyncFnMut() -> bool) -> bool {
+pub(crate) async fn eventually(secs: u64, mut check: impl AsyncFnMut() -> bool) -> bool {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
     while tokio::time::Instant::now() < deadline {
         if check().await {
@@ -205,7 +208,7 @@ pub async fn eventually(secs: u64, mut check: impl AsyncFnMut() -> bool) -> bool
 }
 
 /// Parse an SSE body into its JSON chunks; asserts it ends with `[DONE]`.
-pub fn sse_chunks(body: &str) -> Vec<Value> {
+pub(crate) fn sse_chunks(body: &str) -> Vec<Value> {
     let data: Vec<&str> = body
         .split("\n\n")
         .filter_map(|event| event.trim().strip_prefix("data:"))
@@ -223,7 +226,7 @@ pub fn sse_chunks(body: &str) -> Vec<Value> {
 }
 
 /// The assistant text of a chat response, streamed or not, checking its shape.
-pub fn chat_text(body: &str, streamed: bool) -> String {
+pub(crate) fn chat_text(body: &str, streamed: bool) -> String {
     if streamed {
         let chunks = sse_chunks(body);
         assert!(!chunks.is_empty());

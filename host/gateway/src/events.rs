@@ -4,25 +4,22 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use switchyard_core::worker::Rank;
 use switchyard_kv_events::subscriber::{SubscriberSnapshot, SubscriberStats};
 
 use crate::metrics::worker_label;
 
 /// The subscribers' statistics, exposed as `switchyard_kv_events_*` metrics.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default)]
 pub struct EventMetrics {
-    ranks: Arc<Mutex<Vec<(Rank, Arc<SubscriberStats>)>>>,
+    ranks: Vec<(Rank, Arc<SubscriberStats>)>,
 }
 
 impl EventMetrics {
     /// Expose the statistics of `rank`'s subscriber.
-    pub fn add(&self, rank: Rank, stats: Arc<SubscriberStats>) {
-        self.ranks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((rank, stats));
+    pub fn add(&mut self, rank: Rank, stats: Arc<SubscriberStats>) {
+        self.ranks.push((rank, stats));
     }
 }
 
@@ -61,8 +58,8 @@ const COUNTERS: [(&str, &str, Field); 6] = [
 
 impl Collector for EventMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let ranks = self.ranks.lock().unwrap_or_else(|e| e.into_inner());
-        let snapshots: Vec<_> = ranks
+        let snapshots: Vec<_> = self
+            .ranks
             .iter()
             .map(|(r, s)| (worker_label(*r), s.snapshot()))
             .collect();

@@ -112,6 +112,14 @@ async fn proxy(
                 return Err(GatewayError::Internal(e.to_string()));
             }
         };
+        tracing::debug!(
+            request = id.0,
+            worker = %decision.rank,
+            overlap_blocks = decision.overlap.device,
+            event_blocks = decision.indexed.device,
+            cost = ?decision.cost,
+            "routed"
+        );
         let booking = Booking::new(shared.clone(), id, endpoint, &decision, started);
         match send(shared, endpoint, &parsed, &decision).await {
             Ok(upstream) => return respond(upstream, parsed, booking).await,

@@ -155,7 +155,7 @@ pub async fn start(
         .enumerate()
         .map(|(i, w)| Upstream::new(i, w))
         .collect();
-    let event_metrics = EventMetrics::default();
+    let mut event_metrics = EventMetrics::default();
     for (upstream, worker) in workers.iter().zip(&config.workers) {
         for rank in upstream.ranks() {
             router.add_rank(rank, !upstream.publishes_events);
