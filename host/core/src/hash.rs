@@ -5,6 +5,8 @@
 //! prefix tree.
 
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// Seed of every block hash. LoRA adapters or tenants use another seed so they never share blocks.
@@ -17,6 +19,28 @@ pub struct LocalBlockHash(pub u64);
 /// Hash of one block together with every block before it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct SequenceHash(pub u64);
+
+/// Identity hasher for maps keyed by sequence hashes: they are already uniform 64-bit values, so
+/// hashing them again (SipHash) only costs time on the routing path.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct PassThrough(u64);
+
+impl Hasher for PassThrough {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// A map keyed by sequence hash, without rehashing the keys.
+pub(crate) type HashMapByHash<V> = HashMap<SequenceHash, V, BuildHasherDefault<PassThrough>>;
 
 /// Hashes token sequences into blocks of a fixed size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

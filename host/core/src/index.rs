@@ -8,11 +8,10 @@
 //! The index is a plain value: `apply` takes `&mut self`. Concurrency (readers that never wait behind
 //! event application) is the driver's business; the gateway keeps two copies with `left-right`.
 
-use crate::hash::SequenceHash;
+use crate::hash::{HashMapByHash, SequenceHash};
 use crate::worker::{Rank, Tier, TierSet};
 use smallvec::SmallVec;
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
 /// A change to the index, already translated into our own hash space.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,25 +93,6 @@ pub type Matches = Vec<(Rank, Overlap)>;
 
 type Owners = SmallVec<[(u32, TierSet); 4]>;
 
-/// Identity hasher: sequence hashes are already uniformly distributed 64-bit values.
-#[derive(Debug, Default, Clone, Copy)]
-struct PassThrough(u64);
-
-impl Hasher for PassThrough {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
-type HashMapByHash<V> = HashMap<SequenceHash, V, BuildHasherDefault<PassThrough>>;
 
 #[derive(Debug, Clone)]
 struct RankEntry {

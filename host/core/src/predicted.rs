@@ -4,7 +4,7 @@
 //! other before the engine's events arrive; short TTL) and approximate mode (workers that publish no
 //! KV events are indexed from the gateway's own decisions; long TTL and a per-rank size bound).
 
-use crate::hash::SequenceHash;
+use crate::hash::{HashMapByHash, SequenceHash};
 use crate::worker::Rank;
 use smallvec::SmallVec;
 use std::collections::{HashMap, VecDeque};
@@ -13,7 +13,7 @@ use std::time::Duration;
 /// Predicted blocks per rank with expiry times and a per-rank size bound.
 #[derive(Debug, Clone)]
 pub struct PredictedBlocks {
-    entries: HashMap<SequenceHash, SmallVec<[(Rank, Duration); 2]>>,
+    entries: HashMapByHash<SmallVec<[(Rank, Duration); 2]>>,
     /// Per rank, insertion order with the expiry each insertion set: oldest first.
     order: HashMap<Rank, VecDeque<(Duration, SequenceHash)>>,
     live: HashMap<Rank, usize>,
@@ -26,7 +26,7 @@ impl PredictedBlocks {
     /// An empty set holding at most `max_blocks_per_rank` blocks per rank (older ones are dropped).
     pub fn new(max_blocks_per_rank: usize) -> Self {
         Self {
-            entries: HashMap::new(),
+            entries: HashMapByHash::default(),
             order: HashMap::new(),
             live: HashMap::new(),
             max_blocks_per_rank: max_blocks_per_rank.max(1),
