@@ -6,5 +6,7 @@
 mod bad_input;
 mod embedded;
 mod llama;
+mod policy_reload;
 mod routing;
 mod support;
+mod trace;

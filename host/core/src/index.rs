@@ -93,7 +93,6 @@ pub type Matches = Vec<(Rank, Overlap)>;
 
 type Owners = SmallVec<[(u32, TierSet); 4]>;
 
-
 #[derive(Debug, Clone)]
 struct RankEntry {
     rank: Rank,

@@ -22,6 +22,10 @@ pub struct RawConfig {
     /// Engines behind the gateway; none means the embedded default (in-process mock engines).
     #[serde(default)]
     pub workers: Vec<WorkerConfig>,
+    /// The request trace; absent: nothing is traced.
+    pub trace: Option<TraceConfig>,
+    /// Wasm routing policies; absent: `router.policy` (native) routes.
+    pub policies: Option<crate::policies::PoliciesConfig>,
 }
 
 /// Listener and request limits.
@@ -144,6 +148,38 @@ pub struct WorkerConfig {
     pub block_size: u32,
 }
 
+/// The request trace sink (`[trace]`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TraceConfig {
+    /// A directory (existing, or written with a trailing `/`) that gets `trace-<ms>-<n>.jsonl.gz`
+    /// segments, or a file prefix that gets `<prefix>-<ms>-<n>.jsonl.gz`.
+    pub path: PathBuf,
+    /// A segment is closed and the next one started once it holds this many bytes on disk.
+    /// Default: 64 MiB.
+    #[serde(default = "default_segment_bytes")]
+    pub segment_bytes: u64,
+    /// Compress segments. Default: true.
+    #[serde(default = "yes")]
+    pub gzip: bool,
+    /// Also record request bodies and completion text. Default: false.
+    #[serde(default)]
+    pub include_content: bool,
+    /// Records waiting for the writer; more are dropped (and counted), never waited for.
+    /// Default: 10,000.
+    #[serde(default = "default_trace_buffer")]
+    pub buffer: usize,
+}
+
+fn default_segment_bytes() -> u64 {
+    64 << 20
+}
+fn default_trace_buffer() -> usize {
+    10_000
+}
+fn yes() -> bool {
+    true
+}
 fn default_kind() -> EngineKind {
     EngineKind::Vllm
 }
@@ -171,6 +207,10 @@ pub struct Config {
     pub max_attempts: u32,
     /// Engines (never empty).
     pub workers: Vec<WorkerConfig>,
+    /// The request trace, if on.
+    pub trace: Option<TraceConfig>,
+    /// Wasm routing policies, if configured.
+    pub policies: Option<crate::policies::PoliciesConfig>,
 }
 
 /// Why a configuration was refused.
@@ -257,6 +297,11 @@ impl TryFrom<RawConfig> for Config {
         if raw.server.max_body_bytes == 0 {
             return invalid("server.max_body_bytes must be positive".into());
         }
+        if let Some(trace) = &raw.trace
+            && (trace.segment_bytes == 0 || trace.buffer == 0)
+        {
+            return invalid("trace.segment_bytes and trace.buffer must be positive".into());
+        }
         let listen = format!("{}:{}", raw.server.host, raw.server.port)
             .parse()
             .or_else(|_| format!("[{}]:{}", raw.server.host, raw.server.port).parse())
@@ -277,6 +322,8 @@ impl TryFrom<RawConfig> for Config {
             server: raw.server,
             model: raw.model,
             workers: raw.workers,
+            trace: raw.trace,
+            policies: raw.policies,
         })
     }
 }
@@ -341,6 +388,16 @@ mod tests {
         assert_eq!(c.router.weights.device_credit, 1.0);
         assert_eq!(c.router.block_size, 32);
         assert_eq!(c.policy, "round-robin");
+        assert!(c.trace.is_none());
+    }
+
+    #[test]
+    fn trace_section_defaults() {
+        let c = parse("[trace]\npath = \"/tmp/t/\"\n[[workers]]\nurl = \"http://a\"\n").unwrap();
+        let t = c.trace.unwrap();
+        assert_eq!(t.path, PathBuf::from("/tmp/t/"));
+        assert_eq!((t.segment_bytes, t.buffer), (64 << 20, 10_000));
+        assert!(t.gzip && !t.include_content);
     }
 
     #[test]
@@ -359,6 +416,10 @@ mod tests {
             (
                 "[[workers]]\nurl = \"http://a\"\nbogus = 1",
                 "unknown field",
+            ),
+            (
+                "[trace]\npath = \"t\"\nbuffer = 0\n[[workers]]\nurl = \"http://a\"",
+                "trace.segment_bytes and trace.buffer",
             ),
         ] {
             let err = parse(text).unwrap_err().to_string();

@@ -41,6 +41,9 @@ pub enum GatewayError {
         /// The engine's content type.
         content_type: Option<HeaderValue>,
     },
+    /// The admin API was called without the right bearer token.
+    #[error("missing or invalid admin token")]
+    Unauthorized,
     /// A bug or an impossible state; logged.
     #[error("internal error: {0}")]
     Internal(String),
@@ -54,6 +57,7 @@ impl GatewayError {
             Self::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnknownModel(_) | Self::NoSuchEndpoint(_) => StatusCode::NOT_FOUND,
             Self::NoHealthyWorker => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::Rejected(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::Upstream(_) => StatusCode::BAD_GATEWAY,
             Self::Engine { status, .. } => *status,
@@ -69,6 +73,7 @@ impl GatewayError {
             Self::UnknownModel(_) => "unknown_model",
             Self::NoSuchEndpoint(_) => "no_such_endpoint",
             Self::NoHealthyWorker => "no_healthy_worker",
+            Self::Unauthorized => "unauthorized",
             Self::Rejected(_) => "rejected",
             Self::Upstream(_) => "upstream",
             Self::Engine { .. } => "engine_error",
@@ -78,9 +83,10 @@ impl GatewayError {
 
     fn openai_type(&self) -> &'static str {
         match self {
-            Self::BadRequest(_) | Self::TooLarge { .. } | Self::NoSuchEndpoint(_) => {
-                "invalid_request_error"
-            }
+            Self::BadRequest(_)
+            | Self::TooLarge { .. }
+            | Self::NoSuchEndpoint(_)
+            | Self::Unauthorized => "invalid_request_error",
             Self::UnknownModel(_) => "model_not_found",
             Self::NoHealthyWorker | Self::Upstream(_) => "service_unavailable",
             Self::Rejected(_) => "rate_limit_exceeded",

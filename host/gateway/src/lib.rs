@@ -1,10 +1,12 @@
 //! The Switchyard gateway: OpenAI-compatible frontends in front of inference engines, routed by
 //! the pure router core over a KV index fed by the engines' own ZMQ events.
 //!
-//! Layers, in request order: [`proxy`] (body -> tokens -> decision -> engine -> response),
-//! [`server`] (state, routes, background tasks), [`upstream`] (engines and health), [`index`]
-//! (the shared index, lock-free for readers), [`events`] (ingestion metrics), [`metrics`],
-//! [`error`] (the one mapping of failures to HTTP responses), [`config`].
+//! Layers, in request order: [`agent`] (session headers), [`proxy`] (body -> tokens -> decision
+//! -> engine -> response), [`trace`] (one line per finished request), [`server`] (state, routes,
+//! background tasks), [`upstream`] (engines and health), [`index`] (the shared index, lock-free
+//! for readers), [`events`] (ingestion metrics), [`policies`] (Wasm routing policies, hot
+//! reload) with its token-protected admin API (`/admin/policies`), [`metrics`], [`error`] (the
+//! one mapping of failures to HTTP responses), [`config`].
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -21,14 +23,18 @@
 
 #![forbid(unsafe_code)]
 
+mod admin;
+pub mod agent;
 pub mod config;
 pub mod error;
 pub mod events;
 pub mod index;
 pub mod metrics;
+pub mod policies;
 pub mod proxy;
 pub mod server;
 pub mod sse;
+pub mod trace;
 pub mod upstream;
 
 pub use server::{GatewayHandle, StartError, start};

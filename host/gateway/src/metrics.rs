@@ -69,6 +69,8 @@ pub struct Metrics {
     pub worker_healthy: Family<WorkerLabels, Gauge>,
     /// Requests in flight per worker rank, as the router books them.
     pub in_flight: Family<WorkerLabels, Gauge>,
+    /// Trace lines dropped because the writer was behind or failing.
+    pub trace_dropped: Counter,
 }
 
 impl Default for Metrics {
@@ -93,6 +95,7 @@ impl Metrics {
             retries: Counter::default(),
             worker_healthy: Family::default(),
             in_flight: Family::default(),
+            trace_dropped: Counter::default(),
             registry: Mutex::new(Registry::default()),
         };
         registry.register("requests", "Requests answered", m.requests.clone());
@@ -145,6 +148,11 @@ impl Metrics {
             "worker_in_flight",
             "Requests booked on the worker",
             m.in_flight.clone(),
+        );
+        registry.register(
+            "trace_dropped",
+            "Trace lines dropped (writer behind or failing)",
+            m.trace_dropped.clone(),
         );
         *m.registry.lock().unwrap_or_else(|e| e.into_inner()) = registry;
         m

@@ -2,23 +2,28 @@
 //!
 //! One function per stage. The router's booking is released by `Booking`'s `Drop`, so a client
 //! that disconnects (its response future or stream dropped) releases the load and, by dropping the
-//! upstream request, cancels it at the engine.
+//! upstream request, cancels it at the engine. The same `Drop` writes the request's trace line.
 
+use crate::agent::AgentContext;
 use crate::error::GatewayError;
-use crate::metrics::{EndpointLabels, RejectLabels, RequestLabels, worker_label};
+use crate::metrics::{RejectLabels, RequestLabels};
 use crate::server::Shared;
-use crate::sse::{SseTap, Usage};
+use crate::trace::{RequestDraft, RequestFacts, WorkerRef};
 use axum::body::Body;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use futures::StreamExt;
 use serde_json::Value;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
+use switchyard_core::hash::SequenceHash;
 use switchyard_core::router::{Decision, RequestId, RouteError, RouteRequest};
 use switchyard_core::worker::Rank;
 use switchyard_tokenizer::ChatTemplateInput;
+
+mod respond;
+
+use respond::{Booking, respond};
 
 /// The OpenAI endpoints the gateway proxies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,10 +44,26 @@ impl Endpoint {
     }
 }
 
+/// When a request arrived, on the monotonic and the wall clock.
+#[derive(Debug, Clone, Copy)]
+struct Received {
+    at: Instant,
+    wall: SystemTime,
+}
+
 /// Serve one request end to end, counting it whatever happens.
-pub async fn handle(shared: Arc<Shared>, endpoint: Endpoint, body: Body) -> Response {
-    let started = Instant::now();
-    match proxy(&shared, endpoint, body, started).await {
+pub async fn handle(
+    shared: Arc<Shared>,
+    endpoint: Endpoint,
+    headers: &HeaderMap,
+    body: Body,
+) -> Response {
+    let received = Received {
+        at: Instant::now(),
+        wall: SystemTime::now(),
+    };
+    let agent = AgentContext::from_headers(headers);
+    match proxy(&shared, endpoint, body, agent, received).await {
         Ok(response) => response,
         Err(err) => {
             shared
@@ -83,10 +104,11 @@ async fn proxy(
     shared: &Arc<Shared>,
     endpoint: Endpoint,
     body: Body,
-    started: Instant,
+    agent: AgentContext,
+    received: Received,
 ) -> Result<Response, GatewayError> {
     let bytes = read_body(body, shared.config.server.max_body_bytes).await?;
-    let parsed = parse(shared, endpoint, &bytes).await?;
+    let mut parsed = parse(shared, endpoint, &bytes).await?;
     let hashes = shared.hasher.sequence(&parsed.tokens);
     let id = RequestId(shared.next_request_id());
     let mut excluded: Vec<Rank> = Vec::new();
@@ -97,6 +119,8 @@ async fn proxy(
             tokens: parsed.tokens.len() as u32,
             expected_output_tokens: parsed.expected_output_tokens,
             exclude: &excluded,
+            session_id: agent.session_id.as_deref(),
+            parent_session_id: agent.parent_session_id.as_deref(),
             ..RouteRequest::default()
         };
         let decision = match shared.route(id, &request) {
@@ -112,17 +136,31 @@ async fn proxy(
                 return Err(GatewayError::Internal(e.to_string()));
             }
         };
+        let routed = Instant::now();
         tracing::debug!(
             request = id.0,
+            session = agent.session_id.as_deref(),
             worker = %decision.rank,
             overlap_blocks = decision.overlap.device,
             event_blocks = decision.indexed.device,
             cost = ?decision.cost,
             "routed"
         );
-        let booking = Booking::new(shared.clone(), id, endpoint, &decision, started);
+        let mut booking = Booking::new(
+            shared.clone(),
+            id,
+            endpoint,
+            &decision,
+            agent.session_id.clone(),
+            received.at,
+        );
         match send(shared, endpoint, &parsed, &decision).await {
-            Ok(upstream) => return respond(upstream, parsed, booking).await,
+            Ok(upstream) => {
+                let routed_at = (received, routed);
+                booking.trace =
+                    trace_draft(shared, id, agent, routed_at, &decision, &mut parsed, hashes);
+                return respond(upstream, parsed, booking).await;
+            }
             Err(failure) => {
                 // Nothing reached the client yet: try the next best worker.
                 tracing::warn!(worker = %decision.rank, error = %failure, "engine failed before answering; retrying");
@@ -137,7 +175,43 @@ async fn proxy(
     Err(GatewayError::Upstream(last_failure))
 }
 
-async fn read_body(body: Body, limit: usize) -> Result<Bytes, GatewayError> {
+/// The trace's view of a routed request, when tracing is on.
+fn trace_draft(
+    shared: &Shared,
+    id: RequestId,
+    agent: AgentContext,
+    (received, routed): (Received, Instant),
+    decision: &Decision,
+    parsed: &mut Parsed,
+    hashes: Vec<SequenceHash>,
+) -> Option<Box<RequestDraft>> {
+    let sink = shared.trace.as_ref()?;
+    let rank = decision.rank;
+    Some(Box::new(RequestDraft::new(RequestFacts {
+        request_id: id.0,
+        model: shared.model_name.clone(),
+        agent,
+        received: received.at,
+        received_at: received.wall,
+        routed,
+        worker: WorkerRef {
+            id: rank.to_string(),
+            url: shared.workers[rank.worker.0 as usize].base_url.clone(),
+        },
+        // Others booked on the rank when this one was placed.
+        queue_depth: shared.in_flight(rank).saturating_sub(1),
+        block_size: shared.config.router.block_size,
+        prompt_tokens: parsed.tokens.len() as u64,
+        hashes: hashes.into_iter().map(|h| h.0).collect(),
+        // Already sent: the body is not needed any more.
+        body: sink
+            .include_content()
+            .then(|| std::mem::take(&mut parsed.body)),
+    })))
+}
+
+/// Read a request body up to `limit` bytes (413 past it).
+pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, GatewayError> {
     axum::body::to_bytes(body, limit).await.map_err(|err| {
         let too_large = std::error::Error::source(&err)
             .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
@@ -300,190 +374,4 @@ async fn send(
         .timeout(shared.config.server.request_timeout)
         .send()
         .await
-}
-
-async fn respond(
-    upstream: reqwest::Response,
-    parsed: Parsed,
-    mut booking: Booking,
-) -> Result<Response, GatewayError> {
-    let status = upstream.status();
-    let content_type = upstream.headers().get(header::CONTENT_TYPE).cloned();
-    if !status.is_success() {
-        let body = upstream.bytes().await.unwrap_or_default();
-        return Err(GatewayError::Engine {
-            status,
-            body,
-            content_type,
-        });
-    }
-    let worker = HeaderValue::from_str(&booking.rank.to_string()).ok();
-    booking.answered = true;
-    let mut response = if parsed.stream {
-        let state = StreamState {
-            chunks: upstream.bytes_stream().boxed(),
-            tap: SseTap::new(!parsed.wants_stream_usage),
-            booking,
-            done: false,
-        };
-        let mut r = Response::new(Body::from_stream(futures::stream::unfold(
-            state,
-            StreamState::next,
-        )));
-        r.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/event-stream"),
-        );
-        r.headers_mut()
-            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        r
-    } else {
-        let body = upstream
-            .bytes()
-            .await
-            .map_err(|e| GatewayError::Upstream(format!("engine response interrupted: {e}")))?;
-        booking.first_byte();
-        booking.usage = serde_json::from_slice::<Value>(&body)
-            .ok()
-            .and_then(|v| v.get("usage").and_then(Usage::from_json));
-        let mut r = Response::new(Body::from(body));
-        if let Some(ct) = content_type {
-            r.headers_mut().insert(header::CONTENT_TYPE, ct);
-        }
-        r
-    };
-    if let Some(worker) = worker {
-        response.headers_mut().insert("x-switchyard-worker", worker);
-    }
-    Ok(response)
-}
-
-/// A streaming response in flight. Dropping it (the client went away) drops the engine's stream,
-/// which cancels the request there, and the booking, which releases the router's load.
-struct StreamState {
-    chunks: futures::stream::BoxStream<'static, reqwest::Result<Bytes>>,
-    tap: SseTap,
-    booking: Booking,
-    done: bool,
-}
-
-impl StreamState {
-    async fn next(mut self) -> Option<(Result<Bytes, reqwest::Error>, Self)> {
-        while !self.done {
-            match self.chunks.next().await {
-                Some(Ok(chunk)) => {
-                    self.booking.first_byte();
-                    let out = self.tap.feed(&chunk);
-                    if !out.is_empty() {
-                        return Some((Ok(out), self));
-                    }
-                }
-                Some(Err(e)) => {
-                    self.booking.status = StatusCode::BAD_GATEWAY.as_u16();
-                    self.done = true;
-                    return Some((Err(e), self));
-                }
-                None => {
-                    self.done = true;
-                    let rest = self.tap.finish();
-                    self.booking.usage = self.tap.usage();
-                    if !rest.is_empty() {
-                        return Some((Ok(rest), self));
-                    }
-                }
-            }
-        }
-        None
-    }
-}
-
-/// A routed request's claim on its rank; released (and measured) when dropped.
-struct Booking {
-    shared: Arc<Shared>,
-    id: RequestId,
-    rank: Rank,
-    endpoint: Endpoint,
-    started: Instant,
-    first_byte_seen: bool,
-    status: u16,
-    usage: Option<Usage>,
-    /// A response was handed to the client: count it when the request ends.
-    answered: bool,
-}
-
-impl Booking {
-    fn new(
-        shared: Arc<Shared>,
-        id: RequestId,
-        endpoint: Endpoint,
-        decision: &Decision,
-        started: Instant,
-    ) -> Self {
-        let label = worker_label(decision.rank);
-        let bs = u64::from(shared.config.router.block_size);
-        shared.metrics.decisions.get_or_create(&label).inc();
-        shared
-            .metrics
-            .routed_overlap_tokens
-            .get_or_create(&label)
-            .inc_by(u64::from(decision.overlap.device) * bs);
-        Self {
-            shared,
-            id,
-            rank: decision.rank,
-            endpoint,
-            started,
-            first_byte_seen: false,
-            status: 200,
-            usage: None,
-            answered: false,
-        }
-    }
-
-    fn first_byte(&mut self) {
-        if !self.first_byte_seen {
-            self.first_byte_seen = true;
-            self.shared.first_token(self.id);
-            self.shared
-                .metrics
-                .ttft
-                .get_or_create(&EndpointLabels {
-                    endpoint: self.endpoint.path().into(),
-                })
-                .observe(self.started.elapsed().as_secs_f64());
-        }
-    }
-}
-
-impl Drop for Booking {
-    fn drop(&mut self) {
-        self.shared.finish(self.id);
-        if !self.answered {
-            return; // failed attempts and engine errors are counted by `handle`
-        }
-        if !self.first_byte_seen {
-            self.status = 499; // the client left before the engine answered
-        }
-        let m = &self.shared.metrics;
-        let label = worker_label(self.rank);
-        if let Some(usage) = self.usage {
-            m.prompt_tokens
-                .get_or_create(&label)
-                .inc_by(usage.prompt_tokens);
-            m.prefix_hit_tokens
-                .get_or_create(&label)
-                .inc_by(usage.cached_tokens);
-        }
-        m.requests
-            .get_or_create(&RequestLabels {
-                endpoint: self.endpoint.path().into(),
-                status: self.status,
-            })
-            .inc();
-        m.latency
-            .get_or_create(&EndpointLabels {
-                endpoint: self.endpoint.path().into(),
-            })
-            .observe(self.started.elapsed().as_secs_f64());
-    }
 }

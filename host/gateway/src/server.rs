@@ -1,16 +1,19 @@
 //! Assembling the gateway: shared state, background tasks and the HTTP routes.
 
+use crate::agent::AgentContext;
 use crate::config::{Config, rank_endpoint};
 use crate::error::GatewayError;
 use crate::events::EventMetrics;
 use crate::index::{IndexReader, spawn_index_writer};
 use crate::metrics::{Metrics, RejectLabels, worker_label};
-use crate::proxy::{Endpoint, handle};
+use crate::policies::{PolicyMetrics, PolicyRuntime};
+use crate::proxy::{Endpoint, handle, read_body};
+use crate::trace::{TraceSink, parse_tool_events};
 use crate::upstream::{Upstream, health_loop};
 use axum::Router as HttpRouter;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use std::net::SocketAddr;
@@ -19,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use switchyard_core::hash::BlockHasher;
 use switchyard_core::router::{
-    Decision, RequestId, RouteError, RouteRequest, Router, native_policy,
+    Decision, Outcome, RequestId, RouteError, RouteRequest, Router, RoutingPolicy, native_policy,
 };
 use switchyard_core::worker::Rank;
 use switchyard_kv_events::subscriber::{SubscriberConfig, SubscriberStats, run_subscriber};
@@ -37,6 +40,10 @@ pub struct Shared {
     pub(crate) workers: Arc<Vec<Upstream>>,
     pub(crate) client: reqwest::Client,
     pub(crate) metrics: Arc<Metrics>,
+    /// Where finished requests are recorded, when tracing is on.
+    pub(crate) trace: Option<TraceSink>,
+    /// Wasm routing policies, when `[policies]` is configured.
+    pub(crate) policies: Option<PolicyRuntime>,
     router: Arc<Mutex<Router>>,
     index: IndexReader,
     /// The router's clock starts here.
@@ -70,8 +77,18 @@ impl Shared {
             .read(|index| router.route(id, request, index, now))
     }
 
+    /// Requests booked on `rank` (the trace's queue depth until engines report queues).
+    pub(crate) fn in_flight(&self, rank: Rank) -> u32 {
+        self.router().load(rank).requests
+    }
+
     pub(crate) fn first_token(&self, id: RequestId) {
         self.router().first_token(id);
+    }
+
+    /// Tell the routing policy how a request it placed went.
+    pub(crate) fn observe(&self, outcome: &Outcome) {
+        self.router().observe(outcome);
     }
 
     pub(crate) fn finish(&self, id: RequestId) {
@@ -130,6 +147,14 @@ pub enum StartError {
     /// The HTTP client could not be built.
     #[error("http client: {0}")]
     Client(#[from] reqwest::Error),
+    /// The trace's first segment could not be created.
+    #[error("cannot write the trace at {path}: {source}")]
+    Trace {
+        /// The configured path.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
 }
 
 /// Start the gateway: index writer, event subscribers, health checks and the HTTP server.
@@ -145,9 +170,26 @@ pub async fn start(
         let _ = writer.await;
     });
 
-    let policy = native_policy(&config.policy).ok_or_else(|| {
-        crate::config::ConfigError::Invalid(format!("unknown policy {}", config.policy))
-    })?;
+    let model_name = config
+        .model
+        .name
+        .clone()
+        .unwrap_or_else(|| tokenizer.name().to_string());
+    let policies = match &config.policies {
+        Some(p) => Some(PolicyRuntime::start(p, &config.policy, &model_name)?),
+        None => None,
+    };
+    let policy: Box<dyn RoutingPolicy> = match &policies {
+        Some(runtime) => {
+            metrics.register_collector(Box::new(PolicyMetrics {
+                registry: runtime.registry.clone(),
+            }));
+            Box::new(runtime.policy())
+        }
+        None => native_policy(&config.policy).ok_or_else(|| {
+            crate::config::ConfigError::Invalid(format!("unknown policy {}", config.policy))
+        })?,
+    };
     let mut router = Router::new(config.router.clone(), policy);
     let workers: Vec<Upstream> = config
         .workers
@@ -195,16 +237,33 @@ pub async fn start(
         .pool_idle_timeout(Duration::from_secs(90))
         .tcp_nodelay(true)
         .build()?;
-    let model_name = config
-        .model
-        .name
-        .clone()
-        .unwrap_or_else(|| tokenizer.name().to_string());
+    // Stopped once the server has drained, so every finished request is written first.
+    let trace_stop = CancellationToken::new();
+    let trace = match &config.trace {
+        Some(t) => {
+            let (sink, writer) =
+                TraceSink::open(t, metrics.trace_dropped.clone()).map_err(|source| {
+                    StartError::Trace {
+                        path: t.path.clone(),
+                        source,
+                    }
+                })?;
+            let stop = trace_stop.clone();
+            let writer = tokio::task::spawn_blocking(move || writer.run(stop));
+            tasks.spawn(async move {
+                let _ = writer.await;
+            });
+            Some(sink)
+        }
+        None => None,
+    };
     let shared = Arc::new(Shared {
         hasher: BlockHasher::new(config.router.block_size as usize),
         workers: Arc::new(workers),
         router: Arc::new(Mutex::new(router)),
         metrics,
+        trace,
+        policies,
         client,
         model_name,
         tokenizer,
@@ -239,6 +298,7 @@ pub async fn start(
         if let Err(e) = served {
             tracing::error!(error = %e, "http server stopped");
         }
+        trace_stop.cancel();
     });
     tasks.close();
     Ok(GatewayHandle {
@@ -252,19 +312,55 @@ fn routes(shared: Arc<Shared>) -> HttpRouter {
     HttpRouter::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/v1/agent/tool_events", post(tool_events))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
+        .merge(crate::admin::routes())
         .fallback(not_found)
         .with_state(shared)
 }
 
-async fn chat_completions(State(shared): State<Arc<Shared>>, body: Body) -> Response {
-    handle(shared, Endpoint::ChatCompletions, body).await
+async fn chat_completions(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    handle(shared, Endpoint::ChatCompletions, &headers, body).await
 }
 
-async fn completions(State(shared): State<Arc<Shared>>, body: Body) -> Response {
-    handle(shared, Endpoint::Completions, body).await
+async fn completions(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    handle(shared, Endpoint::Completions, &headers, body).await
+}
+
+/// Harness tool events into the trace: `{"recorded": n}` (0 while tracing is off).
+async fn tool_events(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let bytes = match read_body(body, shared.config.server.max_body_bytes).await {
+        Ok(bytes) => bytes,
+        Err(err) => return err.into_response(),
+    };
+    let context = AgentContext::from_headers(&headers);
+    let lines = match parse_tool_events(&bytes, &context, std::time::SystemTime::now()) {
+        Ok(lines) => lines,
+        Err(message) => return GatewayError::BadRequest(message).into_response(),
+    };
+    let recorded = match &shared.trace {
+        Some(sink) => lines
+            .into_iter()
+            .map(|l| sink.record(l))
+            .filter(|ok| *ok)
+            .count(),
+        None => 0,
+    };
+    axum::Json(serde_json::json!({"recorded": recorded})).into_response()
 }
 
 async fn models(State(shared): State<Arc<Shared>>) -> Response {

@@ -1,5 +1,5 @@
-//! A tap on an engine's server-sent-event stream: forwards events unchanged, reads usage, and
-//! hides the usage chunk the gateway asked for when the client did not.
+//! A tap on an engine's server-sent-event stream: forwards events unchanged, reads usage and how
+//! the generation ended, and hides the usage chunk the gateway asked for when the client did not.
 
 use bytes::{Bytes, BytesMut};
 use serde_json::Value;
@@ -32,12 +32,113 @@ impl Usage {
     }
 }
 
+/// A tool call the model made.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ToolCall {
+    /// The call id the client answers with.
+    pub id: String,
+    /// The tool's name.
+    pub name: String,
+}
+
+/// How the first choice of a generation ended, read from the engine's chunks or body.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Finish {
+    /// `stop`, `length`, `tool_calls`, ... (`None`: the engine never said).
+    pub finish_reason: Option<String>,
+    /// Tool calls, in the order the model made them.
+    pub tool_calls: Vec<ToolCall>,
+    /// The generated text, when capturing was asked for.
+    pub text: String,
+}
+
+impl Finish {
+    /// Read a non-streamed chat or completion response.
+    pub fn from_response(body: &Value, capture_text: bool) -> Finish {
+        let mut finish = Finish::default();
+        let Some(choice) = first_choice(body) else {
+            return finish;
+        };
+        finish.read_reason(choice);
+        let message = choice.get("message");
+        if capture_text {
+            let text = message
+                .and_then(|m| m.get("content"))
+                .or(choice.get("text"));
+            finish.text = text.and_then(Value::as_str).unwrap_or_default().into();
+        }
+        let calls = message.and_then(|m| m.get("tool_calls"));
+        for call in calls.and_then(Value::as_array).into_iter().flatten() {
+            finish.tool_calls.push(ToolCall {
+                id: str_at(call, "/id").into(),
+                name: str_at(call, "/function/name").into(),
+            });
+        }
+        finish
+    }
+
+    /// Fold in one streamed chunk: tool calls arrive as deltas keyed by `index`, id and name in
+    /// the first delta of each.
+    fn read_chunk(&mut self, choice: &Value, capture_text: bool, call_slots: &mut Vec<u64>) {
+        self.read_reason(choice);
+        let delta = choice.get("delta");
+        if capture_text {
+            let text = delta.and_then(|d| d.get("content")).or(choice.get("text"));
+            self.text += text.and_then(Value::as_str).unwrap_or_default();
+        }
+        let calls = delta.and_then(|d| d.get("tool_calls"));
+        for call in calls.and_then(Value::as_array).into_iter().flatten() {
+            let index = call.get("index").and_then(Value::as_u64).unwrap_or(0);
+            let slot = match call_slots.iter().position(|&i| i == index) {
+                Some(slot) => slot,
+                None => {
+                    call_slots.push(index);
+                    self.tool_calls.push(ToolCall::default());
+                    self.tool_calls.len() - 1
+                }
+            };
+            let entry = &mut self.tool_calls[slot];
+            for (field, pointer) in [(&mut entry.id, "/id"), (&mut entry.name, "/function/name")] {
+                if field.is_empty() {
+                    *field = str_at(call, pointer).into();
+                }
+            }
+        }
+    }
+
+    fn read_reason(&mut self, choice: &Value) {
+        if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
+            self.finish_reason = Some(reason.into());
+        }
+    }
+}
+
+/// The choice with index 0 (other choices of `n > 1` are not traced).
+fn first_choice(body: &Value) -> Option<&Value> {
+    body.get("choices")?
+        .as_array()?
+        .iter()
+        .find(|c| c.get("index").and_then(Value::as_u64).unwrap_or(0) == 0)
+}
+
+fn str_at<'a>(value: &'a Value, pointer: &str) -> &'a str {
+    value
+        .pointer(pointer)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+}
+
 /// Splits a byte stream into SSE events and inspects each one.
 #[derive(Debug, Default)]
 pub struct SseTap {
     pending: BytesMut,
     hide_usage_chunk: bool,
     usage: Option<Usage>,
+    capture_text: bool,
+    finish: Finish,
+    /// Stream `index` of each entry of `finish.tool_calls`.
+    call_slots: Vec<u64>,
+    token_events: u64,
 }
 
 impl SseTap {
@@ -49,9 +150,25 @@ impl SseTap {
         }
     }
 
+    /// Also collect the generated text (for traces that include content).
+    pub fn capturing_text(mut self) -> Self {
+        self.capture_text = true;
+        self
+    }
+
     /// Usage seen so far.
     pub fn usage(&self) -> Option<Usage> {
         self.usage
+    }
+
+    /// Events that carried a choice (generated tokens or the finish) so far.
+    pub fn token_events(&self) -> u64 {
+        self.token_events
+    }
+
+    /// How the generation ended, as far as the stream said; leaves the tap's copy empty.
+    pub fn take_finish(&mut self) -> Finish {
+        std::mem::take(&mut self.finish)
     }
 
     /// Feed bytes from the engine; returns the complete events to forward.
@@ -77,7 +194,7 @@ impl SseTap {
         }
     }
 
-    /// Records usage; returns whether to forward the event.
+    /// Records usage and the finish; returns whether to forward the event.
     fn inspect(&mut self, event: &[u8]) -> bool {
         let Ok(text) = std::str::from_utf8(event) else {
             return true;
@@ -89,6 +206,11 @@ impl SseTap {
             let Ok(json) = serde_json::from_str::<Value>(data.trim()) else {
                 continue;
             };
+            if let Some(choice) = first_choice(&json) {
+                self.token_events += 1;
+                self.finish
+                    .read_chunk(choice, self.capture_text, &mut self.call_slots);
+            }
             if let Some(usage) = json.get("usage").and_then(Usage::from_json) {
                 self.usage = Some(usage);
                 let usage_only = json
@@ -157,5 +279,51 @@ mod tests {
         assert!(!out.contains("usage"));
         assert!(out.contains("[DONE]") && out.contains("\"hi\""));
         assert_eq!(tap.usage().map(|u| u.cached_tokens), Some(32));
+    }
+
+    #[test]
+    fn reads_finish_reason_text_and_streamed_tool_calls() {
+        let stream = concat!(
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Let me look.\"}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"call_1\",\"function\":{\"name\":\"read_file\",\"arguments\":\"\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"{}\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":1,\"id\":\"call_2\",\"function\":{\"name\":\"grep\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\n",
+            "data: [DONE]\n\n"
+        );
+        let mut tap = SseTap::new(false).capturing_text();
+        tap.feed(stream.as_bytes());
+        assert_eq!(tap.token_events(), 5);
+        let finish = tap.take_finish();
+        assert_eq!(finish.finish_reason.as_deref(), Some("tool_calls"));
+        assert_eq!(finish.text, "Let me look.");
+        let names: Vec<_> = finish
+            .tool_calls
+            .iter()
+            .map(|c| (c.id.as_str(), c.name.as_str()))
+            .collect();
+        assert_eq!(names, [("call_1", "read_file"), ("call_2", "grep")]);
+    }
+
+    #[test]
+    fn reads_a_non_streamed_response() {
+        let chat: Value = serde_json::from_str(
+            r#"{"choices":[{"index":0,"finish_reason":"tool_calls","message":{"content":"ok",
+                "tool_calls":[{"id":"c9","type":"function","function":{"name":"bash","arguments":"{}"}}]}}]}"#,
+        )
+        .unwrap();
+        let finish = Finish::from_response(&chat, false);
+        assert_eq!(finish.finish_reason.as_deref(), Some("tool_calls"));
+        assert_eq!(finish.text, "");
+        assert_eq!(finish.tool_calls[0].name, "bash");
+        let completion: Value = serde_json::from_str(
+            r#"{"choices":[{"index":0,"text":"abc","finish_reason":"length"}]}"#,
+        )
+        .unwrap();
+        let finish = Finish::from_response(&completion, true);
+        assert_eq!(
+            (finish.finish_reason.as_deref(), finish.text.as_str()),
+            (Some("length"), "abc")
+        );
     }
 }

@@ -1,6 +1,9 @@
 //! `switchyard`: the gateway (`serve`) and a standalone mock engine (`mock-engine`).
 
 mod embedded;
+mod replay;
+mod simulate;
+mod trace;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -70,6 +73,13 @@ enum Command {
         #[arg(long)]
         model: Option<String>,
     },
+    /// Replay a trace against simulated workers and compare routing policies.
+    Simulate(Box<simulate::SimulateArgs>),
+    /// Send a trace to a live OpenAI-compatible endpoint and measure TTFT, ITL and throughput.
+    Replay(Box<replay::ReplayArgs>),
+    /// Trace files: convert between formats and block sizes.
+    #[command(subcommand)]
+    Trace(trace::TraceCommand),
 }
 
 #[tokio::main]
@@ -87,6 +97,9 @@ async fn main() -> anyhow::Result<()> {
         on_signal.cancel();
     });
     match Cli::parse().command {
+        Command::Simulate(args) => simulate::run(*args),
+        Command::Trace(command) => trace::run(command),
+        Command::Replay(args) => replay::run(*args, shutdown).await,
         Command::Serve {
             config,
             host,

@@ -7,7 +7,7 @@
 mod policy;
 
 pub use policy::{
-    Candidate, CostWeights, KvCost, PolicyRequest, RoundRobin, RoutingPolicy, Selection,
+    Candidate, CostWeights, KvCost, Outcome, PolicyRequest, RoundRobin, RoutingPolicy, Selection,
     native_policy,
 };
 
@@ -72,6 +72,12 @@ pub struct RouteRequest<'a> {
     pub temperature: Option<f64>,
     /// Ranks not to use (they failed this request already).
     pub exclude: &'a [Rank],
+    /// Agent session the request belongs to, if known.
+    pub session_id: Option<&'a str>,
+    /// Session that spawned this one (a subagent's parent), if known.
+    pub parent_session_id: Option<&'a str>,
+    /// Scheduling priority; higher is more urgent, 0 is normal.
+    pub priority: i32,
 }
 
 /// Where a request goes, and why.
@@ -87,6 +93,8 @@ pub struct Decision {
     pub cost: Option<f64>,
     /// How many ranks were considered.
     pub candidates: usize,
+    /// Index of the chosen rank among them (what [`Outcome::candidate_index`] reports back).
+    pub candidate_index: usize,
 }
 
 /// Why a request could not be placed.
@@ -284,6 +292,11 @@ impl Router {
             blocks: request.tokens.div_ceil(block_size),
             block_size,
             weights: request.weights.unwrap_or(self.config.weights),
+            overrides: request.weights,
+            session_id: request.session_id,
+            parent_session_id: request.parent_session_id,
+            priority: request.priority,
+            osl: request.expected_output_tokens,
         };
         let temperature = request.temperature.unwrap_or(self.config.temperature);
         let (chosen, cost) = match self.policy.select(&policy_request, &candidates) {
@@ -317,6 +330,7 @@ impl Router {
             indexed: from_events[chosen],
             cost,
             candidates: candidates.len(),
+            candidate_index: chosen,
         };
         self.book(id, slots[chosen], request, &decision, now);
         Ok(decision)
@@ -332,6 +346,11 @@ impl Router {
             let load = &mut self.ranks[booking.slot].load;
             load.prefill_tokens = load.prefill_tokens.saturating_sub(booking.prefill_tokens);
         }
+    }
+
+    /// Tell the policy what happened to a request it placed (call before [`Router::finish`]).
+    pub fn observe(&mut self, outcome: &Outcome) {
+        self.policy.observe(outcome);
     }
 
     /// The request ended (finished, failed or cancelled): release what it booked.

@@ -5,6 +5,7 @@
 
 use crate::index::Overlap;
 use crate::worker::Rank;
+use std::time::Duration;
 
 /// Weights of the KV cost (agentic-serving.md section 3); any request may override them.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -32,8 +33,8 @@ impl Default for CostWeights {
 }
 
 /// The request as a policy sees it.
-#[derive(Debug, Clone, Copy)]
-pub struct PolicyRequest {
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PolicyRequest<'a> {
     /// Prompt tokens.
     pub tokens: u32,
     /// Full prompt blocks (`tokens / block_size`, rounded up: a partial block still needs a slot).
@@ -42,6 +43,16 @@ pub struct PolicyRequest {
     pub block_size: u32,
     /// Cost weights in force for this request.
     pub weights: CostWeights,
+    /// The weights the request itself asked for, if any (`weights` already includes them).
+    pub overrides: Option<CostWeights>,
+    /// Agent session the request belongs to, if known.
+    pub session_id: Option<&'a str>,
+    /// Session that spawned this one (a subagent's parent), if known.
+    pub parent_session_id: Option<&'a str>,
+    /// Scheduling priority; higher is more urgent, 0 is normal.
+    pub priority: i32,
+    /// Expected output tokens, if the caller hinted them.
+    pub osl: Option<u32>,
 }
 
 /// One rank the request may go to, with its overlap and load.
@@ -72,12 +83,38 @@ pub enum Selection {
     Reject(String),
 }
 
+/// What happened to a request a policy placed, as the caller measured it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    /// The rank it ran on.
+    pub rank: Rank,
+    /// Index of that rank among the candidates of the `select` call that placed the request
+    /// ([`Decision::candidate_index`](super::Decision::candidate_index)).
+    pub candidate_index: usize,
+    /// Session of the request, if known.
+    pub session_id: Option<String>,
+    /// Time to first token, if a token came.
+    pub ttft: Option<Duration>,
+    /// Mean inter-token latency, if two tokens or more came.
+    pub itl: Option<Duration>,
+    /// Prompt tokens the engine served from its prefix cache.
+    pub cached_tokens: u32,
+    /// Prompt tokens.
+    pub prompt_tokens: u32,
+    /// Output tokens produced.
+    pub output_tokens: u32,
+    /// Why the request failed, if it did.
+    pub error: Option<String>,
+}
+
 /// A routing decision point. Implementations: the native ones below, and Wasm components.
 pub trait RoutingPolicy: Send + std::fmt::Debug {
     /// Name for metrics and logs.
     fn name(&self) -> &str;
     /// Choose among `candidates` (never empty).
-    fn select(&mut self, request: &PolicyRequest, candidates: &[Candidate]) -> Selection;
+    fn select(&mut self, request: &PolicyRequest<'_>, candidates: &[Candidate]) -> Selection;
+    /// Feedback on a request this policy placed, once it ended (learning policies use it).
+    fn observe(&mut self, _outcome: &Outcome) {}
 }
 
 /// The KV-aware cost of agentic-serving.md section 3.
@@ -86,7 +123,7 @@ pub struct KvCost;
 
 impl KvCost {
     /// Cost of sending `request` to `c`: weighted prefill still to do plus decode load.
-    pub fn cost(request: &PolicyRequest, c: &Candidate) -> f64 {
+    pub fn cost(request: &PolicyRequest<'_>, c: &Candidate) -> f64 {
         let w = &request.weights;
         let bs = f64::from(request.block_size.max(1));
         let raw_prefill_blocks = c.active_prefill_tokens as f64 / bs + f64::from(request.blocks);
@@ -105,7 +142,7 @@ impl RoutingPolicy for KvCost {
         "kv-cost"
     }
 
-    fn select(&mut self, request: &PolicyRequest, candidates: &[Candidate]) -> Selection {
+    fn select(&mut self, request: &PolicyRequest<'_>, candidates: &[Candidate]) -> Selection {
         Selection::Costs(candidates.iter().map(|c| Self::cost(request, c)).collect())
     }
 }
@@ -121,7 +158,7 @@ impl RoutingPolicy for RoundRobin {
         "round-robin"
     }
 
-    fn select(&mut self, _request: &PolicyRequest, candidates: &[Candidate]) -> Selection {
+    fn select(&mut self, _request: &PolicyRequest<'_>, candidates: &[Candidate]) -> Selection {
         let i = self.next % candidates.len();
         self.next = self.next.wrapping_add(1);
         Selection::Pick(i)

@@ -273,3 +273,67 @@ fn approximate_ranks_learn_from_decisions() {
         .unwrap();
     assert_eq!(late.overlap.device, 0);
 }
+
+/// Session, parent session, priority and osl, as a policy saw them.
+type SeenRequest = (Option<String>, Option<String>, i32, Option<u32>);
+
+/// Records what the router passes to a policy.
+#[derive(Debug, Default)]
+struct Recorder {
+    sessions: Vec<SeenRequest>,
+    outcomes: Vec<Outcome>,
+}
+
+impl RoutingPolicy for std::sync::Arc<std::sync::Mutex<Recorder>> {
+    fn name(&self) -> &str {
+        "recorder"
+    }
+    fn select(&mut self, r: &PolicyRequest<'_>, _: &[Candidate]) -> Selection {
+        let mut me = self.lock().unwrap();
+        me.sessions.push((
+            r.session_id.map(Into::into),
+            r.parent_session_id.map(Into::into),
+            r.priority,
+            r.osl,
+        ));
+        Selection::Pick(1)
+    }
+    fn observe(&mut self, outcome: &Outcome) {
+        self.lock().unwrap().outcomes.push(outcome.clone());
+    }
+}
+
+#[test]
+fn policies_see_session_fields_and_outcomes() {
+    let index = KvIndex::new();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Recorder::default()));
+    let mut r = router(3, Box::new(seen.clone()));
+    let req = RouteRequest {
+        tokens: 16,
+        expected_output_tokens: Some(7),
+        session_id: Some("s1"),
+        parent_session_id: Some("p0"),
+        priority: -2,
+        ..RouteRequest::default()
+    };
+    let d = r.route(RequestId(1), &req, &index, ms(0)).unwrap();
+    assert_eq!(d.candidate_index, 1);
+    let outcome = Outcome {
+        rank: d.rank,
+        candidate_index: d.candidate_index,
+        session_id: Some("s1".into()),
+        ttft: Some(Duration::from_millis(12)),
+        itl: None,
+        cached_tokens: 0,
+        prompt_tokens: 16,
+        output_tokens: 7,
+        error: None,
+    };
+    r.observe(&outcome);
+    let seen = seen.lock().unwrap();
+    assert_eq!(
+        seen.sessions,
+        vec![(Some("s1".into()), Some("p0".into()), -2, Some(7))]
+    );
+    assert_eq!(seen.outcomes, vec![outcome]);
+}

@@ -1,0 +1,47 @@
+// least-load in C: the candidate with the fewest requests in flight, then the fewest decode
+// blocks; the first one on a full tie. Same policy as policies/least-load (Rust), the JS and the
+// Python examples: the conformance suite checks that they all decide alike.
+#include "router.h"
+
+void exports_router_metadata(router_policy_metadata_t *ret) {
+  // The host frees what we return (post-return), so every string is a heap copy.
+  router_string_dup(&ret->name, "least-load-c");
+  router_string_dup(&ret->version, "1.0.0");
+  router_string_dup(&ret->world_name, "router");
+  router_string_dup(&ret->wit_version, "1.0.0");
+  router_string_dup(&ret->description, "Fewest active requests, then fewest decode blocks (C)");
+  ret->extensions.ptr = NULL;
+  ret->extensions.len = 0;
+}
+
+void exports_router_select(router_request_t *req, router_workers_t *candidates,
+                           router_decision_t *ret) {
+  size_t n = candidates->active_requests.len;
+  if (candidates->active_decode_blocks.len < n) {
+    n = candidates->active_decode_blocks.len;
+  }
+  uint32_t best = 0;
+  for (size_t i = 1; i < n; i++) {
+    uint32_t req_i = candidates->active_requests.ptr[i];
+    uint32_t req_b = candidates->active_requests.ptr[best];
+    uint64_t dec_i = candidates->active_decode_blocks.ptr[i];
+    uint64_t dec_b = candidates->active_decode_blocks.ptr[best];
+    if (req_i < req_b || (req_i == req_b && dec_i < dec_b)) {
+      best = (uint32_t)i;
+    }
+  }
+  ret->tag = SWITCHYARD_POLICY_TYPES_DECISION_CHOSEN;
+  ret->val.chosen = best;
+  // Arguments are owned by the callee in the canonical ABI's C bindings.
+  router_request_free(req);
+  router_workers_free(candidates);
+}
+
+void exports_router_observe(router_outcome_t *feedback) { router_outcome_free(feedback); }
+
+double exports_router_queue_key(router_request_t *req) {
+  // Higher priority first, as the Rust SDK's default.
+  double key = -(double)req->priority;
+  router_request_free(req);
+  return key;
+}

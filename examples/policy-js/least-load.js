@@ -1,0 +1,38 @@
+// least-load in JavaScript: the candidate with the fewest requests in flight, then the fewest
+// decode blocks; the first one on a full tie. Same policy as policies/least-load (Rust) and the
+// C and Python examples: the conformance suite checks that they all decide alike.
+//
+// Bindings (componentize-js): records are objects with camelCase fields; list<u32> arrives as a
+// Uint32Array and list<u64> as a BigUint64Array (u64 values are BigInt); variants are
+// { tag, val }.
+
+export function metadata() {
+  return {
+    name: "least-load-js",
+    version: "1.0.0",
+    worldName: "router",
+    witVersion: "1.0.0",
+    description: "Fewest active requests, then fewest decode blocks (JavaScript)",
+    extensions: [],
+  };
+}
+
+export function select(req, candidates) {
+  const requests = candidates.activeRequests;
+  const decode = candidates.activeDecodeBlocks;
+  const n = Math.min(requests.length, decode.length);
+  let best = 0;
+  for (let i = 1; i < n; i++) {
+    if (requests[i] < requests[best] || (requests[i] === requests[best] && decode[i] < decode[best])) {
+      best = i;
+    }
+  }
+  return { tag: "chosen", val: best };
+}
+
+export function observe(_outcome) {}
+
+// Higher priority first, as the Rust SDK's default.
+export function queueKey(req) {
+  return -req.priority;
+}

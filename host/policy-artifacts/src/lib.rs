@@ -1,0 +1,75 @@
+//! The built-in Switchyard policies as WebAssembly components (`switchyard:policy@1.0.0`,
+//! world `router`), built from `policies/` for `wasm32-wasip2` by this crate's build script,
+//! so the gateway can load them with no extra step.
+
+/// The default KV-aware cost policy (agentic-serving.md section 3).
+pub const KV_COST: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kv-cost.wasm"));
+/// Rotates over the candidates, ignoring the cache.
+pub const ROUND_ROBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/round-robin.wasm"));
+/// Fewest active requests, then fewest decode blocks.
+pub const LEAST_LOAD: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/least-load.wasm"));
+/// Keeps a session on its worker while its KV cost is within a margin of the best.
+pub const SESSION_AFFINITY: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/session-affinity.wasm"));
+/// Thompson sampling over workers on observed TTFT.
+pub const BANDIT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/bandit.wasm"));
+
+static BUILTIN: [(&str, &[u8]); 5] = [
+    ("kv-cost", KV_COST),
+    ("round-robin", ROUND_ROBIN),
+    ("least-load", LEAST_LOAD),
+    ("session-affinity", SESSION_AFFINITY),
+    ("bandit", BANDIT),
+];
+
+/// Every built-in policy as `(name, component bytes)`; the name is also the one its
+/// `metadata()` reports.
+pub fn builtin() -> &'static [(&'static str, &'static [u8])] {
+    &BUILTIN
+}
+
+/// The built-in policy called `name`, if there is one.
+pub fn find(name: &str) -> Option<&'static [u8]> {
+    BUILTIN
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, bytes)| *bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{builtin, find};
+
+    /// A component (not a core module): `\0asm`, then the component-model layer and version.
+    const COMPONENT_HEADER: [u8; 8] = [0x00, 0x61, 0x73, 0x6d, 0x0d, 0x00, 0x01, 0x00];
+
+    #[test]
+    fn every_builtin_is_a_component() {
+        for (name, bytes) in builtin() {
+            assert!(
+                bytes.starts_with(&COMPONENT_HEADER),
+                "{name} is not a component"
+            );
+            assert!(bytes.len() < 512 * 1024, "{name} is {} bytes", bytes.len());
+        }
+    }
+
+    #[test]
+    fn names_are_unique_and_found() {
+        let names: Vec<_> = builtin().iter().map(|(n, _)| *n).collect();
+        assert_eq!(
+            names,
+            [
+                "kv-cost",
+                "round-robin",
+                "least-load",
+                "session-affinity",
+                "bandit"
+            ]
+        );
+        for name in names {
+            assert!(find(name).is_some());
+        }
+        assert!(find("no-such-policy").is_none());
+    }
+}

@@ -1,0 +1,129 @@
+//! Per-decision cost of a routing policy, native against Wasm, over 16, 64 and 256 workers, and
+//! the cost of loading (compile + check + canary) a component.
+//!
+//! `cargo bench -p switchyard-policy-host --bench policy_call`
+//! Wasm guests: the built-in `kv-cost` component when `SWITCHYARD_KV_COST_WASM` names its file,
+//! and always the inline WAT test router (`chosen(0)`, i.e. pure host overhead).
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use std::hint::black_box;
+use std::sync::Arc;
+use switchyard_core::index::Overlap;
+use switchyard_core::router::{Candidate, KvCost, PolicyRequest, RoutingPolicy};
+use switchyard_core::worker::Rank;
+use switchyard_policy_host::test_util::Router;
+use switchyard_policy_host::{EngineConfig, PolicyEngine, PolicyStats, WasmRouter};
+
+const SIZES: [u32; 3] = [16, 64, 256];
+
+fn candidates(n: u32) -> Vec<Candidate> {
+    (0..n)
+        .map(|w| Candidate {
+            rank: Rank::new(w / 2, w % 2),
+            overlap: Overlap {
+                device: (w * 7) % 13,
+                host: w % 3,
+                disk: w % 2,
+            },
+            indexed_blocks: u64::from(w) * 64,
+            active_prefill_tokens: u64::from((w * 97) % 4096),
+            active_decode_blocks: u64::from((w * 31) % 512),
+            active_requests: w % 9,
+        })
+        .collect()
+}
+
+fn request() -> PolicyRequest<'static> {
+    PolicyRequest {
+        tokens: 2048,
+        blocks: 128,
+        block_size: 16,
+        session_id: Some("bench-session"),
+        ..PolicyRequest::default()
+    }
+}
+
+/// Guests to measure: (label, bytes).
+fn guests() -> Vec<(String, Vec<u8>)> {
+    let mut guests = vec![("wat-pick-first".to_string(), Router::default().bytes())];
+    if let Ok(path) = std::env::var("SWITCHYARD_KV_COST_WASM") {
+        match std::fs::read(&path) {
+            Ok(bytes) => guests.push(("wasm-kv-cost".into(), bytes)),
+            Err(e) => eprintln!("skipping {path}: {e}"),
+        }
+    }
+    guests
+}
+
+fn decision(c: &mut Criterion) {
+    let engine = match PolicyEngine::new(EngineConfig::default()) {
+        Ok(engine) => engine,
+        Err(e) => panic!("engine: {e}"),
+    };
+    let mut group = c.benchmark_group("policy-host/select");
+    let req = request();
+    for n in SIZES {
+        let workers = candidates(n);
+        group.bench_with_input(BenchmarkId::new("native-kv-cost", n), &workers, |b, w| {
+            let mut policy = KvCost;
+            b.iter(|| black_box(policy.select(black_box(&req), black_box(w))));
+        });
+        for (label, bytes) in guests() {
+            let component = match engine.load_router(&bytes) {
+                Ok(component) => component,
+                Err(e) => panic!("{label}: {e}"),
+            };
+            let mut reused = WasmRouter::new(component.clone(), Arc::new(PolicyStats::default()));
+            group.bench_with_input(
+                BenchmarkId::new(format!("{label}/reused-store"), n),
+                &workers,
+                |b, w| {
+                    b.iter(|| black_box(reused.select(black_box(&req), black_box(w))));
+                },
+            );
+            group.bench_with_input(
+                BenchmarkId::new(format!("{label}/fresh-instance"), n),
+                &workers,
+                |b, w| {
+                    b.iter(|| {
+                        let mut fresh =
+                            WasmRouter::new(component.clone(), Arc::new(PolicyStats::default()));
+                        black_box(fresh.select(black_box(&req), black_box(w)))
+                    });
+                },
+            );
+        }
+    }
+    group.finish();
+}
+
+fn load(c: &mut Criterion) {
+    let mut group = c.benchmark_group("policy-host/load");
+    group.sample_size(10);
+    for (label, bytes) in guests() {
+        group.bench_function(BenchmarkId::new("compile-check-canary", &label), |b| {
+            b.iter(|| {
+                // A new engine each time: the engine caches compiled code by content hash.
+                let engine = match PolicyEngine::new(EngineConfig::default()) {
+                    Ok(engine) => engine,
+                    Err(e) => panic!("engine: {e}"),
+                };
+                let registry = switchyard_policy_host::PolicyRegistry::new(
+                    engine,
+                    None,
+                    &[("p", &bytes)],
+                    "m",
+                );
+                black_box(
+                    registry
+                        .load_named(switchyard_policy_host::Role::Router, "p")
+                        .is_ok(),
+                )
+            });
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, decision, load);
+criterion_main!(benches);

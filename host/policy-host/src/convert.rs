@@ -1,0 +1,143 @@
+//! Between the core's policy types and the WIT types: candidates become columns, a decision
+//! becomes a checked [`Selection`].
+
+use crate::bindings::{CostOverrides, CostWeights, Decision, Outcome, Request, Workers};
+use crate::error::PolicyError;
+use switchyard_core::router::{self, Candidate, PolicyRequest, Selection};
+
+pub(crate) fn request(r: &PolicyRequest<'_>, model: &str) -> Request {
+    let w = &r.weights;
+    let o = r.overrides.as_ref();
+    Request {
+        model: model.to_string(),
+        tokens: r.tokens,
+        blocks: r.blocks,
+        block_size: r.block_size,
+        weights: CostWeights {
+            device_credit: w.device_credit,
+            host_credit: w.host_credit,
+            disk_credit: w.disk_credit,
+            prefill_load_scale: w.prefill_load_scale,
+        },
+        overrides: CostOverrides {
+            device_credit: o.map(|o| o.device_credit),
+            host_credit: o.map(|o| o.host_credit),
+            disk_credit: o.map(|o| o.disk_credit),
+            prefill_load_scale: o.map(|o| o.prefill_load_scale),
+        },
+        session_id: r.session_id.map(Into::into),
+        parent_session_id: r.parent_session_id.map(Into::into),
+        priority: r.priority,
+        osl: r.osl,
+        extensions: Vec::new(),
+    }
+}
+
+/// Empty columns, to be filled by [`fill_workers`] (kept between calls to reuse the buffers).
+pub(crate) fn empty_workers() -> Workers {
+    Workers {
+        worker_ids: Vec::new(),
+        dp_ranks: Vec::new(),
+        device_blocks: Vec::new(),
+        host_blocks: Vec::new(),
+        disk_blocks: Vec::new(),
+        shared_blocks: Vec::new(),
+        indexed_blocks: Vec::new(),
+        active_prefill_tokens: Vec::new(),
+        active_decode_blocks: Vec::new(),
+        active_requests: Vec::new(),
+        kv_capacity_blocks: Vec::new(),
+        kv_usage: Vec::new(),
+        queue_depth: Vec::new(),
+        healthy: Vec::new(),
+        extra_columns: Vec::new(),
+        extensions: Vec::new(),
+    }
+}
+
+/// Write `candidates` into `w` as columns. The core does not know capacity, usage, queue depth
+/// or a shared tier yet: those columns carry their documented "unknown" value.
+pub(crate) fn fill_workers(w: &mut Workers, candidates: &[Candidate]) {
+    let n = candidates.len();
+    let columns_u32 = [
+        &mut w.worker_ids,
+        &mut w.dp_ranks,
+        &mut w.device_blocks,
+        &mut w.host_blocks,
+        &mut w.disk_blocks,
+        &mut w.shared_blocks,
+        &mut w.active_requests,
+        &mut w.queue_depth,
+    ];
+    for column in columns_u32 {
+        column.clear();
+        column.reserve(n);
+    }
+    for column in [
+        &mut w.indexed_blocks,
+        &mut w.active_prefill_tokens,
+        &mut w.active_decode_blocks,
+        &mut w.kv_capacity_blocks,
+    ] {
+        column.clear();
+        column.reserve(n);
+    }
+    w.kv_usage.clear();
+    w.healthy.clear();
+    for c in candidates {
+        w.worker_ids.push(c.rank.worker.0);
+        w.dp_ranks.push(c.rank.dp_rank);
+        w.device_blocks.push(c.overlap.device);
+        w.host_blocks.push(c.overlap.host);
+        w.disk_blocks.push(c.overlap.disk);
+        w.shared_blocks.push(0);
+        w.indexed_blocks.push(c.indexed_blocks);
+        w.active_prefill_tokens.push(c.active_prefill_tokens);
+        w.active_decode_blocks.push(c.active_decode_blocks);
+        w.active_requests.push(c.active_requests);
+        w.kv_capacity_blocks.push(0);
+        w.kv_usage.push(0.0);
+        w.queue_depth.push(0);
+        w.healthy.push(true);
+    }
+}
+
+pub(crate) fn outcome(o: &router::Outcome) -> Outcome {
+    Outcome {
+        worker_index: u32::try_from(o.candidate_index).unwrap_or(u32::MAX),
+        worker_id: o.rank.worker.0,
+        dp_rank: o.rank.dp_rank,
+        session_id: o.session_id.clone(),
+        ttft_ms: o.ttft.map(|d| d.as_secs_f64() * 1e3),
+        itl_ms: o.itl.map(|d| d.as_secs_f64() * 1e3),
+        cached_tokens: o.cached_tokens,
+        prompt_tokens: o.prompt_tokens,
+        output_tokens: o.output_tokens,
+        error: o.error.clone(),
+    }
+}
+
+/// Check a guest's decision against `candidates` candidates. `queue` is refused: the gateway has
+/// no queue yet, so the native policy places the request instead.
+pub(crate) fn selection(decision: Decision, candidates: usize) -> Result<Selection, PolicyError> {
+    match decision {
+        Decision::Chosen(i) if (i as usize) < candidates => Ok(Selection::Pick(i as usize)),
+        Decision::Chosen(i) => Err(PolicyError::BadOutput(format!(
+            "chose index {i} of {candidates} candidates"
+        ))),
+        Decision::Costs(costs) if costs.len() != candidates => Err(PolicyError::BadOutput(
+            format!("{} costs for {candidates} candidates", costs.len()),
+        )),
+        Decision::Costs(costs) => match costs.iter().position(|c| !c.is_finite()) {
+            Some(i) => Err(PolicyError::BadOutput(format!(
+                "cost {i} is {} (costs must be finite)",
+                costs[i]
+            ))),
+            None => Ok(Selection::Costs(costs)),
+        },
+        Decision::Queue(reason) => Err(PolicyError::BadOutput(format!(
+            "asked to queue ({reason}); the gateway has no queue yet"
+        ))),
+        Decision::Reject(reason) => Ok(Selection::Reject(reason)),
+    }
+}

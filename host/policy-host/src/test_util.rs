@@ -1,0 +1,229 @@
+//! Test fixtures (feature `test-util`): inline WAT components for the `router` world, a working
+//! policy and its broken variants, so tests need no guest toolchain.
+//!
+//! Canonical ABI notes (why the core signatures look like this): `select` and `queue-key` take
+//! more than 16 flat values, so their arguments arrive as one pointer into guest memory (the
+//! host writes them there through `realloc`); `request.tokens` sits at offset 8 of the request.
+//! Results wider than one value (`decision`, `policy-metadata`) are returned as a pointer.
+//! `observe`'s `outcome` flattens to exactly 16 values, so it arrives flat.
+
+/// Tokens that make the "sometimes" variants misbehave; the canary uses 100.
+pub const POISON_TOKENS: u32 = 13;
+
+/// Metadata a test component reports.
+#[derive(Debug, Clone, Copy)]
+pub struct Meta<'a> {
+    /// `name`.
+    pub name: &'a str,
+    /// `world-name`.
+    pub world: &'a str,
+    /// `wit-version`.
+    pub wit_version: &'a str,
+}
+
+/// A valid router's metadata.
+pub const ROUTER_META: Meta<'static> = Meta {
+    name: "test-router",
+    world: "router",
+    wit_version: "1.0.0",
+};
+
+/// `select` bodies (the argument pointer is local 0; return a pointer to the decision).
+pub mod select {
+    /// chosen(0).
+    pub const PICK_FIRST: &str = "(i32.store8 (i32.const 128) (i32.const 0)) (i32.store (i32.const 132) (i32.const 0)) (i32.const 128)";
+    /// chosen(99): out of range for the small tests.
+    pub const PICK_99: &str = "(i32.store8 (i32.const 128) (i32.const 0)) (i32.store (i32.const 132) (i32.const 99)) (i32.const 128)";
+    /// chosen(last): `workers.worker-ids` (its length at offset 172 of the arguments) follows the
+    /// 168-byte `request` record.
+    pub const PICK_LAST: &str = "(i32.store8 (i32.const 128) (i32.const 0)) (i32.store (i32.const 132) (i32.sub (i32.load offset=172 (local.get 0)) (i32.const 1))) (i32.const 128)";
+    /// costs([NaN]).
+    pub const NAN_COST: &str = "(f64.store (i32.const 2048) (f64.const nan)) (i32.store8 (i32.const 128) (i32.const 1)) (i32.store (i32.const 132) (i32.const 2048)) (i32.store (i32.const 136) (i32.const 1)) (i32.const 128)";
+}
+
+/// Run `body` first unless the request looks like the registry's canary (100 tokens), then pick
+/// the first worker: a policy that passes its canary and fails on real traffic.
+pub fn unless_canary(body: &str) -> String {
+    format!(
+        "(if (i32.ne (i32.load offset=8 (local.get 0)) (i32.const {})) (then {body})) {}",
+        crate::registry::CANARY_TOKENS,
+        select::PICK_FIRST
+    )
+}
+
+/// Run `body` first when the request has [`POISON_TOKENS`] tokens, then pick the first worker.
+pub fn when_poisoned(body: &str) -> String {
+    format!(
+        "(if (i32.eq (i32.load offset=8 (local.get 0)) (i32.const {POISON_TOKENS})) (then {body})) {}",
+        select::PICK_FIRST
+    )
+}
+
+/// Trap (`unreachable`).
+pub const TRAP: &str = "unreachable";
+/// Loop forever.
+pub const SPIN: &str = "(loop $spin (br $spin))";
+/// Grow memory by 64 MiB (past any cap the tests use), then fail like an allocator would.
+pub const GROW: &str =
+    "(if (i32.eq (memory.grow (i32.const 1024)) (i32.const -1)) (then unreachable))";
+
+/// Options for a test component.
+#[derive(Debug)]
+pub struct Router<'a> {
+    /// What `metadata` returns.
+    pub meta: Meta<'a>,
+    /// Body of the core `select` function.
+    pub select: String,
+    /// Initial memory in 64 KiB pages.
+    pub pages: u32,
+    /// Leave out the `queue-key` export.
+    pub without_queue_key: bool,
+}
+
+impl Default for Router<'_> {
+    fn default() -> Self {
+        Self {
+            meta: ROUTER_META,
+            select: select::PICK_FIRST.into(),
+            pages: 1,
+            without_queue_key: false,
+        }
+    }
+}
+
+fn escape(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("\\{b:02x}")).collect()
+}
+
+/// The metadata record at 256 and its strings from 1024.
+fn metadata_data(meta: &Meta<'_>) -> String {
+    let strings = [
+        meta.name,
+        "0.1.0",
+        meta.world,
+        meta.wit_version,
+        "a test policy",
+    ];
+    let mut record = Vec::new();
+    let mut text = Vec::new();
+    for s in strings {
+        record.extend_from_slice(&(1024 + text.len() as u32).to_le_bytes());
+        record.extend_from_slice(&(s.len() as u32).to_le_bytes());
+        text.extend_from_slice(s.as_bytes());
+    }
+    record.extend_from_slice(&0u32.to_le_bytes()); // extensions: empty list
+    record.extend_from_slice(&0u32.to_le_bytes());
+    format!(
+        "(data (i32.const 256) \"{}\") (data (i32.const 1024) \"{}\")",
+        escape(&record),
+        escape(&text)
+    )
+}
+
+const TYPES: &str = r#"
+  (type $kv' (list (tuple string string)))
+  (export $kv "extensions" (type $kv'))
+  (type $meta' (record (field "name" string) (field "version" string) (field "world-name" string)
+    (field "wit-version" string) (field "description" string) (field "extensions" $kv)))
+  (export $meta "policy-metadata" (type $meta'))
+  (type $weights' (record (field "device-credit" f64) (field "host-credit" f64)
+    (field "disk-credit" f64) (field "prefill-load-scale" f64)))
+  (export $weights "cost-weights" (type $weights'))
+  (type $overrides' (record (field "device-credit" (option f64)) (field "host-credit" (option f64))
+    (field "disk-credit" (option f64)) (field "prefill-load-scale" (option f64))))
+  (export $overrides "cost-overrides" (type $overrides'))
+  (type $request' (record (field "model" string) (field "tokens" u32) (field "blocks" u32)
+    (field "block-size" u32) (field "weights" $weights) (field "overrides" $overrides)
+    (field "session-id" (option string)) (field "parent-session-id" (option string))
+    (field "priority" s32) (field "osl" (option u32)) (field "extensions" $kv)))
+  (export $request "request" (type $request'))
+  (type $workers' (record (field "worker-ids" (list u32)) (field "dp-ranks" (list u32))
+    (field "device-blocks" (list u32)) (field "host-blocks" (list u32))
+    (field "disk-blocks" (list u32)) (field "shared-blocks" (list u32))
+    (field "indexed-blocks" (list u64)) (field "active-prefill-tokens" (list u64))
+    (field "active-decode-blocks" (list u64)) (field "active-requests" (list u32))
+    (field "kv-capacity-blocks" (list u64)) (field "kv-usage" (list f32))
+    (field "queue-depth" (list u32)) (field "healthy" (list bool))
+    (field "extra-columns" (list (tuple string (list f64)))) (field "extensions" $kv)))
+  (export $workers "workers" (type $workers'))
+  (type $decision' (variant (case "chosen" u32) (case "costs" (list f64)) (case "queue" string)
+    (case "reject" string)))
+  (export $decision "decision" (type $decision'))
+  (type $outcome' (record (field "worker-index" u32) (field "worker-id" u32) (field "dp-rank" u32)
+    (field "session-id" (option string)) (field "ttft-ms" (option f64)) (field "itl-ms" (option f64))
+    (field "cached-tokens" u32) (field "prompt-tokens" u32) (field "output-tokens" u32)
+    (field "error" (option string))))
+  (export $outcome "outcome" (type $outcome'))
+"#;
+
+impl Router<'_> {
+    /// The component, as WAT text.
+    pub fn wat(&self) -> String {
+        let queue_key_export = if self.without_queue_key {
+            ""
+        } else {
+            r#"(func (export "queue-key") (param "req" $request) (result f64)
+    (canon lift (core func $i "queue-key") (memory (core memory $i "memory")) (realloc (core func $i "realloc"))))"#
+        };
+        format!(
+            r#"(component
+  (core module $m
+    (memory (export "memory") {pages})
+    (global $heap (mut i32) (i32.const 8192))
+    (func (export "realloc") (param i32 i32 i32 i32) (result i32)
+      (local $p i32)
+      (local.set $p (i32.and (i32.add (global.get $heap) (i32.sub (local.get 2) (i32.const 1)))
+        (i32.sub (i32.const 0) (local.get 2))))
+      (global.set $heap (i32.add (local.get $p) (local.get 3)))
+      (if (i32.gt_u (global.get $heap) (i32.mul (memory.size) (i32.const 65536)))
+        (then (drop (memory.grow (i32.const 1)))))
+      (local.get $p))
+    (func (export "metadata") (result i32) (i32.const 256))
+    (func (export "select") (param i32) (result i32)
+      (global.set $heap (i32.const 8192))
+      {select})
+    (func (export "observe") (param i32 i32 i32 i32 i32 i32 i32 f64 i32 f64 i32 i32 i32 i32 i32 i32))
+    (func (export "queue-key") (param i32) (result f64)
+      (global.set $heap (i32.const 8192))
+      (f64.convert_i32_u (i32.load offset=8 (local.get 0))))
+    {data})
+  (core instance $i (instantiate $m))
+  {TYPES}
+  (func (export "metadata") (result $meta)
+    (canon lift (core func $i "metadata") (memory (core memory $i "memory")) (realloc (core func $i "realloc"))))
+  (func (export "select") (param "req" $request) (param "candidates" $workers) (result $decision)
+    (canon lift (core func $i "select") (memory (core memory $i "memory")) (realloc (core func $i "realloc"))))
+  (func (export "observe") (param "feedback" $outcome)
+    (canon lift (core func $i "observe") (memory (core memory $i "memory")) (realloc (core func $i "realloc"))))
+  {queue_key_export}
+)"#,
+            pages = self.pages,
+            select = self.select,
+            data = metadata_data(&self.meta),
+        )
+    }
+
+    /// The component's bytes.
+    pub fn bytes(&self) -> Vec<u8> {
+        parse(&self.wat())
+    }
+}
+
+/// A component of the `admission` world's shape (it exports `tick`, not `select`).
+pub fn admission_component() -> Vec<u8> {
+    parse(
+        r#"(component
+  (core module $m (func (export "tick") (result i32) (i32.const 0)))
+  (core instance $i (instantiate $m))
+  (func (export "tick") (result u32) (canon lift (core func $i "tick")))
+)"#,
+    )
+}
+
+/// Assemble fixture WAT; the fixtures are constants, so a failure is a bug in this module.
+fn parse(text: &str) -> Vec<u8> {
+    match wat::parse_str(text) {
+        Ok(bytes) => bytes,
+        Err(e) => panic!("fixture WAT does not parse: {e}"),
+    }
+}

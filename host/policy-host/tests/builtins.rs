@@ -1,0 +1,163 @@
+//! The built-in guests (`switchyard-policy-artifacts`) through the real host: the Wasm `kv-cost`
+//! agrees with the native `KvCost` on random inputs, and every guest passes one conformance
+//! suite.
+
+use proptest::prelude::*;
+use std::sync::Arc;
+use switchyard_core::index::Overlap;
+use switchyard_core::router::{
+    Candidate, CostWeights, KvCost, Outcome, PolicyRequest, RoutingPolicy, Selection,
+};
+use switchyard_core::worker::Rank;
+use switchyard_policy_host::{EngineConfig, PolicyEngine, PolicyStats, WasmRouter};
+
+fn engine() -> PolicyEngine {
+    PolicyEngine::new(EngineConfig::default()).unwrap()
+}
+
+fn router(bytes: &[u8]) -> WasmRouter {
+    let component = engine().load_router(bytes).unwrap();
+    WasmRouter::new(component, Arc::new(PolicyStats::default()))
+}
+
+/// The cheapest index, ties to the lowest: how both answers are compared.
+fn cheapest(selection: &Selection) -> usize {
+    match selection {
+        Selection::Pick(i) => *i,
+        Selection::Costs(costs) => costs
+            .iter()
+            .enumerate()
+            .min_by(|a, b| a.1.total_cmp(b.1))
+            .map(|(i, _)| i)
+            .unwrap(),
+        Selection::Reject(reason) => panic!("rejected: {reason}"),
+    }
+}
+
+fn candidate() -> impl Strategy<Value = Candidate> {
+    (
+        0u32..64,
+        0u32..4,
+        (0u32..200, 0u32..200, 0u32..200),
+        0u64..100_000,
+        0u64..50_000,
+        0u64..5_000,
+        0u32..64,
+    )
+        .prop_map(
+            |(w, dp, (device, host, disk), indexed, prefill, decode, reqs)| Candidate {
+                rank: Rank::new(w, dp),
+                overlap: Overlap { device, host, disk },
+                indexed_blocks: indexed,
+                active_prefill_tokens: prefill,
+                active_decode_blocks: decode,
+                active_requests: reqs,
+            },
+        )
+}
+
+fn weights() -> impl Strategy<Value = CostWeights> {
+    (0.0f64..2.0, 0.0f64..2.0, 0.0f64..2.0, 0.0f64..4.0).prop_map(|(d, h, k, s)| CostWeights {
+        device_credit: d,
+        host_credit: h,
+        disk_credit: k,
+        prefill_load_scale: s,
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn wasm_kv_cost_decides_like_the_native_one(
+        candidates in prop::collection::vec(candidate(), 1..48),
+        tokens in 1u32..20_000,
+        block_size in prop::sample::select(vec![1u32, 16, 32, 64]),
+        weights in weights(),
+    ) {
+        thread_local! {
+            static WASM: std::cell::RefCell<WasmRouter> =
+                std::cell::RefCell::new(router(switchyard_policy_artifacts::KV_COST));
+        }
+        let request = PolicyRequest {
+            tokens,
+            blocks: tokens.div_ceil(block_size),
+            block_size,
+            weights,
+            ..PolicyRequest::default()
+        };
+        let native = KvCost.select(&request, &candidates);
+        let wasm = WASM.with(|r| r.borrow_mut().select(&request, &candidates));
+        let fallbacks = WASM.with(|r| r.borrow().stats().snapshot().fallbacks_total());
+        prop_assert_eq!(fallbacks, 0);
+        prop_assert_eq!(cheapest(&wasm), cheapest(&native), "wasm {:?} native {:?}", wasm, native);
+        if let (Selection::Costs(w), Selection::Costs(n)) = (&wasm, &native) {
+            for (a, b) in w.iter().zip(n) {
+                prop_assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "{} vs {}", a, b);
+            }
+        }
+    }
+}
+
+fn candidates(n: u32) -> Vec<Candidate> {
+    (0..n)
+        .map(|w| Candidate {
+            rank: Rank::new(w, 0),
+            overlap: Overlap {
+                device: (w * 3) % 7,
+                ..Overlap::default()
+            },
+            indexed_blocks: u64::from(w),
+            active_prefill_tokens: u64::from(w * 10),
+            active_decode_blocks: u64::from(w % 4),
+            active_requests: w % 3,
+        })
+        .collect()
+}
+
+/// What every guest must do: load with matching metadata, answer a valid decision for 1 to 256
+/// workers with no fallback, accept feedback, and give a finite queue key.
+#[test]
+fn every_builtin_guest_conforms() {
+    let engine = engine();
+    for (name, bytes) in switchyard_policy_artifacts::builtin() {
+        let component = engine
+            .load_router(bytes)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(component.metadata().name, *name);
+        assert_eq!(component.metadata().world, "router");
+        let mut policy = WasmRouter::new(component, Arc::new(PolicyStats::default()));
+        for n in [1, 2, 16, 256] {
+            let workers = candidates(n);
+            for round in 0..4 {
+                let request = PolicyRequest {
+                    tokens: 64 + round * 100,
+                    blocks: (64 + round * 100).div_ceil(16),
+                    block_size: 16,
+                    session_id: Some("conformance"),
+                    ..PolicyRequest::default()
+                };
+                let selection = policy.select(&request, &workers);
+                assert!(
+                    cheapest(&selection) < workers.len(),
+                    "{name}: {selection:?}"
+                );
+                policy.observe(&Outcome {
+                    rank: workers[0].rank,
+                    candidate_index: 0,
+                    session_id: Some("conformance".into()),
+                    ttft: Some(std::time::Duration::from_millis(20)),
+                    itl: Some(std::time::Duration::from_millis(5)),
+                    cached_tokens: 32,
+                    prompt_tokens: request.tokens,
+                    output_tokens: 8,
+                    error: None,
+                });
+                let key = policy.queue_key(&request).unwrap();
+                assert!(key.is_finite(), "{name}: queue key {key}");
+            }
+        }
+        let stats = policy.stats().snapshot();
+        assert_eq!(stats.fallbacks_total(), 0, "{name}: {stats:?}");
+    }
+}

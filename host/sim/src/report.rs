@@ -1,0 +1,174 @@
+//! The report of one `simulate` command: its JSON schema and its terminal table.
+//!
+//! `docs/simulate.md` documents every field; keep the two in step.
+
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+
+/// Schema name of [`Report`].
+pub const REPORT_SCHEMA: &str = "switchyard.simulate.report.v1";
+
+/// Every run of one command.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// [`REPORT_SCHEMA`].
+    pub schema: String,
+    /// The trace simulated.
+    pub trace: String,
+    /// One per policy and concurrency, in command-line order.
+    pub runs: Vec<RunReport>,
+}
+
+/// One policy at one concurrency.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunReport {
+    /// Routing policy.
+    pub policy: String,
+    /// Root sessions in flight at most; `null`: unlimited.
+    pub concurrency: Option<usize>,
+    /// Simulated workers.
+    pub workers: usize,
+    /// Arrival and gap speed-up.
+    pub speedup: f64,
+    /// Tokens per KV block.
+    pub block_size: u32,
+    /// Requests finished.
+    pub requests: u64,
+    /// Requests that could not be placed or admitted (e.g. longer than a worker's cache).
+    pub failed_requests: u64,
+    /// Virtual seconds from the first send to the last finish.
+    pub duration_s: f64,
+    /// Time to first token, from the send.
+    pub ttft_ms: LatencyStats,
+    /// Inter-token latency, one value per request: decode time / (output tokens - 1).
+    pub itl_ms: LatencyStats,
+    /// End to end, send to last token.
+    pub e2e_ms: LatencyStats,
+    /// Output tokens per virtual second.
+    pub output_tokens_per_s: f64,
+    /// Requests finished per virtual second.
+    pub requests_per_s: f64,
+    /// Mean over multi-request sessions of their requests per minute; `null` without such.
+    pub agent_steps_per_min: Option<f64>,
+    /// Cached prompt tokens / prompt tokens, as the engines counted them.
+    pub prefix_hit_ratio: f64,
+    /// Prompt tokens of finished requests.
+    pub prompt_tokens: u64,
+    /// Of those, found in the prefix cache.
+    pub cached_tokens: u64,
+    /// Prompt tokens prefilled although some worker had computed them before.
+    pub recomputed_tokens: u64,
+    /// TTFT distribution: `[ms, cumulative fraction]` at 101 evenly spaced fractions.
+    pub ttft_cdf: Vec<(f64, f64)>,
+    /// Per-worker KV utilization over time.
+    pub kv_utilization: KvUtilization,
+}
+
+/// Mean and percentiles, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LatencyStats {
+    /// Values.
+    pub count: u64,
+    /// Mean.
+    pub mean: f64,
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+/// KV blocks in use / KV blocks, per worker, sampled every `interval_s` from time 0.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KvUtilization {
+    /// Seconds between samples.
+    pub interval_s: f64,
+    /// `workers[w][i]`: worker `w` at `i * interval_s`.
+    pub workers: Vec<Vec<f64>>,
+}
+
+impl KvUtilization {
+    /// Mean over workers at each sample.
+    pub fn mean(&self) -> Vec<f64> {
+        let samples = self.workers.iter().map(Vec::len).max().unwrap_or(0);
+        (0..samples)
+            .map(|i| {
+                let values: Vec<f64> = self
+                    .workers
+                    .iter()
+                    .filter_map(|w| w.get(i).copied())
+                    .collect();
+                values.iter().sum::<f64>() / values.len().max(1) as f64
+            })
+            .collect()
+    }
+}
+
+impl RunReport {
+    /// Short column label: `policy@concurrency`, and `xN` when arrivals are sped up.
+    pub fn label(&self) -> String {
+        let concurrency = self
+            .concurrency
+            .map_or_else(|| "unlimited".to_owned(), |c| c.to_string());
+        let label = format!("{}@{concurrency}", self.policy);
+        if self.speedup == 1.0 {
+            label
+        } else {
+            format!("{label} x{}", self.speedup)
+        }
+    }
+}
+
+/// A table row: its name and how to format a run's value.
+type Metric = (&'static str, fn(&RunReport) -> String);
+
+impl Report {
+    /// Runs side by side: one column per run, one row per metric.
+    pub fn table(&self) -> String {
+        let labels: Vec<String> = self.runs.iter().map(RunReport::label).collect();
+        let rows: Vec<Metric> = vec![
+            ("requests", |r| format!("{}", r.requests)),
+            ("failed", |r| format!("{}", r.failed_requests)),
+            ("TTFT mean ms", |r| format!("{:.1}", r.ttft_ms.mean)),
+            ("TTFT p50 ms", |r| format!("{:.1}", r.ttft_ms.p50)),
+            ("TTFT p90 ms", |r| format!("{:.1}", r.ttft_ms.p90)),
+            ("TTFT p99 ms", |r| format!("{:.1}", r.ttft_ms.p99)),
+            ("ITL p50 ms", |r| format!("{:.2}", r.itl_ms.p50)),
+            ("ITL p99 ms", |r| format!("{:.2}", r.itl_ms.p99)),
+            ("E2E p50 ms", |r| format!("{:.0}", r.e2e_ms.p50)),
+            ("E2E p99 ms", |r| format!("{:.0}", r.e2e_ms.p99)),
+            ("output tok/s", |r| format!("{:.0}", r.output_tokens_per_s)),
+            ("requests/s", |r| format!("{:.2}", r.requests_per_s)),
+            ("agent steps/min", |r| {
+                r.agent_steps_per_min
+                    .map_or_else(|| "-".to_owned(), |v| format!("{v:.2}"))
+            }),
+            ("prefix hit ratio", |r| format!("{:.3}", r.prefix_hit_ratio)),
+            ("recomputed Mtok", |r| {
+                format!("{:.1}", r.recomputed_tokens as f64 / 1e6)
+            }),
+            ("mean KV util", |r| {
+                let mean = r.kv_utilization.mean();
+                format!("{:.2}", mean.iter().sum::<f64>() / mean.len().max(1) as f64)
+            }),
+        ];
+        let width = labels.iter().map(String::len).max().unwrap_or(0).max(10);
+        let mut out = String::new();
+        let _ = write!(out, "{:<18}", "");
+        for label in &labels {
+            let _ = write!(out, " {label:>width$}");
+        }
+        out.push('\n');
+        for (name, value) in &rows {
+            let _ = write!(out, "{name:<18}");
+            for run in &self.runs {
+                let _ = write!(out, " {:>width$}", value(run));
+            }
+            out.push('\n');
+        }
+        out
+    }
+}

@@ -1,0 +1,466 @@
+//! The discrete-event simulation: sessions, the router and simulated workers on a virtual clock.
+//!
+//! Every decision is the gateway's: requests are hashed with [`BlockHasher`] and placed by
+//! [`Router::route`]; `first_token` and `finish` are called when the engine's tokens arrive, as
+//! the gateway's stream does; the index changes only through the workers' published KV events.
+//! The simulator itself decides nothing but *when* things happen.
+
+use crate::metrics::{Outcome, RequestRecord};
+use crate::queue::EventQueue;
+use crate::tokens;
+use crate::worker::{Published, SimWorker};
+use crate::workload::Workload;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::Duration;
+use switchyard_core::engine::{EngineConfig, EngineModel, EngineRequest, TokenOut};
+use switchyard_core::hash::{BlockHasher, SequenceHash};
+use switchyard_core::index::KvIndex;
+use switchyard_core::router::{
+    RequestId, RouteRequest, Router, RouterConfig, RoutingPolicy, native_policy,
+};
+use switchyard_core::worker::Rank;
+
+/// What to simulate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimConfig {
+    /// Simulated workers (one rank each).
+    pub workers: usize,
+    /// Every worker's engine; its `block_size` must be the workload's.
+    pub engine: EngineConfig,
+    /// Router settings; `block_size` and `seed` are taken from the engine and `seed` below.
+    pub router: RouterConfig,
+    /// Routing policy, by its native name (`kv-cost`, `round-robin`).
+    pub policy: String,
+    /// Most root sessions in flight; later arrivals wait, first come first served.
+    pub concurrency: Option<usize>,
+    /// Arrival times and gaps are divided by this.
+    pub speedup: f64,
+    /// How long a KV event batch takes from the engine to the index.
+    pub event_delay: Duration,
+    /// How often each worker's KV utilization is sampled.
+    pub sample_interval: Duration,
+    /// Seeds the router's tie-breaking.
+    pub seed: u64,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            workers: 8,
+            engine: EngineConfig::default(),
+            router: RouterConfig::default(),
+            policy: "kv-cost".to_owned(),
+            concurrency: None,
+            speedup: 1.0,
+            event_delay: Duration::from_millis(5),
+            sample_interval: Duration::from_secs(1),
+            seed: 0x5717_c4ad,
+        }
+    }
+}
+
+/// Why a simulation could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// Not a native policy.
+    #[error("unknown routing policy `{0}`")]
+    UnknownPolicy(String),
+    /// The engine settings are invalid.
+    #[error(transparent)]
+    Engine(#[from] switchyard_core::engine::ConfigError),
+    /// The workload's block size differs from the engine's.
+    #[error("the workload has {workload}-token blocks, the engines {engine}; convert the workload")]
+    BlockSize {
+        /// Workload block size.
+        workload: u32,
+        /// Engine block size.
+        engine: usize,
+    },
+    /// Nothing to run or nowhere to run it.
+    #[error("invalid setting: {0}")]
+    Invalid(&'static str),
+}
+
+#[derive(Debug)]
+enum Event {
+    /// A root session's first request is due (subject to the concurrency cap).
+    Arrive(usize),
+    /// Send request `request` of session `session`.
+    Send { session: usize, request: usize },
+    /// Worker `w` may start a step.
+    Wake(usize),
+    /// Worker `w`'s step in progress ends.
+    StepEnd(usize),
+    /// A KV event message reaches the index.
+    KvEvents(usize, Published),
+}
+
+#[derive(Debug, Default)]
+struct SessionState {
+    /// Joining children still running.
+    pending_joins: usize,
+    /// When the session may take its next step (its last request's or joined children's end).
+    ready: Duration,
+    /// Index of the request in flight, or of the last one finished.
+    current: usize,
+    /// The request `current` is in flight.
+    in_flight: bool,
+}
+
+/// One run of a workload under one configuration.
+#[derive(Debug)]
+pub struct Simulation<'w> {
+    workload: &'w Workload,
+    config: SimConfig,
+    router: Router,
+    index: KvIndex,
+    hasher: BlockHasher,
+    workers: Vec<SimWorker>,
+    queue: EventQueue<Event>,
+    sessions: Vec<SessionState>,
+    /// Children of each session by the request that spawns them.
+    children: HashMap<(usize, usize), Vec<usize>>,
+    parent_of: Vec<Option<usize>>,
+    roots_in_flight: usize,
+    roots_waiting: VecDeque<usize>,
+    records: Vec<RequestRecord>,
+    /// Prompt hashes of requests not admitted yet, for the recompute count.
+    unadmitted: HashMap<u64, Vec<SequenceHash>>,
+    /// Every block some worker has computed, to tell recomputation from first computation.
+    computed: HashSet<SequenceHash>,
+    recomputed_tokens: u64,
+    kv_samples: Vec<Vec<f64>>,
+    next_sample: Duration,
+}
+
+impl<'w> Simulation<'w> {
+    /// A simulation of `workload` under `config`, ready to [`run`](Self::run).
+    pub fn new(workload: &'w Workload, config: SimConfig) -> Result<Self, SimError> {
+        let policy = native_policy(&config.policy)
+            .ok_or_else(|| SimError::UnknownPolicy(config.policy.clone()))?;
+        Self::with_policy(workload, config, policy)
+    }
+
+    /// A simulation whose router uses `policy` (a Wasm component, or an instrumented one);
+    /// `config.policy` is ignored and the report names `policy.name()`.
+    pub fn with_policy(
+        workload: &'w Workload,
+        mut config: SimConfig,
+        policy: Box<dyn RoutingPolicy>,
+    ) -> Result<Self, SimError> {
+        config.policy = policy.name().to_owned();
+        if workload.block_size as usize != config.engine.block_size {
+            return Err(SimError::BlockSize {
+                workload: workload.block_size,
+                engine: config.engine.block_size,
+            });
+        }
+        let speedup_ok = config.speedup.is_finite() && config.speedup > 0.0;
+        if config.workers == 0 || !speedup_ok || config.concurrency == Some(0) {
+            return Err(SimError::Invalid(
+                "workers, speedup and concurrency must be positive",
+            ));
+        }
+        if config.sample_interval.is_zero() {
+            return Err(SimError::Invalid("sample_interval must be positive"));
+        }
+        let router_config = RouterConfig {
+            block_size: workload.block_size,
+            seed: config.seed,
+            ..config.router.clone()
+        };
+        let mut router = Router::new(router_config, policy);
+        let mut workers = Vec::with_capacity(config.workers);
+        for w in 0..config.workers {
+            let rank = Rank::new(w as u32, 0);
+            router.add_rank(rank, false);
+            workers.push(SimWorker::new(
+                rank,
+                EngineModel::new(config.engine.clone())?,
+            ));
+        }
+        let ids: HashMap<&str, usize> = workload
+            .sessions
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.id.as_str(), i))
+            .collect();
+        let mut children: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
+        let mut parent_of = vec![None; workload.sessions.len()];
+        let mut queue = EventQueue::new();
+        for (i, session) in workload.sessions.iter().enumerate() {
+            let parent = session.parent.as_deref().and_then(|p| ids.get(p));
+            match (parent, session.spawn) {
+                (Some(&p), Some(spawn)) => {
+                    children.entry((p, spawn.after)).or_default().push(i);
+                    parent_of[i] = Some(p);
+                }
+                _ => {
+                    let first_gap = session.requests.first().map_or(Duration::ZERO, |r| r.gap);
+                    let at = (session.start + first_gap).div_f64(config.speedup);
+                    queue.push(at, Event::Arrive(i));
+                }
+            }
+        }
+        Ok(Self {
+            hasher: BlockHasher::new(workload.block_size as usize),
+            sessions: (0..workload.sessions.len())
+                .map(|_| SessionState::default())
+                .collect(),
+            kv_samples: vec![Vec::new(); config.workers],
+            workload,
+            config,
+            router,
+            index: KvIndex::new(),
+            workers,
+            queue,
+            children,
+            parent_of,
+            roots_in_flight: 0,
+            roots_waiting: VecDeque::new(),
+            records: Vec::with_capacity(workload.request_count()),
+            unadmitted: HashMap::new(),
+            computed: HashSet::new(),
+            recomputed_tokens: 0,
+            next_sample: Duration::ZERO,
+        })
+    }
+
+    /// Run to completion; `progress` hears of every request that ends (finished or failed).
+    pub fn run(mut self, progress: &mut dyn FnMut()) -> Outcome {
+        while let Some((now, event)) = self.queue.pop() {
+            self.sample_until(now);
+            match event {
+                Event::Arrive(session) => self.arrive(session, now),
+                Event::Send { session, request } => self.send(session, request, now, progress),
+                Event::Wake(w) if self.workers[w].step.is_none() => self.start_step(w, now),
+                Event::Wake(_) => {}
+                Event::StepEnd(w) => self.end_step(w, now, progress),
+                Event::KvEvents(w, message) => {
+                    for op in self.workers[w].ingest(&message) {
+                        self.index.apply(&op);
+                    }
+                }
+            }
+        }
+        Outcome {
+            policy: self.config.policy,
+            workers: self.config.workers,
+            concurrency: self.config.concurrency,
+            speedup: self.config.speedup,
+            block_size: self.workload.block_size,
+            records: self.records,
+            recomputed_tokens: self.recomputed_tokens,
+            sample_interval: self.config.sample_interval,
+            kv_samples: self.kv_samples,
+        }
+    }
+
+    fn arrive(&mut self, session: usize, now: Duration) {
+        if self
+            .config
+            .concurrency
+            .is_some_and(|cap| self.roots_in_flight >= cap)
+        {
+            self.roots_waiting.push_back(session);
+            return;
+        }
+        self.roots_in_flight += 1;
+        self.queue.push(
+            now,
+            Event::Send {
+                session,
+                request: 0,
+            },
+        );
+    }
+
+    fn send(&mut self, s: usize, k: usize, now: Duration, progress: &mut dyn FnMut()) {
+        let Some(request) = self.workload.sessions[s].requests.get(k) else {
+            self.session_done(s, now);
+            return;
+        };
+        let id = self.records.len() as u64;
+        let prompt = tokens::prompt(
+            &request.hash_ids,
+            self.workload.block_size,
+            request.input_tokens,
+            id,
+        );
+        let hashes = self.hasher.sequence(&prompt);
+        let max_tokens = request.output_tokens.max(1);
+        self.sessions[s].current = k;
+        self.sessions[s].in_flight = true;
+        self.records
+            .push(RequestRecord::new(s, k, now, &prompt, max_tokens));
+        let route = RouteRequest {
+            hashes: &hashes,
+            tokens: prompt.len() as u32,
+            expected_output_tokens: Some(max_tokens),
+            ..RouteRequest::default()
+        };
+        let worker = match self.router.route(RequestId(id), &route, &self.index, now) {
+            Ok(decision) => decision.rank.worker.0 as usize,
+            Err(_) => return self.request_done(id, now, progress),
+        };
+        let engine_request = EngineRequest {
+            id,
+            prompt,
+            max_tokens,
+        };
+        if self.workers[worker]
+            .engine
+            .add_request(engine_request)
+            .is_err()
+        {
+            return self.request_done(id, now, progress);
+        }
+        self.records[id as usize].worker = Some(worker);
+        self.unadmitted.insert(id, hashes);
+        self.queue.push(now, Event::Wake(worker));
+    }
+
+    fn start_step(&mut self, w: usize, now: Duration) {
+        let worker = &mut self.workers[w];
+        if !worker.engine.has_work() {
+            return;
+        }
+        let step = worker.engine.step();
+        let block_size = self.workload.block_size as usize;
+        for admitted in &step.admitted {
+            let record = &mut self.records[admitted.id as usize];
+            record.admitted = Some(now);
+            record.cached_tokens = admitted.cached_tokens as u32;
+            let hashes = self.unadmitted.remove(&admitted.id).unwrap_or_default();
+            let cached_blocks = admitted.cached_tokens / block_size;
+            for hash in hashes.iter().skip(cached_blocks) {
+                if self.computed.contains(hash) {
+                    self.recomputed_tokens += block_size as u64;
+                }
+            }
+            self.computed.extend(hashes);
+        }
+        self.queue.push(now + step.duration, Event::StepEnd(w));
+        self.workers[w].step = Some((now, step));
+    }
+
+    fn end_step(&mut self, w: usize, now: Duration, progress: &mut dyn FnMut()) {
+        let Some((_, step)) = self.workers[w].step.take() else {
+            return;
+        };
+        for TokenOut {
+            id,
+            first,
+            finished,
+            ..
+        } in step.outputs
+        {
+            let request = RequestId(id);
+            if first {
+                self.records[id as usize].first_token = Some(now);
+                self.router.first_token(request);
+            }
+            if finished {
+                self.records[id as usize].finished = Some(now);
+                self.router.finish(request, now);
+                self.request_done(id, now, progress);
+            }
+        }
+        if !step.events.is_empty() {
+            let message = self.workers[w].publish(step.events, now);
+            self.queue
+                .push(now + self.config.event_delay, Event::KvEvents(w, message));
+        }
+        self.start_step(w, now);
+    }
+
+    /// Request `id` ended (finished or failed): spawn its sub-agents and continue its session.
+    fn request_done(&mut self, id: u64, now: Duration, progress: &mut dyn FnMut()) {
+        progress();
+        let (s, k) = {
+            let record = &self.records[id as usize];
+            (record.session, record.request)
+        };
+        let state = &mut self.sessions[s];
+        state.in_flight = false;
+        state.ready = now;
+        for &child in self.children.get(&(s, k)).into_iter().flatten() {
+            let session = &self.workload.sessions[child];
+            if session.spawn.is_some_and(|spawn| spawn.join) {
+                self.sessions[s].pending_joins += 1;
+            }
+            let gap = session.requests.first().map_or(Duration::ZERO, |r| r.gap);
+            let at = now + (session.start + gap).div_f64(self.config.speedup);
+            self.queue.push(
+                at,
+                Event::Send {
+                    session: child,
+                    request: 0,
+                },
+            );
+        }
+        self.continue_session(s);
+    }
+
+    /// Send the session's next request once its last one and every joining child are done.
+    fn continue_session(&mut self, s: usize) {
+        let state = &self.sessions[s];
+        if state.in_flight || state.pending_joins > 0 {
+            return;
+        }
+        let next = state.current + 1;
+        let ready = state.ready;
+        match self.workload.sessions[s].requests.get(next) {
+            Some(request) => {
+                let at = ready + request.gap.div_f64(self.config.speedup);
+                self.sessions[s].in_flight = true;
+                self.queue.push(
+                    at,
+                    Event::Send {
+                        session: s,
+                        request: next,
+                    },
+                );
+            }
+            None => self.session_done(s, ready),
+        }
+    }
+
+    fn session_done(&mut self, s: usize, now: Duration) {
+        let joins = self.workload.sessions[s]
+            .spawn
+            .is_some_and(|spawn| spawn.join);
+        match self.parent_of[s] {
+            Some(parent) if joins => {
+                let state = &mut self.sessions[parent];
+                state.pending_joins -= 1;
+                state.ready = state.ready.max(now);
+                self.continue_session(parent);
+            }
+            Some(_) => {}
+            None => {
+                self.roots_in_flight -= 1;
+                if let Some(next) = self.roots_waiting.pop_front() {
+                    self.roots_in_flight += 1;
+                    self.queue.push(
+                        now,
+                        Event::Send {
+                            session: next,
+                            request: 0,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    /// Record KV utilization at every sample time up to `now` (it only changes at events).
+    fn sample_until(&mut self, now: Duration) {
+        while self.next_sample <= now {
+            for (samples, worker) in self.kv_samples.iter_mut().zip(&self.workers) {
+                samples.push(worker.engine.cache().usage());
+            }
+            self.next_sample += self.config.sample_interval;
+        }
+    }
+}

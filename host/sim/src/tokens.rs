@@ -1,0 +1,64 @@
+//! Synthetic prompts: token ids that stand for a trace's block ids.
+//!
+//! A block id becomes `block_size` token ids drawn from a generator seeded by the id alone, so
+//! equal ids give equal blocks and the engines' prefix caches, their KV events and the router's
+//! hashes all see exactly the trace's prefix structure.
+
+/// Token ids used; low ids are left to special tokens, as a tokenizer would.
+const VOCAB: std::ops::Range<u32> = 1_000..100_000;
+
+/// The prompt of `input_tokens` tokens (at least one) whose blocks are `hash_ids`. A prompt longer
+/// than its blocks gets a tail drawn from `salt` (unique per request), so the tail is never shared.
+pub fn prompt(hash_ids: &[u64], block_size: u32, input_tokens: u32, salt: u64) -> Vec<u32> {
+    let len = input_tokens.max(1) as usize;
+    let mut tokens = Vec::with_capacity(len);
+    for &id in hash_ids {
+        if tokens.len() >= len {
+            break;
+        }
+        let take = (block_size as usize).min(len - tokens.len());
+        tokens.extend(stream(id).take(take));
+    }
+    let rest = len - tokens.len();
+    tokens.extend(stream(salt ^ TAIL_SALT).take(rest));
+    tokens
+}
+
+const TAIL_SALT: u64 = 0x7461_696c_5f74_6f6b;
+
+/// splitmix64 mapped onto the vocabulary: fast, and a function of `seed` only.
+fn stream(seed: u64) -> impl Iterator<Item = u32> {
+    let span = u64::from(VOCAB.end - VOCAB.start);
+    let mut state = seed;
+    std::iter::repeat_with(move || {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        VOCAB.start + (z % span) as u32
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equal_ids_give_equal_blocks_and_tails_differ() {
+        let a = prompt(&[7, 8], 4, 10, 1);
+        let b = prompt(&[7, 9], 4, 10, 2);
+        assert_eq!(a.len(), 10);
+        assert_eq!(a[..4], b[..4]);
+        assert_ne!(a[4..8], b[4..8]);
+        assert_ne!(a[8..], b[8..]);
+    }
+
+    #[test]
+    fn a_partial_last_block_is_cut_to_the_input_length() {
+        let full = prompt(&[1, 2], 4, 8, 0);
+        let cut = prompt(&[1, 2], 4, 6, 0);
+        assert_eq!(cut, full[..6]);
+        assert_eq!(prompt(&[], 4, 0, 0).len(), 1);
+    }
+}

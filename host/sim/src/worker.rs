@@ -1,0 +1,93 @@
+//! One simulated worker: an engine model and the KV event stream it publishes.
+//!
+//! The engine is the mock engine's [`EngineModel`]; its cache events are encoded exactly as vLLM
+//! publishes them and decoded by the gateway's own [`Ingestor`], so the index the router reads in
+//! the simulation is built by the same code as in production.
+
+use std::time::Duration;
+use switchyard_core::engine::{CacheEvent, EngineModel, Step};
+use switchyard_core::index::IndexOp;
+use switchyard_core::worker::Rank;
+use switchyard_kv_events::ingest::Ingestor;
+use switchyard_kv_events::wire::{Encoding, EngineHash, EventBatch, KvEvent, encode_batch};
+
+/// A message on the worker's KV event stream.
+#[derive(Debug)]
+pub(crate) struct Published {
+    pub(crate) seq: u64,
+    pub(crate) payload: Vec<u8>,
+}
+
+#[derive(Debug)]
+pub(crate) struct SimWorker {
+    pub(crate) rank: Rank,
+    pub(crate) engine: EngineModel,
+    /// The gateway's subscriber state for this rank.
+    ingestor: Ingestor,
+    next_seq: u64,
+    /// The step in progress and when it started; `None` while idle.
+    pub(crate) step: Option<(Duration, Step)>,
+}
+
+impl SimWorker {
+    pub(crate) fn new(rank: Rank, engine: EngineModel) -> Self {
+        let block_size = engine.config().block_size as u32;
+        Self {
+            rank,
+            engine,
+            ingestor: Ingestor::new(rank, block_size),
+            next_seq: 0,
+            step: None,
+        }
+    }
+
+    /// The message vLLM would publish for one step's cache events.
+    pub(crate) fn publish(&mut self, events: Vec<CacheEvent>, now: Duration) -> Published {
+        let block_size = self.engine.config().block_size as u32;
+        let batch = EventBatch {
+            ts: now.as_secs_f64(),
+            events: events
+                .into_iter()
+                .map(|e| kv_event(e, block_size))
+                .collect(),
+            dp_rank: Some(self.rank.dp_rank),
+        };
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        Published {
+            seq,
+            payload: encode_batch(&batch, Encoding::Array),
+        }
+    }
+
+    /// What the gateway's subscriber makes of a message.
+    pub(crate) fn ingest(&mut self, message: &Published) -> Vec<IndexOp> {
+        self.ingestor.on_message(message.seq, &message.payload).ops
+    }
+}
+
+/// The engine's event as vLLM publishes it.
+fn kv_event(event: CacheEvent, block_size: u32) -> KvEvent {
+    let hashes = |hashes: Vec<u64>| hashes.into_iter().map(EngineHash).collect();
+    match event {
+        CacheEvent::Stored {
+            hashes: stored,
+            parent,
+            token_ids,
+        } => KvEvent::BlockStored {
+            block_hashes: hashes(stored),
+            parent_block_hash: parent.map(EngineHash),
+            token_ids,
+            block_size,
+            lora_id: None,
+            medium: None,
+            group_idx: None,
+        },
+        CacheEvent::Removed { hashes: removed } => KvEvent::BlockRemoved {
+            block_hashes: hashes(removed),
+            medium: None,
+            group_idx: None,
+        },
+        CacheEvent::Cleared => KvEvent::AllBlocksCleared,
+    }
+}

@@ -1,0 +1,223 @@
+//! The simulator end to end on small synthetic workloads.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use switchyard_core::engine::EngineConfig;
+use switchyard_core::router::{
+    Candidate, KvCost, PolicyRequest, RoundRobin, RoutingPolicy, Selection,
+};
+use switchyard_sim::workload::{Session, Spawn, TraceRequest, Workload};
+use switchyard_sim::{SimConfig, Simulation};
+
+const BLOCK: u32 = 16;
+
+/// `agents` conversations of `turns` turns; each turn appends 4 blocks to the shared history on
+/// top of a 32-block system prompt private to the agent.
+fn multi_turn(agents: u64, turns: u64, gap: Duration) -> Workload {
+    let sessions = (0..agents)
+        .map(|a| {
+            let mut history: Vec<u64> = (0..32).map(|b| a * 1_000_000 + b).collect();
+            let requests = (0..turns)
+                .map(|t| {
+                    history.extend((0..4).map(|b| a * 1_000_000 + 1_000 + t * 10 + b));
+                    TraceRequest {
+                        gap: if t == 0 { Duration::ZERO } else { gap },
+                        hash_ids: history.clone(),
+                        input_tokens: history.len() as u32 * BLOCK,
+                        output_tokens: 20,
+                    }
+                })
+                .collect();
+            Session {
+                id: format!("agent-{a}"),
+                parent: None,
+                start: Duration::from_millis(a * 37),
+                spawn: None,
+                requests,
+            }
+        })
+        .collect();
+    Workload {
+        block_size: BLOCK,
+        sessions,
+    }
+}
+
+fn config(policy: &str) -> SimConfig {
+    SimConfig {
+        workers: 4,
+        engine: EngineConfig {
+            block_size: BLOCK as usize,
+            num_blocks: 4_096,
+            ..EngineConfig::default()
+        },
+        policy: policy.to_owned(),
+        ..SimConfig::default()
+    }
+}
+
+fn run(workload: &Workload, config: SimConfig) -> switchyard_sim::Outcome {
+    Simulation::new(workload, config)
+        .expect("valid config")
+        .run(&mut || {})
+}
+
+#[test]
+fn same_seed_same_report() {
+    let w = multi_turn(12, 5, Duration::from_millis(300));
+    let a = run(&w, config("kv-cost")).report();
+    let b = run(&w, config("kv-cost")).report();
+    assert_eq!(a, b);
+    assert_eq!(a.requests, 60);
+    assert_eq!(a.failed_requests, 0);
+}
+
+#[test]
+fn kv_routing_beats_round_robin_on_multi_turn_agents() {
+    let w = multi_turn(16, 6, Duration::from_millis(200));
+    let kv = run(&w, config("kv-cost")).report();
+    let rr = run(&w, config("round-robin")).report();
+    assert!(
+        kv.prefix_hit_ratio > rr.prefix_hit_ratio + 0.1,
+        "kv {} vs rr {}",
+        kv.prefix_hit_ratio,
+        rr.prefix_hit_ratio
+    );
+    assert!(kv.ttft_ms.mean < rr.ttft_ms.mean);
+    assert!(kv.recomputed_tokens < rr.recomputed_tokens);
+}
+
+#[test]
+fn the_next_request_starts_its_gap_after_the_previous_finished() {
+    let w = multi_turn(3, 4, Duration::from_secs(10));
+    for speedup in [1.0, 4.0] {
+        let outcome = run(
+            &w,
+            SimConfig {
+                speedup,
+                ..config("kv-cost")
+            },
+        );
+        for pair in outcome.records.windows(2) {
+            let [a, b] = pair else { continue };
+            if a.session == b.session {
+                let finished = a.finished.expect("finished");
+                assert_eq!(b.sent, finished + Duration::from_secs(10).div_f64(speedup));
+            }
+        }
+    }
+}
+
+#[test]
+fn a_joining_subagent_holds_its_parent_back() {
+    let mut w = multi_turn(1, 2, Duration::from_secs(1));
+    let mut child = multi_turn(1, 3, Duration::from_secs(2)).sessions.remove(0);
+    child.id = "child".into();
+    child.parent = Some("agent-0".into());
+    child.start = Duration::from_millis(500);
+    child.spawn = Some(Spawn {
+        after: 0,
+        join: true,
+    });
+    w.sessions.push(child);
+    let outcome = run(&w, config("kv-cost"));
+    let by = |s: usize| outcome.records.iter().filter(move |r| r.session == s);
+    let parent_first = by(0).next().expect("first").finished.expect("done");
+    let child_first = by(1).next().expect("child");
+    assert_eq!(child_first.sent, parent_first + Duration::from_millis(500));
+    let child_last = by(1).next_back().expect("child").finished.expect("done");
+    let parent_second = by(0).nth(1).expect("second");
+    assert_eq!(parent_second.sent, child_last + Duration::from_secs(1));
+}
+
+#[test]
+fn the_concurrency_cap_holds_sessions_back() {
+    let w = multi_turn(8, 3, Duration::from_millis(100));
+    let outcome = run(
+        &w,
+        SimConfig {
+            concurrency: Some(2),
+            ..config("round-robin")
+        },
+    );
+    // At every send, at most two sessions have started and not finished.
+    for r in &outcome.records {
+        let active = w.sessions.iter().enumerate().filter(|(s, _)| {
+            let mine: Vec<_> = outcome.records.iter().filter(|x| x.session == *s).collect();
+            let first = mine.first().map(|x| x.sent);
+            let last = mine.last().and_then(|x| x.finished);
+            matches!((first, last), (Some(f), Some(l)) if f <= r.sent && r.sent < l)
+        });
+        assert!(active.count() <= 2);
+    }
+}
+
+/// What a policy was asked (the candidates) and answered, call by call.
+type Calls = Arc<Mutex<Vec<(Vec<Candidate>, Selection)>>>;
+
+/// Wraps a policy and records what it was asked and answered.
+#[derive(Debug)]
+struct Recording<P> {
+    inner: P,
+    calls: Calls,
+}
+
+impl<P: RoutingPolicy> RoutingPolicy for Recording<P> {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn select(&mut self, request: &PolicyRequest, candidates: &[Candidate]) -> Selection {
+        let selection = self.inner.select(request, candidates);
+        if let Ok(mut calls) = self.calls.lock() {
+            calls.push((candidates.to_vec(), selection.clone()));
+        }
+        selection
+    }
+}
+
+/// Sim/prod parity: every request is placed by one call into the router's policy, in send order,
+/// and lands on the worker the router derives from that answer (cheapest cost at temperature 0;
+/// ties go to the emptier worker, as `Router::route` breaks them).
+#[test]
+fn every_placement_is_the_routers_decision() {
+    let w = multi_turn(10, 4, Duration::from_millis(150));
+    for policy in ["kv-cost", "round-robin"] {
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let inner: Box<dyn RoutingPolicy> = if policy == "kv-cost" {
+            Box::new(Recording {
+                inner: KvCost,
+                calls: calls.clone(),
+            })
+        } else {
+            Box::new(Recording {
+                inner: RoundRobin::default(),
+                calls: calls.clone(),
+            })
+        };
+        let outcome = Simulation::with_policy(&w, config("ignored"), inner)
+            .expect("valid")
+            .run(&mut || {});
+        let calls = calls.lock().expect("calls");
+        assert_eq!(calls.len(), outcome.records.len());
+        for ((candidates, selection), record) in calls.iter().zip(&outcome.records) {
+            let worker = record.worker.expect("placed");
+            let chosen = match selection {
+                Selection::Pick(i) => vec![*i],
+                Selection::Costs(costs) => {
+                    let min = costs.iter().copied().fold(f64::INFINITY, f64::min);
+                    (0..costs.len())
+                        .filter(|&i| costs[i] - min <= 1e-9 * min.abs().max(1.0))
+                        .collect()
+                }
+                Selection::Reject(_) => Vec::new(),
+            };
+            assert!(
+                chosen
+                    .iter()
+                    .any(|&i| candidates[i].rank.worker.0 as usize == worker),
+                "{policy}: worker {worker} is not the policy's choice"
+            );
+        }
+    }
+}

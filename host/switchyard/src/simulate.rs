@@ -1,0 +1,229 @@
+//! `switchyard simulate`: replay a trace against simulated workers, one run per policy,
+//! concurrency and speed-up, and report them side by side.
+
+use anyhow::{Context, bail};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use switchyard_core::engine::EngineConfig;
+use switchyard_core::router::RouterConfig;
+use switchyard_sim::workload::{self, Format, Workload};
+use switchyard_sim::{Outcome, REPORT_SCHEMA, Report, SimConfig, Simulation, plot, timeline};
+
+#[derive(Debug, Args)]
+pub(crate) struct SimulateArgs {
+    /// Trace file (or directory of Claude Code traces).
+    #[arg(long)]
+    trace: PathBuf,
+    /// Trace format; detected when absent.
+    #[arg(long)]
+    format: Option<Format>,
+    /// Convert the trace to this many tokens per block (and run the engines with it).
+    #[arg(long)]
+    block_size: Option<u32>,
+    /// Simulated workers.
+    #[arg(long, default_value_t = 8)]
+    workers: usize,
+    /// Routing policies to compare.
+    #[arg(long, value_delimiter = ',', default_value = "kv-cost,round-robin")]
+    policies: Vec<String>,
+    /// Root sessions in flight at most, one run per value; `unlimited` for none.
+    #[arg(long, value_delimiter = ',', default_value = "unlimited", value_parser = parse_concurrency)]
+    concurrency: Vec<Option<usize>>,
+    /// Divide arrival times and gaps by these, one run per value.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    speedup: Vec<f64>,
+    /// KV blocks per worker.
+    #[arg(long, default_value_t = 16_384)]
+    num_blocks: usize,
+    /// Most running requests per worker.
+    #[arg(long, default_value_t = 256)]
+    max_num_seqs: usize,
+    /// Most tokens per engine step (longer prefills are chunked).
+    #[arg(long, default_value_t = 8_192)]
+    max_batched_tokens: usize,
+    /// Delay of KV events from engine to index, in milliseconds of virtual time.
+    #[arg(long, default_value_t = 5.0)]
+    event_delay_ms: f64,
+    /// Router sampling temperature (0: cheapest worker).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f64,
+    /// Seed of the router's tie-breaking.
+    #[arg(long, default_value_t = 0x5717_c4ad)]
+    seed: u64,
+    /// Write the report as JSON (schema in docs/simulate.md).
+    #[arg(long)]
+    report: Option<PathBuf>,
+    /// Draw TTFT distributions and KV utilization (.svg or .png).
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Write a Chrome trace-event timeline per run (the run's label is added to the name when
+    /// there are several).
+    #[arg(long)]
+    timeline: Option<PathBuf>,
+    /// Runs at once (default: the machine's cores).
+    #[arg(long)]
+    jobs: Option<usize>,
+}
+
+fn parse_concurrency(s: &str) -> Result<Option<usize>, String> {
+    match s {
+        "unlimited" | "none" => Ok(None),
+        n => match n.parse::<usize>() {
+            Ok(0) | Err(_) => Err(format!("`{n}` is not a positive number or `unlimited`")),
+            Ok(n) => Ok(Some(n)),
+        },
+    }
+}
+
+pub(crate) fn run(args: SimulateArgs) -> anyhow::Result<()> {
+    let loaded = Instant::now();
+    let mut workload = workload::load(&args.trace, args.format)
+        .with_context(|| format!("loading {}", args.trace.display()))?;
+    if let Some(block_size) = args.block_size {
+        workload = workload.with_block_size(block_size)?;
+    }
+    eprintln!(
+        "{}: {} sessions, {} requests, {}-token blocks (loaded in {:.1?})",
+        args.trace.display(),
+        workload.sessions.len(),
+        workload.request_count(),
+        workload.block_size,
+        loaded.elapsed()
+    );
+    let configs = configs(&args, &workload);
+    let bar = ProgressBar::new((workload.request_count() * configs.len()) as u64).with_style(
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} requests ({per_sec}, eta {eta})",
+        )?,
+    );
+    let started = Instant::now();
+    let outcomes = run_all(&workload, &configs, args.jobs, &bar)?;
+    bar.finish_and_clear();
+    eprintln!(
+        "simulated {} runs in {:.1?}",
+        outcomes.len(),
+        started.elapsed()
+    );
+    let report = Report {
+        schema: REPORT_SCHEMA.to_owned(),
+        trace: args.trace.display().to_string(),
+        runs: outcomes.iter().map(Outcome::report).collect(),
+    };
+    print!("{}", report.table());
+    if let Some(path) = &args.report {
+        let file =
+            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+        serde_json::to_writer_pretty(std::io::BufWriter::new(file), &report)?;
+        eprintln!("report: {}", path.display());
+    }
+    if let Some(path) = &args.plot {
+        plot::plot(&report, path)?;
+        eprintln!("plot: {}", path.display());
+    }
+    if let Some(path) = &args.timeline {
+        for (outcome, run) in outcomes.iter().zip(&report.runs) {
+            let file = if outcomes.len() == 1 {
+                path.clone()
+            } else {
+                labelled(path, &run.label())
+            };
+            timeline::write(outcome, &workload, &file)
+                .with_context(|| format!("writing {}", file.display()))?;
+            eprintln!("timeline: {}", file.display());
+        }
+    }
+    Ok(())
+}
+
+/// The cross product of policies, concurrency levels and speed-ups.
+fn configs(args: &SimulateArgs, workload: &Workload) -> Vec<SimConfig> {
+    let engine = EngineConfig {
+        block_size: workload.block_size as usize,
+        num_blocks: args.num_blocks,
+        max_num_seqs: args.max_num_seqs,
+        max_batched_tokens: args.max_batched_tokens,
+        ..EngineConfig::default()
+    };
+    let mut configs = Vec::new();
+    for &speedup in &args.speedup {
+        for &concurrency in &args.concurrency {
+            for policy in &args.policies {
+                configs.push(SimConfig {
+                    workers: args.workers,
+                    engine: engine.clone(),
+                    router: RouterConfig {
+                        temperature: args.temperature,
+                        ..RouterConfig::default()
+                    },
+                    policy: policy.clone(),
+                    concurrency,
+                    speedup,
+                    event_delay: Duration::from_secs_f64(args.event_delay_ms.max(0.0) / 1000.0),
+                    seed: args.seed,
+                    ..SimConfig::default()
+                });
+            }
+        }
+    }
+    configs
+}
+
+/// Run every configuration on `jobs` threads; outcomes come back in configuration order.
+fn run_all(
+    workload: &Workload,
+    configs: &[SimConfig],
+    jobs: Option<usize>,
+    bar: &ProgressBar,
+) -> anyhow::Result<Vec<Outcome>> {
+    let simulations = configs
+        .iter()
+        .map(|config| Simulation::new(workload, config.clone()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let jobs = jobs
+        .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
+        .unwrap_or(1)
+        .clamp(1, simulations.len().max(1));
+    let pending = Mutex::new(simulations.into_iter().enumerate().collect::<Vec<_>>());
+    let done = Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..jobs {
+            scope.spawn(|| {
+                loop {
+                    let next = pending.lock().map(|mut p| p.pop()).ok().flatten();
+                    let Some((i, simulation)) = next else { break };
+                    let outcome = simulation.run(&mut || bar.inc(1));
+                    if let Ok(mut done) = done.lock() {
+                        done.push((i, outcome));
+                    }
+                }
+            });
+        }
+    });
+    let mut done = done
+        .into_inner()
+        .map_err(|_| anyhow::anyhow!("a run panicked"))?;
+    if done.len() != configs.len() {
+        bail!(
+            "{} of {} runs did not finish",
+            configs.len() - done.len(),
+            configs.len()
+        );
+    }
+    done.sort_by_key(|(i, _)| *i);
+    Ok(done.into_iter().map(|(_, outcome)| outcome).collect())
+}
+
+/// `out.json` with `label` -> `out.label.json`.
+fn labelled(path: &Path, label: &str) -> PathBuf {
+    let stem = path
+        .file_stem()
+        .map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+    let name = match path.extension() {
+        Some(ext) => format!("{stem}.{label}.{}", ext.to_string_lossy()),
+        None => format!("{stem}.{label}"),
+    };
+    path.with_file_name(name.replace(['@', '/', ' '], "-"))
+}

@@ -1,0 +1,161 @@
+//! A native test harness: run a policy's logic on the host target, no Wasm build needed.
+//!
+//! [`RouterHarness`] calls a policy the way the gateway does and checks every answer the way the
+//! gateway checks a component's (cost count, finiteness, index range), so a test fails where
+//! the host would have fallen back. [`RouterHarness::route`] resolves costs as the host does at
+//! temperature 0.
+
+use std::cell::RefCell;
+
+use crate::router::{Decision, Outcome, RouterPolicy, Worker, Workers};
+use crate::types::{LogLevel, PolicyMetadata, Request};
+
+thread_local! {
+    static LOGS: RefCell<Vec<(LogLevel, String)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Records a [`crate::log`] call made in a native build.
+pub(crate) fn capture_log(level: LogLevel, message: &str) {
+    LOGS.with_borrow_mut(|logs| logs.push((level, message.to_owned())));
+}
+
+/// Takes the messages this thread's policies logged since the last call (each test runs on its
+/// own thread, so tests do not see each other's logs).
+pub fn take_logs() -> Vec<(LogLevel, String)> {
+    LOGS.with_borrow_mut(std::mem::take)
+}
+
+/// A healthy, idle candidate `worker_id` (rank 0, nothing cached, nothing running).
+pub fn worker(worker_id: u32) -> Worker {
+    Worker {
+        worker_id,
+        healthy: true,
+        ..Worker::default()
+    }
+}
+
+/// `n` idle candidates with worker ids `0..n`.
+pub fn idle_workers(n: u32) -> Workers {
+    (0..n).map(worker).collect()
+}
+
+/// An outcome of a request placed on candidate `index` of `workers`, with this TTFT.
+pub fn outcome(workers: &Workers, index: usize, ttft_ms: f64) -> Outcome {
+    let w = workers.get(index).unwrap_or_default();
+    Outcome {
+        worker_index: index,
+        worker_id: w.worker_id,
+        dp_rank: w.dp_rank,
+        ttft_ms: Some(ttft_ms),
+        ..Outcome::default()
+    }
+}
+
+/// Checks metadata as the host does at load: a kebab-case name and a `major.minor.patch`
+/// version.
+pub fn check_metadata(metadata: &PolicyMetadata) -> Result<(), String> {
+    let name_ok = !metadata.name.is_empty()
+        && !metadata.name.starts_with('-')
+        && !metadata.name.ends_with('-')
+        && metadata
+            .name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    if !name_ok {
+        return Err(format!("name {:?} is not kebab-case", metadata.name));
+    }
+    let core = metadata.version.split(['-', '+']).next().unwrap_or("");
+    let parts: Vec<&str> = core.split('.').collect();
+    let version_ok = parts.len() == 3
+        && parts
+            .iter()
+            .all(|p| !p.is_empty() && p.parse::<u64>().is_ok());
+    if !version_ok {
+        return Err(format!("version {:?} is not semver", metadata.version));
+    }
+    Ok(())
+}
+
+/// Checks a decision as the host does: an index in range, or one finite cost per candidate.
+pub fn check_decision(decision: &Decision, workers: &Workers) -> Result<(), String> {
+    let n = workers.len();
+    match decision {
+        Decision::Chosen(i) if *i >= n => Err(format!("chose index {i} of {n} candidates")),
+        Decision::Costs(costs) if costs.len() != n => {
+            Err(format!("{} costs for {n} candidates", costs.len()))
+        }
+        Decision::Costs(costs) if costs.iter().any(|c| !c.is_finite()) => {
+            Err(format!("non-finite cost in {costs:?}"))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The candidate the host picks from `costs` at temperature 0: the cheapest, ties to the fewest
+/// indexed blocks, then (where the host would draw at random) the lowest index.
+pub fn cheapest(costs: &[f64], workers: &Workers) -> Option<usize> {
+    workers
+        .iter()
+        .zip(costs)
+        .min_by(|((_, a), ca), ((_, b), cb)| {
+            ca.total_cmp(cb)
+                .then(a.indexed_blocks.cmp(&b.indexed_blocks))
+        })
+        .map(|((i, _), _)| i)
+}
+
+/// Drives a [`RouterPolicy`] as the gateway does, checking every answer.
+#[derive(Debug)]
+pub struct RouterHarness<P> {
+    policy: P,
+}
+
+impl<P: RouterPolicy> RouterHarness<P> {
+    /// Wraps `policy`.
+    ///
+    /// # Panics
+    /// If its metadata would be refused at load.
+    pub fn new(policy: P) -> Self {
+        if let Err(why) = check_metadata(&policy.metadata()) {
+            panic!("the host would refuse this policy: {why}");
+        }
+        Self { policy }
+    }
+
+    /// The policy's answer for `request` on `workers`.
+    ///
+    /// # Panics
+    /// If the answer is one the host would refuse (it would use its native policy instead).
+    pub fn select(&mut self, request: &Request, workers: &Workers) -> Decision {
+        let decision = self.policy.select(request, workers);
+        if let Err(why) = check_decision(&decision, workers) {
+            panic!("the host would refuse this decision: {why}");
+        }
+        decision
+    }
+
+    /// The candidate index the request lands on at temperature 0; `None` if the policy queued or
+    /// rejected it.
+    pub fn route(&mut self, request: &Request, workers: &Workers) -> Option<usize> {
+        match self.select(request, workers) {
+            Decision::Chosen(i) => Some(i),
+            Decision::Costs(costs) => cheapest(&costs, workers),
+            Decision::Queue(_) | Decision::Reject(_) => None,
+        }
+    }
+
+    /// Feeds back an outcome.
+    pub fn observe(&mut self, outcome: &Outcome) {
+        self.policy.observe(outcome);
+    }
+
+    /// The queue key of `request`.
+    pub fn queue_key(&mut self, request: &Request) -> f64 {
+        self.policy.queue_key(request)
+    }
+
+    /// The policy, to inspect its state.
+    pub fn policy(&self) -> &P {
+        &self.policy
+    }
+}
