@@ -6,6 +6,7 @@
 //! shape. Decoding is lenient about what may be absent and strict about what is present.
 
 use rmpv::Value;
+use switchyard_core::engine::CacheEvent;
 use xxhash_rust::xxh3::xxh3_64;
 
 /// An engine's name for a block: an opaque key, only compared for equality.
@@ -58,6 +59,35 @@ pub enum KvEvent {
     },
     /// The engine dropped its whole cache.
     AllBlocksCleared,
+}
+
+impl KvEvent {
+    /// The event vLLM would publish for a change in the core engine model's cache (the mock
+    /// engine and the simulator both speak through this).
+    pub fn from_cache_event(event: CacheEvent, block_size: u32) -> KvEvent {
+        let hashes = |hashes: Vec<u64>| hashes.into_iter().map(EngineHash).collect();
+        match event {
+            CacheEvent::Stored {
+                hashes: stored,
+                parent,
+                token_ids,
+            } => KvEvent::BlockStored {
+                block_hashes: hashes(stored),
+                parent_block_hash: parent.map(EngineHash),
+                token_ids,
+                block_size,
+                lora_id: None,
+                medium: Some("GPU".to_owned()),
+                group_idx: None,
+            },
+            CacheEvent::Removed { hashes: removed } => KvEvent::BlockRemoved {
+                block_hashes: hashes(removed),
+                medium: Some("GPU".to_owned()),
+                group_idx: None,
+            },
+            CacheEvent::Cleared => KvEvent::AllBlocksCleared,
+        }
+    }
 }
 
 /// How to encode batches and events, as msgspec does.

@@ -7,11 +7,9 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use switchyard_core::engine::{
-    CacheEvent, EngineModel, EngineRequest, EngineStats, RequestError, Step,
-};
+use switchyard_core::engine::{EngineModel, EngineRequest, EngineStats, RequestError, Step};
 use switchyard_kv_events::publisher::Publisher;
-use switchyard_kv_events::wire::{EngineHash, EventBatch, KvEvent};
+use switchyard_kv_events::wire::{EventBatch, KvEvent};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -281,7 +279,7 @@ impl Driver {
             events: step
                 .events
                 .into_iter()
-                .map(|e| kv_event(e, sink.block_size))
+                .map(|e| KvEvent::from_cache_event(e, sink.block_size))
                 .collect(),
             dp_rank: sink.dp_rank,
         };
@@ -295,31 +293,5 @@ impl Driver {
         if let Some(tx) = self.requests.get(&id) {
             let _ = tx.send(progress);
         }
-    }
-}
-
-/// The engine's event as vLLM publishes it.
-fn kv_event(event: CacheEvent, block_size: u32) -> KvEvent {
-    let hashes = |hashes: Vec<u64>| hashes.into_iter().map(EngineHash).collect();
-    match event {
-        CacheEvent::Stored {
-            hashes: stored,
-            parent,
-            token_ids,
-        } => KvEvent::BlockStored {
-            block_hashes: hashes(stored),
-            parent_block_hash: parent.map(EngineHash),
-            token_ids,
-            block_size,
-            lora_id: None,
-            medium: Some("GPU".to_owned()),
-            group_idx: None,
-        },
-        CacheEvent::Removed { hashes: removed } => KvEvent::BlockRemoved {
-            block_hashes: hashes(removed),
-            medium: Some("GPU".to_owned()),
-            group_idx: None,
-        },
-        CacheEvent::Cleared => KvEvent::AllBlocksCleared,
     }
 }

@@ -9,7 +9,7 @@ use switchyard_core::engine::{CacheEvent, EngineModel, Step};
 use switchyard_core::index::IndexOp;
 use switchyard_core::worker::Rank;
 use switchyard_kv_events::ingest::Ingestor;
-use switchyard_kv_events::wire::{Encoding, EngineHash, EventBatch, KvEvent, encode_batch};
+use switchyard_kv_events::wire::{Encoding, EventBatch, KvEvent, encode_batch};
 
 /// A message on the worker's KV event stream.
 #[derive(Debug)]
@@ -48,7 +48,7 @@ impl SimWorker {
             ts: now.as_secs_f64(),
             events: events
                 .into_iter()
-                .map(|e| kv_event(e, block_size))
+                .map(|e| KvEvent::from_cache_event(e, block_size))
                 .collect(),
             dp_rank: Some(self.rank.dp_rank),
         };
@@ -63,31 +63,5 @@ impl SimWorker {
     /// What the gateway's subscriber makes of a message.
     pub(crate) fn ingest(&mut self, message: &Published) -> Vec<IndexOp> {
         self.ingestor.on_message(message.seq, &message.payload).ops
-    }
-}
-
-/// The engine's event as vLLM publishes it.
-fn kv_event(event: CacheEvent, block_size: u32) -> KvEvent {
-    let hashes = |hashes: Vec<u64>| hashes.into_iter().map(EngineHash).collect();
-    match event {
-        CacheEvent::Stored {
-            hashes: stored,
-            parent,
-            token_ids,
-        } => KvEvent::BlockStored {
-            block_hashes: hashes(stored),
-            parent_block_hash: parent.map(EngineHash),
-            token_ids,
-            block_size,
-            lora_id: None,
-            medium: None,
-            group_idx: None,
-        },
-        CacheEvent::Removed { hashes: removed } => KvEvent::BlockRemoved {
-            block_hashes: hashes(removed),
-            medium: None,
-            group_idx: None,
-        },
-        CacheEvent::Cleared => KvEvent::AllBlocksCleared,
     }
 }

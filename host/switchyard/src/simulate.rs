@@ -8,7 +8,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use switchyard_core::engine::EngineConfig;
-use switchyard_core::router::RouterConfig;
+use switchyard_core::router::{RouterConfig, RoutingPolicy};
+use switchyard_policy_host::{
+    EngineConfig as PolicyEngineConfig, PolicyEngine, PolicyStats, WasmRouter,
+};
 use switchyard_sim::workload::{self, Format, Workload};
 use switchyard_sim::{Outcome, REPORT_SCHEMA, Report, SimConfig, Simulation, plot, timeline};
 
@@ -26,7 +29,8 @@ pub(crate) struct SimulateArgs {
     /// Simulated workers.
     #[arg(long, default_value_t = 8)]
     workers: usize,
-    /// Routing policies to compare.
+    /// Routing policies to compare: native (`kv-cost`, `round-robin`), a built-in Wasm component
+    /// (`wasm:kv-cost`, `wasm:bandit`, ...) or a `.wasm` file, run through the gateway's policy host.
     #[arg(long, value_delimiter = ',', default_value = "kv-cost,round-robin")]
     policies: Vec<String>,
     /// Root sessions in flight at most, one run per value; `unlimited` for none.
@@ -171,6 +175,38 @@ fn configs(args: &SimulateArgs, workload: &Workload) -> Vec<SimConfig> {
     configs
 }
 
+/// Wasm routing policies for the simulator: the very components the gateway runs, through the
+/// same host. A policy name `wasm:<built-in>` (e.g. `wasm:kv-cost`) or a path ending in `.wasm`
+/// selects one; other names are native policies.
+#[derive(Default)]
+struct WasmPolicies {
+    engine: std::sync::OnceLock<PolicyEngine>,
+}
+
+impl WasmPolicies {
+    fn policy(&self, name: &str) -> anyhow::Result<Option<Box<dyn RoutingPolicy>>> {
+        let bytes = if let Some(builtin) = name.strip_prefix("wasm:") {
+            switchyard_policy_artifacts::find(builtin)
+                .with_context(|| format!("no built-in Wasm policy {builtin:?}"))?
+                .to_vec()
+        } else if name.ends_with(".wasm") {
+            std::fs::read(name).with_context(|| format!("reading {name}"))?
+        } else {
+            return Ok(None);
+        };
+        let engine = match self.engine.get() {
+            Some(engine) => engine,
+            None => {
+                let engine = PolicyEngine::new(PolicyEngineConfig::default())?;
+                self.engine.get_or_init(|| engine)
+            }
+        };
+        let component = engine.load_router(&bytes)?;
+        let stats = std::sync::Arc::new(PolicyStats::default());
+        Ok(Some(Box::new(WasmRouter::new(component, stats))))
+    }
+}
+
 /// Run every configuration on `jobs` threads; outcomes come back in configuration order.
 fn run_all(
     workload: &Workload,
@@ -178,10 +214,14 @@ fn run_all(
     jobs: Option<usize>,
     bar: &ProgressBar,
 ) -> anyhow::Result<Vec<Outcome>> {
+    let wasm = WasmPolicies::default();
     let simulations = configs
         .iter()
-        .map(|config| Simulation::new(workload, config.clone()))
-        .collect::<Result<Vec<_>, _>>()?;
+        .map(|config| match wasm.policy(&config.policy)? {
+            Some(policy) => Ok(Simulation::with_policy(workload, config.clone(), policy)?),
+            None => Ok(Simulation::new(workload, config.clone())?),
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let jobs = jobs
         .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
         .unwrap_or(1)

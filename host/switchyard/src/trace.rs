@@ -1,4 +1,5 @@
-//! `switchyard trace convert`: between trace formats, converting block sizes explicitly.
+//! `switchyard trace convert` (between trace formats, block sizes converted explicitly) and
+//! `switchyard trace timeline` (a gateway recording as a Perfetto timeline).
 
 use anyhow::Context;
 use clap::Subcommand;
@@ -25,6 +26,16 @@ pub(crate) enum TraceCommand {
         #[arg(long)]
         block_size: Option<u32>,
     },
+    /// Turn a gateway request trace (a segment, a directory or a prefix) into a Chrome
+    /// trace-event timeline: a track per worker and per session (queue, prefill, decode, tools).
+    Timeline {
+        /// The recorded trace.
+        #[arg(long)]
+        trace: PathBuf,
+        /// Where to write the timeline JSON (open it in Perfetto).
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 pub(crate) fn run(command: TraceCommand) -> anyhow::Result<()> {
@@ -49,6 +60,15 @@ pub(crate) fn run(command: TraceCommand) -> anyhow::Result<()> {
                 loaded.block_size,
                 to.display()
             );
+            Ok(())
+        }
+        TraceCommand::Timeline { trace, out } => {
+            let lines = switchyard_gateway::trace::read_trace(&trace)
+                .with_context(|| format!("reading {}", trace.display()))?;
+            let timeline = switchyard_gateway::trace::live_timeline(&lines);
+            std::fs::write(&out, serde_json::to_vec(&timeline)?)
+                .with_context(|| format!("writing {}", out.display()))?;
+            eprintln!("{} trace lines -> {}", lines.len(), out.display());
             Ok(())
         }
     }
