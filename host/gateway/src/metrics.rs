@@ -158,6 +158,15 @@ impl Metrics {
         m
     }
 
+    /// Count a request refused before reaching an engine.
+    pub fn reject(&self, reason: &str) {
+        self.rejected
+            .get_or_create(&RejectLabels {
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
     /// Register extra metrics computed at scrape time (KV-event ingestion).
     pub fn register_collector(&self, collector: Box<dyn prometheus_client::collector::Collector>) {
         self.registry

@@ -6,7 +6,7 @@
 
 use crate::agent::AgentContext;
 use crate::error::GatewayError;
-use crate::metrics::{RejectLabels, RequestLabels};
+use crate::metrics::RequestLabels;
 use crate::server::Shared;
 use crate::trace::{RequestDraft, RequestFacts, WorkerRef};
 use axum::body::Body;
@@ -66,13 +66,7 @@ pub async fn handle(
     match proxy(&shared, endpoint, body, agent, received).await {
         Ok(response) => response,
         Err(err) => {
-            shared
-                .metrics
-                .rejected
-                .get_or_create(&RejectLabels {
-                    reason: err.reason().into(),
-                })
-                .inc();
+            shared.metrics.reject(err.reason());
             if matches!(err, GatewayError::Internal(_)) {
                 tracing::error!(error = %err, "request failed");
             }

@@ -5,7 +5,7 @@ use crate::config::{Config, rank_endpoint};
 use crate::error::GatewayError;
 use crate::events::EventMetrics;
 use crate::index::{IndexReader, spawn_index_writer};
-use crate::metrics::{Metrics, RejectLabels, worker_label};
+use crate::metrics::{Metrics, worker_label};
 use crate::policies::{PolicyMetrics, PolicyRuntime};
 use crate::proxy::{Endpoint, handle, read_body};
 use crate::trace::{TraceSink, parse_tool_events};
@@ -414,12 +414,6 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
 
 async fn not_found(State(shared): State<Arc<Shared>>, uri: axum::http::Uri) -> Response {
     let err = GatewayError::NoSuchEndpoint(uri.path().to_string());
-    shared
-        .metrics
-        .rejected
-        .get_or_create(&RejectLabels {
-            reason: err.reason().into(),
-        })
-        .inc();
+    shared.metrics.reject(err.reason());
     err.into_response()
 }

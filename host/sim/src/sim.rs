@@ -9,7 +9,7 @@ use crate::metrics::{Outcome, RequestRecord};
 use crate::queue::EventQueue;
 use crate::tokens;
 use crate::worker::{Published, SimWorker};
-use crate::workload::Workload;
+use crate::workload::{SpawnTree, Workload};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
 use switchyard_core::engine::{EngineConfig, EngineModel, EngineRequest, TokenOut};
@@ -179,28 +179,17 @@ impl<'w> Simulation<'w> {
                 EngineModel::new(config.engine.clone())?,
             ));
         }
-        let ids: HashMap<&str, usize> = workload
-            .sessions
-            .iter()
-            .enumerate()
-            .map(|(i, s)| (s.id.as_str(), i))
-            .collect();
-        let mut children: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
-        let mut parent_of = vec![None; workload.sessions.len()];
+        let SpawnTree {
+            roots,
+            children,
+            parent_of,
+        } = workload.spawn_tree();
         let mut queue = EventQueue::new();
-        for (i, session) in workload.sessions.iter().enumerate() {
-            let parent = session.parent.as_deref().and_then(|p| ids.get(p));
-            match (parent, session.spawn) {
-                (Some(&p), Some(spawn)) => {
-                    children.entry((p, spawn.after)).or_default().push(i);
-                    parent_of[i] = Some(p);
-                }
-                _ => {
-                    let first_gap = session.requests.first().map_or(Duration::ZERO, |r| r.gap);
-                    let at = (session.start + first_gap).div_f64(config.speedup);
-                    queue.push(at, Event::Arrive(i));
-                }
-            }
+        for root in roots {
+            let session = &workload.sessions[root];
+            let first_gap = session.requests.first().map_or(Duration::ZERO, |r| r.gap);
+            let at = (session.start + first_gap).div_f64(config.speedup);
+            queue.push(at, Event::Arrive(root));
         }
         Ok(Self {
             hasher: BlockHasher::new(workload.block_size as usize),

@@ -102,7 +102,7 @@ pub(crate) async fn run(args: ReplayArgs, stop: CancellationToken) -> anyhow::Re
         None => first_model(&client, &target).await?,
     };
     let replay = Arc::new(Replay {
-        children: children(&workload),
+        children: workload.spawn_tree().children,
         url: format!("{target}/v1/completions"),
         client,
         model: model.clone(),
@@ -178,24 +178,6 @@ async fn first_model(client: &reqwest::Client, target: &str) -> anyhow::Result<S
         .as_str()
         .map(str::to_owned)
         .context("the target lists no models; pass --model")
-}
-
-/// Children of each (parent session, request) that spawns them.
-fn children(workload: &Workload) -> HashMap<(usize, usize), Vec<usize>> {
-    let index: HashMap<&str, usize> = workload
-        .sessions
-        .iter()
-        .enumerate()
-        .map(|(i, s)| (s.id.as_str(), i))
-        .collect();
-    let mut children: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
-    for (c, session) in workload.sessions.iter().enumerate() {
-        let parent = session.parent.as_deref().and_then(|p| index.get(p));
-        if let (Some(&parent), Some(spawn)) = (parent, session.spawn) {
-            children.entry((parent, spawn.after)).or_default().push(c);
-        }
-    }
-    children
 }
 
 /// Everything the session tasks share.

@@ -19,7 +19,7 @@ use std::time::Duration;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 pub use request_trace::SCHEMA as REQUEST_TRACE_SCHEMA;
-pub use schedule::open_loop_times;
+pub use schedule::{SpawnTree, open_loop_times};
 
 /// Sessions of requests over prompts named by block ids.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,30 +1,58 @@
-//! Open-loop send times of a closed-loop workload, for formats that only hold timestamps.
+//! How a workload's sessions hang together (who spawns whom), and the open-loop send times of a
+//! closed-loop workload, for formats that only hold timestamps.
 
 use super::Workload;
 use std::collections::HashMap;
 use std::time::Duration;
 
+/// Sessions arranged by spawning: the simulator, live replay and the open-loop planner all walk
+/// a workload this way.
+#[derive(Debug, Clone, Default)]
+pub struct SpawnTree {
+    /// Sessions nobody spawns: they start at their own `start`.
+    pub roots: Vec<usize>,
+    /// Sessions spawned by each `(parent session, request index)`.
+    pub children: HashMap<(usize, usize), Vec<usize>>,
+    /// The spawning session of each session, if any.
+    pub parent_of: Vec<Option<usize>>,
+}
+
+impl Workload {
+    /// Index the sessions by who spawns them (a child whose parent is unknown is a root).
+    pub fn spawn_tree(&self) -> SpawnTree {
+        let index: HashMap<&str, usize> = self
+            .sessions
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.id.as_str(), i))
+            .collect();
+        let mut tree = SpawnTree {
+            parent_of: vec![None; self.sessions.len()],
+            ..SpawnTree::default()
+        };
+        for (i, session) in self.sessions.iter().enumerate() {
+            let parent = session.parent.as_deref().and_then(|p| index.get(p));
+            match (parent, session.spawn) {
+                (Some(&parent), Some(spawn)) => {
+                    tree.children
+                        .entry((parent, spawn.after))
+                        .or_default()
+                        .push(i);
+                    tree.parent_of[i] = Some(parent);
+                }
+                _ => tree.roots.push(i),
+            }
+        }
+        tree
+    }
+}
+
 /// When each request (`[session][request]`) would be sent if every request finished the moment
 /// it was sent: gaps, spawns and joins are honoured, service time is taken as zero.
 pub fn open_loop_times(workload: &Workload) -> Vec<Vec<Duration>> {
-    let index: HashMap<&str, usize> = workload
-        .sessions
-        .iter()
-        .enumerate()
-        .map(|(i, s)| (s.id.as_str(), i))
-        .collect();
-    // Children of each session, keyed by the request that spawns them.
-    let mut children: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
-    let mut roots = Vec::new();
-    for (i, session) in workload.sessions.iter().enumerate() {
-        let parent = session.parent.as_deref().and_then(|p| index.get(p));
-        match (parent, session.spawn) {
-            (Some(&parent), Some(spawn)) => {
-                children.entry((parent, spawn.after)).or_default().push(i)
-            }
-            _ => roots.push(i),
-        }
-    }
+    let SpawnTree {
+        roots, children, ..
+    } = workload.spawn_tree();
     let mut times = vec![Vec::new(); workload.sessions.len()];
     let mut planner = Planner {
         workload,
