@@ -28,7 +28,10 @@ fi
 wit-bindgen c "$root/wit" --world router --out-dir "$gen"
 # -mexec-model=reactor: a library module (no main); -O2 and no libc I/O keep it free of WASI
 # imports, so the component imports nothing but the WIT's own interfaces.
+# -z stack-size: zig's default wasm stack is 16 MiB, which alone would fill the host's default
+# 16 MiB memory cap; the policy needs a few KiB (malloc grows the heap for the columns).
 python3 -m ziglang cc --target=wasm32-wasi -mexec-model=reactor -O2 -s -Wall -Werror \
+  -Wl,-z,stack-size=65536 \
   -I "$gen" -o "$gen/least_load.core.wasm" \
   "$here/least_load.c" "$gen/router.c" "$gen/router_component_type.o"
 wasm-tools component new "$gen/least_load.core.wasm" -o "$out/policy-c.wasm"

@@ -14,7 +14,7 @@ void exports_router_metadata(router_policy_metadata_t *ret) {
   ret->extensions.len = 0;
 }
 
-void exports_router_select(router_request_t *req, router_workers_t *candidates,
+void exports_router_route(router_request_t *req, router_workers_t *candidates,
                            router_decision_t *ret) {
   size_t n = candidates->active_requests.len;
   if (candidates->active_decode_blocks.len < n) {

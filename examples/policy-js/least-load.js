@@ -17,7 +17,7 @@ export function metadata() {
   };
 }
 
-export function select(req, candidates) {
+export function route(req, candidates) {
   const requests = candidates.activeRequests;
   const decode = candidates.activeDecodeBlocks;
   const n = Math.min(requests.length, decode.length);

@@ -20,7 +20,7 @@ class WitWorld(WitWorld):
             extensions=[],
         )
 
-    def select(self, req: types.Request, candidates: types.Workers) -> types.Decision:
+    def route(self, req: types.Request, candidates: types.Workers) -> types.Decision:
         requests = candidates.active_requests
         decode = candidates.active_decode_blocks
         n = min(len(requests), len(decode))

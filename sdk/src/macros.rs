@@ -21,11 +21,8 @@ macro_rules! export_router {
                 fn metadata() -> glue::WitMetadata {
                     POLICY.with_borrow(|p| glue::metadata(p))
                 }
-                fn select(
-                    req: glue::WitRequest,
-                    candidates: glue::WitWorkers,
-                ) -> glue::WitDecision {
-                    POLICY.with_borrow_mut(|p| glue::select(p, req, candidates))
+                fn route(req: glue::WitRequest, candidates: glue::WitWorkers) -> glue::WitDecision {
+                    POLICY.with_borrow_mut(|p| glue::route(p, req, candidates))
                 }
                 fn observe(result: glue::WitOutcome) {
                     POLICY.with_borrow_mut(|p| glue::observe(p, result))

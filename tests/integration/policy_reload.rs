@@ -12,15 +12,15 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use switchyard_policy_host::test_util::{Router, TRAP, select, unless_canary};
+use switchyard_policy_host::test_util::{Router, TRAP, route, unless_canary};
 
 const MODEL: &str = "smollm2-135m-instruct";
 const DEBOUNCE: Duration = Duration::from_millis(200);
 const TOKEN: &str = "test-admin-token";
 
-fn component(select: String) -> Vec<u8> {
+fn component(route: String) -> Vec<u8> {
     Router {
-        select,
+        route,
         ..Router::default()
     }
     .bytes()
@@ -118,7 +118,7 @@ async fn swapping_policies_under_traffic_fails_no_request() {
     ];
     let marker = TempFile::new("README", "policy directory");
     let dir = marker.path.parent().unwrap().to_path_buf();
-    install(&dir, &component(select::PICK_FIRST.into()));
+    install(&dir, &component(route::PICK_FIRST.into()));
     let mut config = Gateway::config_for(&[&engines[0], &engines[1]], "kv-cost");
     config += &format!(
         "[policies]\ndir = {:?}\nrouter = \"active\"\nadmin_token = \"{TOKEN}\"\ndebounce = \"{}ms\"\n",
@@ -146,7 +146,7 @@ async fn swapping_policies_under_traffic_fails_no_request() {
     // A valid swap: every decision moves to worker 1 within one debounce window (plus the
     // compile and a request's round trip).
     let written = Instant::now();
-    install(&dir, &component(select::PICK_LAST.into()));
+    install(&dir, &component(route::PICK_LAST.into()));
     let switched = traffic
         .switched_to("1.0", written)
         .await
@@ -181,7 +181,7 @@ async fn swapping_policies_under_traffic_fails_no_request() {
 
     // Back to a valid policy.
     let written = Instant::now();
-    install(&dir, &component(select::PICK_FIRST.into()));
+    install(&dir, &component(route::PICK_FIRST.into()));
     let switched = traffic
         .switched_to("0.0", written)
         .await

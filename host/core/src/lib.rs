@@ -27,9 +27,11 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod admission;
 pub mod engine;
 pub mod hash;
 pub mod index;
+pub mod kv_hints;
 pub mod predicted;
 pub mod router;
 pub mod worker;

@@ -3,7 +3,8 @@
 //!
 //! `cargo bench -p switchyard-policy-host --bench policy_call`
 //! Wasm guests: the built-in `kv-cost` component when `SWITCHYARD_KV_COST_WASM` names its file,
-//! and always the inline WAT test router (`chosen(0)`, i.e. pure host overhead).
+//! always the inline WAT test router (`chosen(0)`, i.e. pure host overhead), and the C and JS
+//! example guests when `examples/build-policies.sh` has built them (`target/examples/`).
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use std::hint::black_box;
@@ -50,6 +51,15 @@ fn guests() -> Vec<(String, Vec<u8>)> {
         match std::fs::read(&path) {
             Ok(bytes) => guests.push(("wasm-kv-cost".into(), bytes)),
             Err(e) => eprintln!("skipping {path}: {e}"),
+        }
+    }
+    // The example guests of examples/ (least-load in C and JavaScript), when built by
+    // examples/build-policies.sh. Python is left out: the host traps the WASI calls its runtime
+    // makes on the first call (examples/README.md).
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/examples");
+    for lang in ["c", "js"] {
+        if let Ok(bytes) = std::fs::read(examples.join(format!("policy-{lang}.wasm"))) {
+            guests.push((format!("example-{lang}"), bytes));
         }
     }
     guests

@@ -141,3 +141,9 @@ pub(crate) fn selection(decision: Decision, candidates: usize) -> Result<Selecti
         Decision::Reject(reason) => Ok(Selection::Reject(reason)),
     }
 }
+
+/// `d` in whole milliseconds, as the WIT's `*-ms` fields carry time (saturating: a `u64` of
+/// milliseconds outlasts any uptime).
+pub(crate) fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}

@@ -1,7 +1,12 @@
 //! The shared wasmtime engine: settings, the epoch ticker, the compile cache and loading a
-//! `router` component into a pre-linked [`RouterComponent`].
+//! component of any policy world into a pre-linked, checked handle ([`RouterComponent`],
+//! [`AdmissionComponent`], [`KvHintsComponent`]).
 
-use crate::bindings::{self, LogLevel, PolicyMetadata, RouterPre};
+use crate::bindings::{self, LogLevel, admission, kv_hints};
+pub(crate) use crate::component::{
+    AdmissionComponent, KvHintsComponent, Metadata, RouterComponent,
+};
+use crate::component::{Loaded, World};
 use crate::error::PolicyError;
 use std::collections::HashMap;
 use std::fmt;
@@ -14,16 +19,16 @@ use wasmtime::{Config, Engine, ResourceLimiter, Store};
 /// The `switchyard:policy` major version this host implements.
 pub const WIT_MAJOR: u64 = 1;
 
-/// Exports that identify the other worlds: a component with these and no `select` was built for
-/// the wrong decision point.
-const OTHER_WORLD_EXPORTS: [(&str, &str); 3] = [
-    ("tick", "admission"),
-    ("arrival", "admission"),
-    ("on-events", "kv-hints"),
-];
-
 /// Exports of the `router` world.
-const ROUTER_EXPORTS: [&str; 4] = ["metadata", "select", "observe", "queue-key"];
+const ROUTER_EXPORTS: [&str; 4] = ["metadata", "route", "observe", "queue-key"];
+
+/// Every world's function exports: a component that lacks one of its world's exports but has
+/// one only another world has was built for the wrong decision point.
+const WORLD_EXPORTS: [(&str, &[&str]); 3] = [
+    ("router", &ROUTER_EXPORTS),
+    ("admission", &["metadata", "tick", "arrival"]),
+    ("kv-hints", &["metadata", "on-events"]),
+];
 
 /// Compiled components kept by content hash (a reload of unchanged bytes costs nothing).
 const COMPILE_CACHE_ENTRIES: usize = 64;
@@ -140,6 +145,10 @@ pub(crate) struct HostState {
 
 /// The `types` interface has types only: nothing to provide.
 impl bindings::TypesHost for HostState {}
+/// Types only, like `types`.
+impl admission::AdmissionTypesHost for HostState {}
+/// Types only, like `types`.
+impl kv_hints::KvHintTypesHost for HostState {}
 
 impl bindings::Host for HostState {
     fn log(&mut self, level: LogLevel, message: String) {
@@ -189,7 +198,21 @@ impl PolicyEngine {
         wasm.wasm_component_model(true);
         let engine = Engine::new(&wasm).map_err(|e| PolicyError::Engine(format!("{e:#}")))?;
         let mut linker = Linker::new(&engine);
+        // The router world brings `host` and `types`; the other worlds add their type-only
+        // interfaces, so one linker serves every world.
         bindings::Router::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state)
+            .and_then(|()| {
+                admission::switchyard::policy::admission_types::add_to_linker::<_, HasSelf<_>>(
+                    &mut linker,
+                    |state| state,
+                )
+            })
+            .and_then(|()| {
+                kv_hints::switchyard::policy::kv_hint_types::add_to_linker::<_, HasSelf<_>>(
+                    &mut linker,
+                    |state| state,
+                )
+            })
             .map_err(|e| PolicyError::Engine(format!("{e:#}")))?;
         spawn_ticker(&engine, config.epoch_tick)?;
         Ok(Self {
@@ -209,26 +232,28 @@ impl PolicyEngine {
 
     /// Compile, link and check a `router` component from its bytes (binary or, for tests, WAT).
     pub fn load_router(&self, bytes: &[u8]) -> Result<RouterComponent, PolicyError> {
+        self.load(bytes).map(RouterComponent::new)
+    }
+
+    /// Compile, link and check an `admission` component, as [`PolicyEngine::load_router`].
+    pub fn load_admission(&self, bytes: &[u8]) -> Result<AdmissionComponent, PolicyError> {
+        self.load(bytes).map(AdmissionComponent::new)
+    }
+
+    /// Compile, link and check a `kv-hints` component, as [`PolicyEngine::load_router`].
+    pub fn load_kv_hints(&self, bytes: &[u8]) -> Result<KvHintsComponent, PolicyError> {
+        self.load(bytes).map(KvHintsComponent::new)
+    }
+
+    /// Compile (cached by content), check the exports against world `W`, link, and read and
+    /// check the metadata.
+    fn load<W: World>(&self, bytes: &[u8]) -> Result<Loaded<W>, PolicyError> {
         let hash = ContentHash::of(bytes);
         let component = self.compile(hash, bytes)?;
-        check_exports(&self.inner.engine, &component)?;
+        check_exports(&self.inner.engine, &component, W::NAME)?;
         let instance_pre = self.link(&component)?;
-        let pre =
-            RouterPre::new(instance_pre).map_err(|e| PolicyError::WrongWorld(format!("{e:#}")))?;
-        let mut component = RouterComponent {
-            inner: Arc::new(ComponentInner {
-                engine: self.clone(),
-                pre,
-                metadata: Metadata::default(),
-                hash,
-            }),
-        };
-        let metadata = component.read_metadata()?;
-        // Only this function holds the Arc so far.
-        if let Some(inner) = Arc::get_mut(&mut component.inner) {
-            inner.metadata = metadata;
-        }
-        Ok(component)
+        let pre = W::pre(instance_pre).map_err(|e| PolicyError::WrongWorld(format!("{e:#}")))?;
+        Loaded::new(self.clone(), pre, hash)
     }
 
     /// Pre-link `component`. Guests get no WASI; but Rust's `std` (and other toolchains) import
@@ -315,21 +340,30 @@ fn spawn_ticker(engine: &Engine, tick: Duration) -> Result<(), PolicyError> {
         .map_err(|e| PolicyError::Engine(format!("cannot start the epoch ticker: {e}")))
 }
 
-fn check_exports(engine: &Engine, component: &Component) -> Result<(), PolicyError> {
+fn check_exports(engine: &Engine, component: &Component, world: &str) -> Result<(), PolicyError> {
     let ty = component.component_type();
     let exports: Vec<&str> = ty.exports(engine).map(|(name, _)| name).collect();
-    if !exports.contains(&"select")
-        && let Some((export, world)) = OTHER_WORLD_EXPORTS
-            .iter()
-            .find(|(name, _)| exports.contains(name))
-    {
-        return Err(PolicyError::WrongWorld(format!(
-            "exports `{export}` of the `{world}` world, not the `router` world"
-        )));
-    }
-    match ROUTER_EXPORTS.iter().find(|name| !exports.contains(name)) {
-        Some(missing) => Err(PolicyError::MissingExport((*missing).into())),
-        None => Ok(()),
+    let expected: &[&str] = WORLD_EXPORTS
+        .iter()
+        .find(|(name, _)| *name == world)
+        .map_or(&[], |(_, names)| names);
+    let Some(missing) = expected.iter().find(|name| !exports.contains(name)) else {
+        return Ok(());
+    };
+    let foreign = WORLD_EXPORTS
+        .iter()
+        .filter(|(other, _)| *other != world)
+        .find_map(|(other, names)| {
+            names
+                .iter()
+                .find(|name| exports.contains(name) && !expected.contains(name))
+                .map(|name| (*name, *other))
+        });
+    match foreign {
+        Some((export, other)) => Err(PolicyError::WrongWorld(format!(
+            "exports `{export}` of the `{other}` world, not the `{world}` world"
+        ))),
+        None => Err(PolicyError::MissingExport((*missing).into())),
     }
 }
 
@@ -347,113 +381,5 @@ fn classify_link_error(err: &wasmtime::Error) -> PolicyError {
         PolicyError::IncompatibleVersion(text)
     } else {
         PolicyError::WrongWorld(format!("imports what the host does not provide: {text}"))
-    }
-}
-
-/// What a component said about itself at load.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-pub struct Metadata {
-    /// The policy's name (`kv-cost`).
-    pub name: String,
-    /// Its own version.
-    pub version: String,
-    /// The world it implements (`router`).
-    pub world: String,
-    /// The `switchyard:policy` version it was built against.
-    pub wit_version: String,
-    /// One line for humans.
-    pub description: String,
-}
-
-impl Metadata {
-    fn check(raw: PolicyMetadata) -> Result<Self, PolicyError> {
-        if raw.world_name != "router" {
-            return Err(PolicyError::WrongWorld(format!(
-                "metadata says world `{}`, expected `router`",
-                raw.world_name
-            )));
-        }
-        let major = raw
-            .wit_version
-            .split('.')
-            .next()
-            .and_then(|m| m.parse::<u64>().ok());
-        if major != Some(WIT_MAJOR) {
-            return Err(PolicyError::IncompatibleVersion(format!(
-                "built against switchyard:policy@{}, this host implements {WIT_MAJOR}.x",
-                raw.wit_version
-            )));
-        }
-        if raw.name.is_empty() {
-            return Err(PolicyError::BadOutput("metadata has an empty name".into()));
-        }
-        Ok(Self {
-            name: raw.name,
-            version: raw.version,
-            world: raw.world_name,
-            wit_version: raw.wit_version,
-            description: raw.description,
-        })
-    }
-}
-
-/// A compiled, pre-linked and checked `router` component: instantiating it is cheap.
-/// Cheap to clone.
-#[derive(Clone)]
-pub struct RouterComponent {
-    inner: Arc<ComponentInner>,
-}
-
-struct ComponentInner {
-    engine: PolicyEngine,
-    pre: RouterPre<HostState>,
-    metadata: Metadata,
-    hash: ContentHash,
-}
-
-impl fmt::Debug for RouterComponent {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RouterComponent")
-            .field("metadata", &self.inner.metadata)
-            .field("hash", &self.inner.hash)
-            .finish_non_exhaustive()
-    }
-}
-
-impl RouterComponent {
-    /// What the component said about itself.
-    pub fn metadata(&self) -> &Metadata {
-        &self.inner.metadata
-    }
-
-    /// Hash of the bytes it was compiled from.
-    pub fn hash(&self) -> ContentHash {
-        self.inner.hash
-    }
-
-    pub(crate) fn engine(&self) -> &PolicyEngine {
-        &self.inner.engine
-    }
-
-    /// A fresh instance in a fresh store.
-    pub(crate) fn instantiate(&self) -> Result<(Store<HostState>, bindings::Router), PolicyError> {
-        let name: Arc<str> = if self.inner.metadata.name.is_empty() {
-            Arc::from("(loading)")
-        } else {
-            Arc::from(self.inner.metadata.name.as_str())
-        };
-        let mut store = self.inner.engine.new_store(name);
-        match self.inner.pre.instantiate(&mut store) {
-            Ok(instance) => Ok((store, instance)),
-            Err(e) => Err(PolicyError::from_call(&e, store.data())),
-        }
-    }
-
-    fn read_metadata(&self) -> Result<Metadata, PolicyError> {
-        let (mut store, instance) = self.instantiate()?;
-        let raw = instance
-            .call_metadata(&mut store)
-            .map_err(|e| PolicyError::from_call(&e, store.data()))?;
-        Metadata::check(raw)
     }
 }

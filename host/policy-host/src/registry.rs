@@ -460,7 +460,7 @@ fn canary(component: &RouterComponent) -> Result<(), PolicyError> {
         };
         trial
             .try_select(&request, &candidates)
-            .map_err(|e| PolicyError::Canary(format!("select on {workers} workers: {e}")))?;
+            .map_err(|e| PolicyError::Canary(format!("route on {workers} workers: {e}")))?;
         trial
             .queue_key(&request)
             .map_err(|e| PolicyError::Canary(format!("queue-key: {e}")))?;

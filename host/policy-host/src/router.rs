@@ -23,7 +23,7 @@ const LOG_BURST: Duration = Duration::from_secs(10);
 /// A routing policy running in a Wasm component.
 ///
 /// One instance serves every call in order (the gateway holds the router under a lock), so a
-/// stateful policy sees all `select` and `observe` calls. Measured: reusing the store costs about
+/// stateful policy sees all `route` and `observe` calls. Measured: reusing the store costs about
 /// a microsecond less per call than instantiating afresh, and keeps the guest's state.
 /// After any failure the store is dropped (a trap poisons it) and rebuilt on the next call.
 #[derive(Debug)]
@@ -107,7 +107,7 @@ impl WasmRouter {
         let req = convert::request(request, &self.model);
         let columns = &self.columns;
         let decision = Self::call(&self.component, &mut self.live, |live| {
-            live.instance.call_select(&mut live.store, &req, columns)
+            live.instance.call_route(&mut live.store, &req, columns)
         })?;
         convert::selection(decision, candidates.len())
     }

@@ -1,7 +1,7 @@
 //! Test fixtures (feature `test-util`): inline WAT components for the `router` world, a working
 //! policy and its broken variants, so tests need no guest toolchain.
 //!
-//! Canonical ABI notes (why the core signatures look like this): `select` and `queue-key` take
+//! Canonical ABI notes (why the core signatures look like this): `route` and `queue-key` take
 //! more than 16 flat values, so their arguments arrive as one pointer into guest memory (the
 //! host writes them there through `realloc`); `request.tokens` sits at offset 8 of the request.
 //! Results wider than one value (`decision`, `policy-metadata`) are returned as a pointer.
@@ -28,8 +28,8 @@ pub const ROUTER_META: Meta<'static> = Meta {
     wit_version: "1.0.0",
 };
 
-/// `select` bodies (the argument pointer is local 0; return a pointer to the decision).
-pub mod select {
+/// `route` bodies (the argument pointer is local 0; return a pointer to the decision).
+pub mod route {
     /// chosen(0).
     pub const PICK_FIRST: &str = "(i32.store8 (i32.const 128) (i32.const 0)) (i32.store (i32.const 132) (i32.const 0)) (i32.const 128)";
     /// chosen(99): out of range for the small tests.
@@ -47,7 +47,7 @@ pub fn unless_canary(body: &str) -> String {
     format!(
         "(if (i32.ne (i32.load offset=8 (local.get 0)) (i32.const {})) (then {body})) {}",
         crate::registry::CANARY_TOKENS,
-        select::PICK_FIRST
+        route::PICK_FIRST
     )
 }
 
@@ -55,7 +55,7 @@ pub fn unless_canary(body: &str) -> String {
 pub fn when_poisoned(body: &str) -> String {
     format!(
         "(if (i32.eq (i32.load offset=8 (local.get 0)) (i32.const {POISON_TOKENS})) (then {body})) {}",
-        select::PICK_FIRST
+        route::PICK_FIRST
     )
 }
 
@@ -72,8 +72,8 @@ pub const GROW: &str =
 pub struct Router<'a> {
     /// What `metadata` returns.
     pub meta: Meta<'a>,
-    /// Body of the core `select` function.
-    pub select: String,
+    /// Body of the core `route` function.
+    pub route: String,
     /// Initial memory in 64 KiB pages.
     pub pages: u32,
     /// Leave out the `queue-key` export.
@@ -84,7 +84,7 @@ impl Default for Router<'_> {
     fn default() -> Self {
         Self {
             meta: ROUTER_META,
-            select: select::PICK_FIRST.into(),
+            route: route::PICK_FIRST.into(),
             pages: 1,
             without_queue_key: false,
         }
@@ -120,12 +120,30 @@ fn metadata_data(meta: &Meta<'_>) -> String {
     )
 }
 
-const TYPES: &str = r#"
+/// Core-module functions every fixture world shares: a bump allocator (`realloc`, which the
+/// host calls to pass arguments; each export resets the heap) and `metadata` (the record at 256).
+const CORE_PRELUDE: &str = r#"(global $heap (mut i32) (i32.const 8192))
+    (func (export "realloc") (param i32 i32 i32 i32) (result i32)
+      (local $p i32)
+      (local.set $p (i32.and (i32.add (global.get $heap) (i32.sub (local.get 2) (i32.const 1)))
+        (i32.sub (i32.const 0) (local.get 2))))
+      (global.set $heap (i32.add (local.get $p) (local.get 3)))
+      (if (i32.gt_u (global.get $heap) (i32.mul (memory.size) (i32.const 65536)))
+        (then (drop (memory.grow (i32.const 1)))))
+      (local.get $p))
+    (func (export "metadata") (result i32) (i32.const 256))"#;
+
+/// Component types every world uses (`extensions`, `policy-metadata`).
+const SHARED_TYPES: &str = r#"
   (type $kv' (list (tuple string string)))
   (export $kv "extensions" (type $kv'))
   (type $meta' (record (field "name" string) (field "version" string) (field "world-name" string)
     (field "wit-version" string) (field "description" string) (field "extensions" $kv)))
   (export $meta "policy-metadata" (type $meta'))
+"#;
+
+/// Component types of the `router` world (after [`SHARED_TYPES`]).
+const TYPES: &str = r#"
   (type $weights' (record (field "device-credit" f64) (field "host-credit" f64)
     (field "disk-credit" f64) (field "prefill-load-scale" f64)))
   (export $weights "cost-weights" (type $weights'))
@@ -169,36 +187,28 @@ impl Router<'_> {
             r#"(component
   (core module $m
     (memory (export "memory") {pages})
-    (global $heap (mut i32) (i32.const 8192))
-    (func (export "realloc") (param i32 i32 i32 i32) (result i32)
-      (local $p i32)
-      (local.set $p (i32.and (i32.add (global.get $heap) (i32.sub (local.get 2) (i32.const 1)))
-        (i32.sub (i32.const 0) (local.get 2))))
-      (global.set $heap (i32.add (local.get $p) (local.get 3)))
-      (if (i32.gt_u (global.get $heap) (i32.mul (memory.size) (i32.const 65536)))
-        (then (drop (memory.grow (i32.const 1)))))
-      (local.get $p))
-    (func (export "metadata") (result i32) (i32.const 256))
-    (func (export "select") (param i32) (result i32)
+    {CORE_PRELUDE}
+    (func (export "route") (param i32) (result i32)
       (global.set $heap (i32.const 8192))
-      {select})
+      {route})
     (func (export "observe") (param i32 i32 i32 i32 i32 i32 i32 f64 i32 f64 i32 i32 i32 i32 i32 i32))
     (func (export "queue-key") (param i32) (result f64)
       (global.set $heap (i32.const 8192))
       (f64.convert_i32_u (i32.load offset=8 (local.get 0))))
     {data})
   (core instance $i (instantiate $m))
+  {SHARED_TYPES}
   {TYPES}
   (func (export "metadata") (result $meta)
     (canon lift (core func $i "metadata") (memory (core memory $i "memory")) (realloc (core func $i "realloc"))))
-  (func (export "select") (param "req" $request) (param "candidates" $workers) (result $decision)
-    (canon lift (core func $i "select") (memory (core memory $i "memory")) (realloc (core func $i "realloc"))))
+  (func (export "route") (param "req" $request) (param "candidates" $workers) (result $decision)
+    (canon lift (core func $i "route") (memory (core memory $i "memory")) (realloc (core func $i "realloc"))))
   (func (export "observe") (param "feedback" $outcome)
     (canon lift (core func $i "observe") (memory (core memory $i "memory")) (realloc (core func $i "realloc"))))
   {queue_key_export}
 )"#,
             pages = self.pages,
-            select = self.select,
+            route = self.route,
             data = metadata_data(&self.meta),
         )
     }
@@ -209,7 +219,7 @@ impl Router<'_> {
     }
 }
 
-/// A component of the `admission` world's shape (it exports `tick`, not `select`).
+/// A component of the `admission` world's shape (it exports `tick`, not `route`).
 pub fn admission_component() -> Vec<u8> {
     parse(
         r#"(component
@@ -219,6 +229,8 @@ pub fn admission_component() -> Vec<u8> {
 )"#,
     )
 }
+
+pub mod worlds;
 
 /// Assemble fixture WAT; the fixtures are constants, so a failure is a bug in this module.
 fn parse(text: &str) -> Vec<u8> {

@@ -21,7 +21,7 @@ fn router(bytes: &[u8]) -> WasmRouter {
 }
 
 /// The cheapest index, ties to the lowest: how both answers are compared.
-fn cheapest(selection: &Selection) -> usize {
+pub(crate) fn cheapest(selection: &Selection) -> usize {
     match selection {
         Selection::Pick(i) => *i,
         Selection::Costs(costs) => costs
@@ -125,39 +125,44 @@ fn every_builtin_guest_conforms() {
             .load_router(bytes)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(component.metadata().name, *name);
-        assert_eq!(component.metadata().world, "router");
         let mut policy = WasmRouter::new(component, Arc::new(PolicyStats::default()));
-        for n in [1, 2, 16, 256] {
-            let workers = candidates(n);
-            for round in 0..4 {
-                let request = PolicyRequest {
-                    tokens: 64 + round * 100,
-                    blocks: (64 + round * 100).div_ceil(16),
-                    block_size: 16,
-                    session_id: Some("conformance"),
-                    ..PolicyRequest::default()
-                };
-                let selection = policy.select(&request, &workers);
-                assert!(
-                    cheapest(&selection) < workers.len(),
-                    "{name}: {selection:?}"
-                );
-                policy.observe(&Outcome {
-                    rank: workers[0].rank,
-                    candidate_index: 0,
-                    session_id: Some("conformance".into()),
-                    ttft: Some(std::time::Duration::from_millis(20)),
-                    itl: Some(std::time::Duration::from_millis(5)),
-                    cached_tokens: 32,
-                    prompt_tokens: request.tokens,
-                    output_tokens: 8,
-                    error: None,
-                });
-                let key = policy.queue_key(&request).unwrap();
-                assert!(key.is_finite(), "{name}: queue key {key}");
-            }
-        }
-        let stats = policy.stats().snapshot();
-        assert_eq!(stats.fallbacks_total(), 0, "{name}: {stats:?}");
+        conforms(name, &mut policy);
     }
+}
+
+/// The conformance suite on one loaded guest (built-in or not); panics naming `name`.
+pub(crate) fn conforms(name: &str, policy: &mut WasmRouter) {
+    assert_eq!(policy.component().metadata().world, "router", "{name}");
+    for n in [1, 2, 16, 256] {
+        let workers = candidates(n);
+        for round in 0..4 {
+            let request = PolicyRequest {
+                tokens: 64 + round * 100,
+                blocks: (64 + round * 100).div_ceil(16),
+                block_size: 16,
+                session_id: Some("conformance"),
+                ..PolicyRequest::default()
+            };
+            let selection = policy.select(&request, &workers);
+            assert!(
+                cheapest(&selection) < workers.len(),
+                "{name}: {selection:?}"
+            );
+            policy.observe(&Outcome {
+                rank: workers[0].rank,
+                candidate_index: 0,
+                session_id: Some("conformance".into()),
+                ttft: Some(std::time::Duration::from_millis(20)),
+                itl: Some(std::time::Duration::from_millis(5)),
+                cached_tokens: 32,
+                prompt_tokens: request.tokens,
+                output_tokens: 8,
+                error: None,
+            });
+            let key = policy.queue_key(&request).unwrap();
+            assert!(key.is_finite(), "{name}: queue key {key}");
+        }
+    }
+    let stats = policy.stats().snapshot();
+    assert_eq!(stats.fallbacks_total(), 0, "{name}: {stats:?}");
 }

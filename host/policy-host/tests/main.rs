@@ -2,7 +2,10 @@
 
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking")]
 
+mod admission;
 mod builtins;
+mod examples;
+mod kv_hints;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +13,7 @@ use switchyard_core::index::Overlap;
 use switchyard_core::router::{Candidate, PolicyRequest, RoutingPolicy, Selection};
 use switchyard_core::worker::Rank;
 use switchyard_policy_host::test_util::{
-    self as wat, GROW, Meta, POISON_TOKENS, ROUTER_META, Router, SPIN, TRAP, select, when_poisoned,
+    self as wat, GROW, Meta, POISON_TOKENS, ROUTER_META, Router, SPIN, TRAP, route, when_poisoned,
 };
 use switchyard_policy_host::{
     EngineConfig, PolicyEngine, PolicyError, PolicyRegistry, PolicySource, PolicyStats, Role,
@@ -19,6 +22,20 @@ use switchyard_policy_host::{
 
 fn engine() -> PolicyEngine {
     PolicyEngine::new(EngineConfig::default()).unwrap()
+}
+
+/// `n` milliseconds (the `now` of the admission and KV-hint tests).
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// Assert that a load failed as the wrong world, with `mentions` in the message.
+fn assert_wrong_world<T: std::fmt::Debug>(loaded: Result<T, PolicyError>, mentions: &str) {
+    let err = loaded.unwrap_err();
+    assert!(
+        matches!(&err, PolicyError::WrongWorld(m) if m.contains(mentions)),
+        "{err}"
+    );
 }
 
 fn candidates(n: u32) -> Vec<Candidate> {
@@ -141,7 +158,7 @@ mod containment {
     /// prefix), count the reason, and later calls reach the guest again.
     fn contained(body: &str, reason: &str) {
         let mut router = wasm_router(&Router {
-            select: when_poisoned(body),
+            route: when_poisoned(body),
             ..Router::default()
         });
         let workers = candidates(4);
@@ -177,7 +194,7 @@ mod containment {
     #[test]
     fn the_last_worker_fixture_reads_the_columns() {
         let mut router = wasm_router(&Router {
-            select: select::PICK_LAST.into(),
+            route: route::PICK_LAST.into(),
             ..Router::default()
         });
         for n in [1, 5, 64] {
@@ -190,9 +207,9 @@ mod containment {
 
     #[test]
     fn impossible_answers_fall_back() {
-        for body in [select::PICK_99, select::NAN_COST] {
+        for body in [route::PICK_99, route::NAN_COST] {
             let mut router = wasm_router(&Router {
-                select: body.into(),
+                route: body.into(),
                 ..Router::default()
             });
             assert!(matches!(
@@ -209,7 +226,7 @@ mod containment {
     #[test]
     fn repeated_failures_skip_the_guest_for_a_while() {
         let mut router = wasm_router(&Router {
-            select: format!("{SPIN} {}", select::PICK_FIRST),
+            route: format!("{SPIN} {}", route::PICK_FIRST),
             ..Router::default()
         });
         let started = std::time::Instant::now();
@@ -233,7 +250,7 @@ mod registry {
 
     fn trapping() -> Vec<u8> {
         Router {
-            select: TRAP.into(),
+            route: TRAP.into(),
             ..Router::default()
         }
         .bytes()

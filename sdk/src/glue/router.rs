@@ -12,12 +12,8 @@ pub fn metadata<P: RouterPolicy>(policy: &P) -> WitMetadata {
     common::metadata(policy.metadata(), "router")
 }
 
-/// `select` export.
-pub fn select<P: RouterPolicy>(
-    policy: &mut P,
-    req: WitRequest,
-    workers: WitWorkers,
-) -> WitDecision {
+/// `route` export.
+pub fn route<P: RouterPolicy>(policy: &mut P, req: WitRequest, workers: WitWorkers) -> WitDecision {
     let request = common::request(req);
     let workers = Workers {
         worker_ids: workers.worker_ids,

@@ -1,0 +1,280 @@
+//! The admission decision as a policy: which agent sessions (programs) may send work to the
+//! engines now, reviewed periodically (`tick`) and when a request arrives (`arrival`).
+//!
+//! Mirrors the `admission` world of `switchyard:policy` (wit/admission.wit); the policy host puts
+//! the same trait behind a Wasm component. Sessions without an action keep their current state,
+//! and an arrival without an action is admitted, so returning nothing is always safe.
+
+use crate::router::PolicyRequest;
+use crate::worker::Rank;
+use std::collections::HashSet;
+use std::time::Duration;
+
+/// Where a session is in its life, as the gateway sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SessionPhase {
+    /// Has requests waiting in the gateway queue, none running.
+    Queued,
+    /// Has requests running on an engine.
+    Running,
+    /// Its last turn ended with a tool call; the next request comes when the tool returns.
+    ToolCall,
+    /// Paused by an admission action; its requests wait.
+    Paused,
+    /// Nothing running or waiting.
+    Idle,
+}
+
+/// One session (agent program) as an admission policy sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionView {
+    /// Session id.
+    pub session_id: String,
+    /// The session that spawned it (a subagent's parent), if any.
+    pub parent_session_id: Option<String>,
+    /// Phase.
+    pub phase: SessionPhase,
+    /// Current priority (after earlier adjustments); higher is more urgent.
+    pub priority: i32,
+    /// Requests running.
+    pub active_requests: u32,
+    /// Requests waiting in the gateway queue.
+    pub queued_requests: u32,
+    /// Tokens in its context (last prompt plus output).
+    pub context_tokens: u64,
+    /// Time since its first request.
+    pub age: Duration,
+    /// Time since it last had a request running (zero while running).
+    pub idle: Duration,
+}
+
+/// Utilization of one worker rank.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RankUtilization {
+    /// The rank.
+    pub rank: Rank,
+    /// Fraction of KV capacity in use, 0.0 to 1.0.
+    pub kv_usage: f32,
+    /// Requests in flight.
+    pub active_requests: u32,
+    /// Requests waiting in the engine's queue.
+    pub queue_depth: u32,
+    /// Whether the host routes to the rank.
+    pub healthy: bool,
+}
+
+/// Everything an admission policy sees: every known session and every rank.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AdmissionView {
+    /// Known sessions.
+    pub sessions: Vec<SessionView>,
+    /// Worker ranks.
+    pub workers: Vec<RankUtilization>,
+}
+
+/// A request that arrived and is not admitted yet.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Arrival<'a> {
+    /// The request, as the router would see it; its `session_id` names the arriving session.
+    pub request: PolicyRequest<'a>,
+    /// How long it has waited so far (zero on first arrival).
+    pub waited: Duration,
+}
+
+/// What to do with a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ActionKind {
+    /// Let its waiting requests go to the router.
+    Admit,
+    /// Keep its waiting requests queued for now, for this reason.
+    Hold(String),
+    /// Stop admitting its requests until [`ActionKind::Resume`]. Never preempts a running request.
+    Pause,
+    /// Undo [`ActionKind::Pause`].
+    Resume,
+    /// Add this delta to its priority (negative lowers it).
+    AdjustPriority(i32),
+}
+
+/// One admission action, tagged with the session it applies to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdmissionAction {
+    /// The session.
+    pub session_id: String,
+    /// What to do with it.
+    pub kind: ActionKind,
+}
+
+impl AdmissionAction {
+    /// `kind` for `session_id`.
+    pub fn new(session_id: impl Into<String>, kind: ActionKind) -> Self {
+        Self {
+            session_id: session_id.into(),
+            kind,
+        }
+    }
+}
+
+impl AdmissionView {
+    /// The session named `session_id`, if known.
+    pub fn session(&self, session_id: &str) -> Option<&SessionView> {
+        self.sessions.iter().find(|s| s.session_id == session_id)
+    }
+
+    /// Check that every action names a session of this view or the arriving one: an action
+    /// about a session the gateway does not track cannot be applied, so the whole answer is
+    /// suspect. Returns the first offending session id.
+    pub fn unknown_session<'a>(
+        &self,
+        actions: &'a [AdmissionAction],
+        arrival: Option<&Arrival<'_>>,
+    ) -> Option<&'a str> {
+        if actions.is_empty() {
+            return None;
+        }
+        let mut known: HashSet<&str> = self
+            .sessions
+            .iter()
+            .map(|s| s.session_id.as_str())
+            .collect();
+        known.extend(arrival.and_then(|a| a.request.session_id));
+        actions
+            .iter()
+            .map(|a| a.session_id.as_str())
+            .find(|id| !known.contains(id))
+    }
+}
+
+/// An admission decision point. Implementations: [`AdmitAll`] here, and Wasm components.
+pub trait AdmissionPolicy: Send + std::fmt::Debug {
+    /// Name for metrics and logs.
+    fn name(&self) -> &str;
+    /// Periodic review, at the host's tick interval; `now` is time since the driver's epoch.
+    fn tick(&mut self, view: &AdmissionView, now: Duration) -> Vec<AdmissionAction>;
+    /// A request arrived for a session.
+    fn arrival(
+        &mut self,
+        view: &AdmissionView,
+        arrival: &Arrival<'_>,
+        now: Duration,
+    ) -> Vec<AdmissionAction>;
+}
+
+/// Request-level admission (configured as `none`): every request goes straight to the router,
+/// no session is ever paused. The baseline session-aware admission is measured against.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct AdmitAll;
+
+impl AdmissionPolicy for AdmitAll {
+    fn name(&self) -> &str {
+        "admit-all"
+    }
+
+    fn tick(&mut self, _view: &AdmissionView, _now: Duration) -> Vec<AdmissionAction> {
+        Vec::new()
+    }
+
+    fn arrival(
+        &mut self,
+        _view: &AdmissionView,
+        _arrival: &Arrival<'_>,
+        _now: Duration,
+    ) -> Vec<AdmissionAction> {
+        // No action admits the arrival.
+        Vec::new()
+    }
+}
+
+/// The native admission policy named `name`, if there is one.
+pub fn native_admission(name: &str) -> Option<Box<dyn AdmissionPolicy>> {
+    match name {
+        "admit-all" | "none" => Some(Box::new(AdmitAll)),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session(id: &str, phase: SessionPhase) -> SessionView {
+        SessionView {
+            session_id: id.into(),
+            parent_session_id: None,
+            phase,
+            priority: 0,
+            active_requests: 0,
+            queued_requests: 1,
+            context_tokens: 4096,
+            age: Duration::from_secs(10),
+            idle: Duration::ZERO,
+        }
+    }
+
+    fn view() -> AdmissionView {
+        AdmissionView {
+            sessions: vec![
+                session("a", SessionPhase::Running),
+                session("b", SessionPhase::ToolCall),
+            ],
+            workers: vec![RankUtilization {
+                rank: Rank::new(0, 0),
+                kv_usage: 0.97,
+                active_requests: 3,
+                queue_depth: 0,
+                healthy: true,
+            }],
+        }
+    }
+
+    #[test]
+    fn admit_all_never_acts() {
+        let mut policy = AdmitAll;
+        assert!(policy.tick(&view(), Duration::from_secs(5)).is_empty());
+        let arrival = Arrival {
+            request: PolicyRequest {
+                session_id: Some("c"),
+                ..PolicyRequest::default()
+            },
+            waited: Duration::ZERO,
+        };
+        assert!(policy.arrival(&view(), &arrival, Duration::ZERO).is_empty());
+    }
+
+    #[test]
+    fn native_names_resolve() {
+        assert_eq!(
+            native_admission("none").map(|p| p.name().to_owned()),
+            Some("admit-all".into())
+        );
+        assert!(native_admission("thunder-agent").is_none());
+    }
+
+    #[test]
+    fn sessions_are_found_by_id() {
+        assert_eq!(
+            view().session("b").map(|s| s.phase),
+            Some(SessionPhase::ToolCall)
+        );
+        assert!(view().session("z").is_none());
+    }
+
+    #[test]
+    fn actions_must_name_known_or_arriving_sessions() {
+        let view = view();
+        let actions = [
+            AdmissionAction::new("a", ActionKind::Pause),
+            AdmissionAction::new("c", ActionKind::Admit),
+        ];
+        assert_eq!(view.unknown_session(&actions, None), Some("c"));
+        let arrival = Arrival {
+            request: PolicyRequest {
+                session_id: Some("c"),
+                ..PolicyRequest::default()
+            },
+            waited: Duration::ZERO,
+        };
+        assert_eq!(view.unknown_session(&actions, Some(&arrival)), None);
+        assert_eq!(view.unknown_session(&[], None), None);
+    }
+}

@@ -1,0 +1,147 @@
+//! [`Guest`]: the containment every Wasm decision point shares. It owns the live instance (built
+//! on first use, dropped after any failed call because a trap poisons the store), arms the
+//! deadline before each call, times and counts decisions, and on failure records the reason,
+//! rate-limits the log line and opens a circuit breaker so a guest that fails repeatedly stops
+//! costing a deadline per decision. The caller asks its native policy whenever it gets `None`.
+
+use crate::component::{ComponentHandle, World};
+use crate::engine::HostState;
+use crate::error::PolicyError;
+use crate::stats::PolicyStats;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use wasmtime::Store;
+
+/// Consecutive failed decisions after which the guest is skipped for [`BREAKER_COOLDOWN`]: a
+/// guest that loops forever would otherwise cost a full deadline on every decision.
+const BREAKER_THRESHOLD: u32 = 3;
+const BREAKER_COOLDOWN: Duration = Duration::from_secs(1);
+/// Failures within this long of the last logged one are counted, not logged.
+const LOG_BURST: Duration = Duration::from_secs(10);
+
+/// A component's live instance and its containment state.
+pub(crate) struct Guest<H: ComponentHandle> {
+    component: H,
+    live: Option<(Store<HostState>, H::World)>,
+    stats: Arc<PolicyStats>,
+    consecutive_failures: u32,
+    skip_until: Option<Instant>,
+    last_logged: Option<Instant>,
+    unlogged: u64,
+}
+
+impl<H: ComponentHandle> std::fmt::Debug for Guest<H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guest")
+            .field("component", &self.component)
+            .field("live", &self.live.is_some())
+            .field("consecutive_failures", &self.consecutive_failures)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<H: ComponentHandle> Guest<H> {
+    /// A guest over `component`, instantiated on the first call.
+    pub(crate) fn new(component: H, stats: Arc<PolicyStats>) -> Self {
+        Self {
+            component,
+            live: None,
+            stats,
+            consecutive_failures: 0,
+            skip_until: None,
+            last_logged: None,
+            unlogged: 0,
+        }
+    }
+
+    pub(crate) fn component(&self) -> &H {
+        &self.component
+    }
+
+    pub(crate) fn stats(&self) -> &Arc<PolicyStats> {
+        &self.stats
+    }
+
+    /// The policy's name, from its metadata.
+    pub(crate) fn name(&self) -> &str {
+        &self.component.loaded().metadata().name
+    }
+
+    /// Run `f` on the live instance (instantiating it first if needed) under the deadline. On
+    /// failure the store is dropped and the error classified.
+    pub(crate) fn call<R>(
+        &mut self,
+        f: impl FnOnce(&H::World, &mut Store<HostState>) -> wasmtime::Result<R>,
+    ) -> Result<R, PolicyError> {
+        let loaded = self.component.loaded();
+        let (store, instance) = match &mut self.live {
+            Some(live) => live,
+            None => self.live.insert(loaded.instantiate()?),
+        };
+        loaded.engine().arm_deadline(store);
+        match f(instance, store) {
+            Ok(value) => Ok(value),
+            Err(e) => {
+                let err = PolicyError::from_call(&e, store.data());
+                self.live = None;
+                Err(err)
+            }
+        }
+    }
+
+    /// One decision: `attempt` asks the guest (through [`Guest::call`]) and checks its answer.
+    /// `None` means the caller's native policy must answer: the breaker is open, or the attempt
+    /// failed (counted by reason, logged at most once per burst).
+    pub(crate) fn decide<R>(
+        &mut self,
+        attempt: impl FnOnce(&mut Self) -> Result<R, PolicyError>,
+    ) -> Option<R> {
+        if let Some(until) = self.skip_until {
+            if Instant::now() < until {
+                self.stats.record_fallback("circuit_open", None);
+                return None;
+            }
+            self.skip_until = None;
+        }
+        let started = Instant::now();
+        let answer = attempt(self);
+        self.stats.record_call(started.elapsed());
+        match answer {
+            Ok(value) => {
+                self.consecutive_failures = 0;
+                Some(value)
+            }
+            Err(err) => {
+                self.failed(&err);
+                None
+            }
+        }
+    }
+
+    fn failed(&mut self, err: &PolicyError) {
+        let name = self.name().to_owned();
+        self.stats
+            .record_fallback(err.reason(), Some(format!("{name}: {err}")));
+        self.consecutive_failures += 1;
+        let now = Instant::now();
+        if self.consecutive_failures >= BREAKER_THRESHOLD {
+            self.skip_until = Some(now + BREAKER_COOLDOWN);
+        }
+        if self
+            .last_logged
+            .is_none_or(|at| now.duration_since(at) >= LOG_BURST)
+        {
+            tracing::warn!(
+                policy = %name,
+                world = H::World::NAME,
+                error = %err,
+                suppressed = self.unlogged,
+                "policy failed; the native policy answers for now"
+            );
+            self.last_logged = Some(now);
+            self.unlogged = 0;
+        } else {
+            self.unlogged += 1;
+        }
+    }
+}
