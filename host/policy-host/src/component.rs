@@ -229,15 +229,3 @@ handle!(
     KvHintsComponent,
     kv_hints::KvHints
 );
-
-/// What [`crate::router::WasmRouter`] uses directly (it predates [`crate::guest::Guest`]).
-impl RouterComponent {
-    pub(crate) fn engine(&self) -> &PolicyEngine {
-        self.0.engine()
-    }
-
-    /// A fresh instance in a fresh store.
-    pub(crate) fn instantiate(&self) -> Result<(Store<HostState>, bindings::Router), PolicyError> {
-        self.0.instantiate()
-    }
-}
