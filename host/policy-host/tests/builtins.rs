@@ -9,14 +9,10 @@ use switchyard_core::router::{
     Candidate, CostWeights, KvCost, Outcome, PolicyRequest, RoutingPolicy, Selection,
 };
 use switchyard_core::worker::Rank;
-use switchyard_policy_host::{EngineConfig, PolicyEngine, PolicyStats, WasmRouter};
-
-fn engine() -> PolicyEngine {
-    PolicyEngine::new(EngineConfig::default()).unwrap()
-}
+use switchyard_policy_host::{PolicyStats, WasmRouter};
 
 fn router(bytes: &[u8]) -> WasmRouter {
-    let component = engine().load_router(bytes).unwrap();
+    let component = crate::patient_engine().load_router(bytes).unwrap();
     WasmRouter::new(component, Arc::new(PolicyStats::default()))
 }
 
@@ -119,7 +115,7 @@ fn candidates(n: u32) -> Vec<Candidate> {
 /// workers with no fallback, accept feedback, and give a finite queue key.
 #[test]
 fn every_builtin_guest_conforms() {
-    let engine = engine();
+    let engine = crate::patient_engine();
     for (name, bytes) in switchyard_policy_artifacts::builtin() {
         let component = engine
             .load_router(bytes)

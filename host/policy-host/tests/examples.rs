@@ -12,9 +12,7 @@ use std::sync::Arc;
 use switchyard_core::index::Overlap;
 use switchyard_core::router::{Candidate, PolicyRequest, RoutingPolicy};
 use switchyard_core::worker::Rank;
-use switchyard_policy_host::{
-    EngineConfig, PolicyEngine, PolicyRegistry, PolicySource, PolicyStats, Role, WasmRouter,
-};
+use switchyard_policy_host::{PolicyRegistry, PolicySource, PolicyStats, Role, WasmRouter};
 
 /// Where `examples/build-policies.sh` puts the `lang` guest.
 fn artifact(lang: &str) -> PathBuf {
@@ -41,12 +39,6 @@ fn built(lang: &str) -> Option<PathBuf> {
         path.display()
     );
     None
-}
-
-/// The host's default settings: the examples need no raised limits (checked here for the JS
-/// engine and the Python interpreter, the largest guests).
-fn engine() -> PolicyEngine {
-    PolicyEngine::new(EngineConfig::default()).unwrap()
 }
 
 /// Candidate sets with many ties on requests and decode blocks (`seed` varies them).
@@ -76,7 +68,7 @@ fn workers(n: u32, seed: u32) -> Vec<Candidate> {
 fn example_conforms(lang: &str) {
     let Some(path) = built(lang) else { return };
     let name = format!("least-load-{lang}");
-    let engine = engine();
+    let engine = crate::patient_engine();
 
     // The real load path: compile, check world and metadata, canary, swap.
     let registry = PolicyRegistry::new(engine.clone(), None, &[], "conformance-model");

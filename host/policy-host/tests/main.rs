@@ -24,6 +24,16 @@ fn engine() -> PolicyEngine {
     PolicyEngine::new(EngineConfig::default()).unwrap()
 }
 
+/// The default limits, except a deadline that a CPU-starved CI machine cannot hit: for tests that
+/// compare answers (the deadline itself is tested in `containment`).
+fn patient_engine() -> PolicyEngine {
+    PolicyEngine::new(EngineConfig {
+        deadline: Duration::from_secs(2),
+        ..EngineConfig::default()
+    })
+    .unwrap()
+}
+
 /// `n` milliseconds (the `now` of the admission and KV-hint tests).
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
