@@ -45,7 +45,7 @@ pub use kv_hints::{
     Compaction, EventKind, Hint, HintKind, IndexState, KvHintPolicy, LifecycleEvent, Residency,
     Tier, TierUsage, ToolCall,
 };
-pub use router::{Decision, Outcome, RouterPolicy, Worker, Workers, kv_cost, kv_costs};
+pub use router::{Decision, Outcome, RouterPolicy, Worker, Workers, cheapest, kv_cost, kv_costs};
 pub use types::{
     CostOverrides, CostWeights, Extensions, LogLevel, PolicyMetadata, Request, find_extension,
 };

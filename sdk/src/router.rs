@@ -258,3 +258,16 @@ pub fn kv_cost(request: &Request, worker: &Worker) -> f64 {
 pub fn kv_costs(request: &Request, workers: &Workers) -> Vec<f64> {
     workers.iter().map(|(_, w)| kv_cost(request, &w)).collect()
 }
+
+/// The candidate the host picks from `costs` at temperature 0: the cheapest, ties to the fewest
+/// indexed blocks, then (where the host would draw at random) the lowest index.
+pub fn cheapest(costs: &[f64], workers: &Workers) -> Option<usize> {
+    workers
+        .iter()
+        .zip(costs)
+        .min_by(|((_, a), ca), ((_, b), cb)| {
+            ca.total_cmp(cb)
+                .then(a.indexed_blocks.cmp(&b.indexed_blocks))
+        })
+        .map(|((i, _), _)| i)
+}

@@ -7,6 +7,8 @@
 
 use std::cell::RefCell;
 
+/// Re-exported: tests resolve costs the way the host does.
+pub use crate::router::cheapest;
 use crate::router::{Decision, Outcome, RouterPolicy, Worker, Workers};
 use crate::types::{LogLevel, PolicyMetadata, Request};
 
@@ -89,19 +91,6 @@ pub fn check_decision(decision: &Decision, workers: &Workers) -> Result<(), Stri
         }
         _ => Ok(()),
     }
-}
-
-/// The candidate the host picks from `costs` at temperature 0: the cheapest, ties to the fewest
-/// indexed blocks, then (where the host would draw at random) the lowest index.
-pub fn cheapest(costs: &[f64], workers: &Workers) -> Option<usize> {
-    workers
-        .iter()
-        .zip(costs)
-        .min_by(|((_, a), ca), ((_, b), cb)| {
-            ca.total_cmp(cb)
-                .then(a.indexed_blocks.cmp(&b.indexed_blocks))
-        })
-        .map(|((i, _), _)| i)
 }
 
 /// Drives a [`RouterPolicy`] as the gateway does, checking every answer.

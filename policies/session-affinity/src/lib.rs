@@ -8,7 +8,7 @@
 mod sessions;
 
 use switchyard_policy_sdk::{
-    Decision, Outcome, PolicyMetadata, Request, RouterPolicy, Workers, kv_costs,
+    Decision, Outcome, PolicyMetadata, Request, RouterPolicy, Workers, cheapest, kv_costs,
 };
 
 use sessions::SessionMap;
@@ -59,7 +59,7 @@ impl RouterPolicy for SessionAffinity {
         let Some(session) = request.session_id.as_deref() else {
             return Decision::Costs(costs);
         };
-        let best = cheapest(&costs, workers);
+        let best = cheapest(&costs, workers).unwrap_or(0);
         let best_cost = costs.get(best).copied().unwrap_or(0.0);
         let sticky = self
             .sessions
@@ -94,19 +94,6 @@ impl RouterPolicy for SessionAffinity {
             self.sessions.insert(session, worker);
         }
     }
-}
-
-/// The cheapest candidate, ties to the fewest indexed blocks and then the lowest index, as the
-/// host picks at temperature 0.
-fn cheapest(costs: &[f64], workers: &Workers) -> usize {
-    workers
-        .iter()
-        .zip(costs)
-        .min_by(|((_, a), ca), ((_, b), cb)| {
-            ca.total_cmp(cb)
-                .then(a.indexed_blocks.cmp(&b.indexed_blocks))
-        })
-        .map_or(0, |((i, _), _)| i)
 }
 
 switchyard_policy_sdk::export_router!(SessionAffinity);
