@@ -1,0 +1,1 @@
+//! The client APIs on one internal representation (IR).
