@@ -1,0 +1,96 @@
+//! Cost of the frontend on an agent conversation of growing length (Claude Code shape: system
+//! blocks, tool calls and results): decode the request, render template messages, render the
+//! engine body; and streaming one reply through each encoder.
+//! IDs: `frontend/<op>/<turns>`.
+
+use std::hint::black_box;
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use serde_json::{Value, json};
+use switchyard_frontend::{
+    Api, ParsedEvent, ReplyEvent, ReplyMeta, messages, to_chat_request, to_template_messages,
+};
+
+/// A messages request with `turns` tool-using turns (~400 bytes of text per turn).
+fn conversation(turns: usize) -> Value {
+    let text = "The router keeps each session on the worker that holds its prefix. ".repeat(3);
+    let mut history = vec![json!({"role": "user", "content": "Fix the failing test."})];
+    for turn in 0..turns {
+        let id = format!("toolu_{turn}");
+        history.push(json!({"role": "assistant", "content": [
+            {"type": "thinking", "thinking": text, "signature": "sig"},
+            {"type": "tool_use", "id": id, "name": "Read", "input": {"file_path": format!("/repo/src/f{turn}.rs")}},
+        ]}));
+        history.push(json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": id, "content": text},
+        ]}));
+    }
+    json!({
+        "model": "m", "max_tokens": 4096, "stream": true,
+        "system": [{"type": "text", "text": text, "cache_control": {"type": "ephemeral"}}],
+        "tools": [{"name": "Read", "description": "Reads a file.", "input_schema": {
+            "type": "object", "properties": {"file_path": {"type": "string"}}, "required": ["file_path"]}}],
+        "messages": history,
+    })
+}
+
+fn reply_events() -> Vec<ReplyEvent> {
+    let mut events: Vec<ReplyEvent> = (0..200)
+        .map(|i| ReplyEvent::Output(ParsedEvent::Text(format!("token{i} "))))
+        .collect();
+    events.push(ReplyEvent::Output(ParsedEvent::ToolCallStart {
+        index: 0,
+        id: "call_0".into(),
+        name: "Read".into(),
+    }));
+    events.extend((0..20).map(|_| {
+        ReplyEvent::Output(ParsedEvent::ToolCallArguments {
+            index: 0,
+            delta: "{\"a\":".into(),
+        })
+    }));
+    events
+}
+
+fn bench(c: &mut Criterion) {
+    let mut group = c.benchmark_group("frontend");
+    for turns in [10, 100, 1000] {
+        let body = conversation(turns);
+        let bytes = body.to_string().len() as u64;
+        group.throughput(Throughput::Bytes(bytes));
+        group.bench_with_input(BenchmarkId::new("decode", turns), &body, |b, body| {
+            b.iter(|| messages::decode(black_box(body)))
+        });
+        let conv = messages::decode(&body).expect("the bench conversation is valid");
+        group.bench_with_input(
+            BenchmarkId::new("template_messages", turns),
+            &conv,
+            |b, conv| b.iter(|| to_template_messages(black_box(conv))),
+        );
+        group.bench_with_input(BenchmarkId::new("chat_request", turns), &conv, |b, conv| {
+            b.iter(|| to_chat_request(black_box(conv)))
+        });
+    }
+    let events = reply_events();
+    group.throughput(Throughput::Elements(events.len() as u64));
+    for api in [Api::ChatCompletions, Api::Responses, Api::Messages] {
+        group.bench_with_input(
+            BenchmarkId::new("encode", format!("{api:?}")),
+            &events,
+            |b, events| {
+                b.iter(|| {
+                    let mut encoder = api.stream_encoder(ReplyMeta::new("r", 0, "m"));
+                    let mut frames = 0;
+                    for event in events {
+                        frames += encoder.push(event).len();
+                    }
+                    frames + encoder.finish().len()
+                })
+            },
+        );
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,208 @@
+//! OpenAI chat completions (`chat.completion[.chunk]`) and completions (`text_completion`).
+
+use serde_json::{Value, json};
+
+use super::{Format, frame};
+use crate::api::Api;
+use crate::error::ApiError;
+use crate::ir::Block;
+use crate::reply::{Reply, ReplyMeta, SseFrame, Step, Usage};
+
+/// Which of the two OpenAI APIs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Flavor {
+    Chat,
+    Completion,
+}
+
+impl Flavor {
+    fn api(self) -> Api {
+        match self {
+            Flavor::Chat => Api::ChatCompletions,
+            Flavor::Completion => Api::Completions,
+        }
+    }
+
+    fn object(self, streaming: bool) -> &'static str {
+        match (self, streaming) {
+            (Flavor::Chat, true) => "chat.completion.chunk",
+            (Flavor::Chat, false) => "chat.completion",
+            (Flavor::Completion, _) => "text_completion",
+        }
+    }
+
+    /// One choice: chat's `delta` (stream) or `message` (body); completions' `text`.
+    fn choice(self, streaming: bool, content: Value, finish_reason: Option<&str>) -> Value {
+        let mut choice = json!({"index": 0});
+        match self {
+            Flavor::Chat if streaming => choice["delta"] = content,
+            Flavor::Chat => choice["message"] = content,
+            Flavor::Completion => choice["text"] = content,
+        }
+        choice["logprobs"] = Value::Null;
+        choice["finish_reason"] = finish_reason.into();
+        choice
+    }
+}
+
+/// OpenAI's `usage`.
+pub(crate) fn usage_json(usage: &Usage) -> Value {
+    let mut json = json!({
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    });
+    if let Some(reasoning) = usage.reasoning_tokens {
+        json["completion_tokens_details"] = json!({ "reasoning_tokens": reasoning });
+    }
+    json
+}
+
+fn envelope(flavor: Flavor, streaming: bool, meta: &ReplyMeta, choices: Vec<Value>) -> Value {
+    json!({
+        "id": flavor.api().object_id(&meta.request_id),
+        "object": flavor.object(streaming),
+        "created": meta.created,
+        "model": meta.model,
+        "choices": choices,
+    })
+}
+
+/// The full body: `chat.completion` or `text_completion`.
+pub(crate) fn body(flavor: Flavor, reply: &Reply, meta: &ReplyMeta) -> Value {
+    let content = match flavor {
+        Flavor::Completion => reply.text().into(),
+        Flavor::Chat => {
+            let text = reply.text();
+            let mut message = json!({
+                "role": "assistant",
+                "content": if text.is_empty() { Value::Null } else { text.into() },
+            });
+            let reasoning = reply.reasoning();
+            if !reasoning.is_empty() {
+                message["reasoning_content"] = reasoning.into();
+            }
+            let calls: Vec<Value> = reply
+                .blocks()
+                .iter()
+                .filter_map(|b| match b {
+                    Block::ToolCall {
+                        id,
+                        name,
+                        arguments,
+                    } => Some(json!({
+                        "id": id,
+                        "type": "function",
+                        "function": {"name": name, "arguments": arguments},
+                    })),
+                    _ => None,
+                })
+                .collect();
+            if !calls.is_empty() {
+                message["tool_calls"] = calls.into();
+            }
+            message
+        }
+    };
+    let finish = reply.finish_reason();
+    let choice = flavor.choice(false, content, Some(finish.as_openai()));
+    let mut body = envelope(flavor, false, meta, vec![choice]);
+    body["usage"] = usage_json(&reply.usage());
+    body
+}
+
+/// The streaming format of chat completions and completions.
+#[derive(Debug)]
+pub(crate) struct ChunkFormat {
+    flavor: Flavor,
+    finish_sent: bool,
+}
+
+impl ChunkFormat {
+    pub(crate) fn new(flavor: Flavor) -> Self {
+        Self {
+            flavor,
+            finish_sent: false,
+        }
+    }
+
+    fn chunk(&self, meta: &ReplyMeta, content: Value, finish_reason: Option<&str>) -> SseFrame {
+        let choice = self.flavor.choice(true, content, finish_reason);
+        frame(None, &envelope(self.flavor, true, meta, vec![choice]))
+    }
+
+    fn finish_chunk(&mut self, reply: &Reply, meta: &ReplyMeta, out: &mut Vec<SseFrame>) {
+        if self.finish_sent {
+            return;
+        }
+        self.finish_sent = true;
+        let empty = match self.flavor {
+            Flavor::Chat => json!({}),
+            Flavor::Completion => json!(""),
+        };
+        out.push(self.chunk(meta, empty, Some(reply.finish_reason().as_openai())));
+    }
+}
+
+impl Format for ChunkFormat {
+    fn start(&mut self, meta: &ReplyMeta, out: &mut Vec<SseFrame>) {
+        if self.flavor == Flavor::Chat {
+            out.push(self.chunk(meta, json!({"role": "assistant", "content": ""}), None));
+        }
+    }
+
+    fn step(&mut self, reply: &Reply, step: Step<'_>, meta: &ReplyMeta, out: &mut Vec<SseFrame>) {
+        let (n, delta) = match step {
+            Step::Open(n) => (n, None),
+            Step::Delta(n, delta) => (n, Some(delta)),
+            Step::Close(_) => return,
+        };
+        let content = match (self.flavor, reply.blocks().get(n), delta) {
+            (Flavor::Completion, Some(Block::Text { .. }), Some(d)) => json!(d),
+            (Flavor::Chat, Some(Block::Text { .. }), Some(d)) => json!({ "content": d }),
+            (Flavor::Chat, Some(Block::Thinking { .. }), Some(d)) => {
+                json!({ "reasoning_content": d })
+            }
+            (Flavor::Chat, Some(Block::ToolCall { id, name, .. }), None) => json!({"tool_calls": [{
+                "index": reply.call_ordinal(n).unwrap_or(0),
+                "id": id,
+                "type": "function",
+                "function": {"name": name, "arguments": ""},
+            }]}),
+            (Flavor::Chat, Some(Block::ToolCall { .. }), Some(d)) => json!({"tool_calls": [{
+                "index": reply.call_ordinal(n).unwrap_or(0),
+                "function": {"arguments": d},
+            }]}),
+            // Completions have no place for reasoning or tool calls.
+            _ => return,
+        };
+        out.push(self.chunk(meta, content, None));
+    }
+
+    fn finished(&mut self, reply: &Reply, meta: &ReplyMeta, out: &mut Vec<SseFrame>) {
+        self.finish_chunk(reply, meta, out);
+    }
+
+    fn end(&mut self, reply: &Reply, meta: &ReplyMeta, out: &mut Vec<SseFrame>) {
+        self.finish_chunk(reply, meta, out);
+        if meta.include_usage {
+            let mut chunk = envelope(self.flavor, true, meta, Vec::new());
+            chunk["usage"] = usage_json(&reply.usage());
+            out.push(frame(None, &chunk));
+        }
+        out.push(done());
+    }
+
+    fn fail(&mut self, _: &Reply, _: &ReplyMeta, error: &ApiError, out: &mut Vec<SseFrame>) {
+        out.push(frame(None, &error.to_openai_json()));
+        out.push(done());
+    }
+}
+
+fn done() -> SseFrame {
+    SseFrame {
+        event: None,
+        data: "[DONE]".into(),
+    }
+}

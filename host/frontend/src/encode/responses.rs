@@ -1,0 +1,271 @@
+//! OpenAI Responses API: the `response` object and its event stream.
+//!
+//! Each reply block is one output item: reasoning (`reasoning_text` content, the raw reasoning;
+//! the summary stays empty), an assistant `message` with one `output_text` part, or a
+//! `function_call`. Events follow openai-python's typed stream (`ResponseStreamEvent`); each
+//! carries `sequence_number`.
+
+use serde_json::{Map, Value, json};
+
+use super::{Format, frame, typed};
+use crate::api::Api;
+use crate::error::ApiError;
+use crate::ir::Block;
+use crate::reply::{FinishReason, Reply, ReplyMeta, SseFrame, Step, Usage};
+
+/// The Responses API's `usage`.
+fn usage_json(usage: &Usage) -> Value {
+    json!({
+        "input_tokens": usage.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
+        "output_tokens": usage.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens.unwrap_or(0)},
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+    })
+}
+
+/// The id of output item `n`.
+fn item_id(block: &Block, meta: &ReplyMeta, n: usize) -> String {
+    let prefix = match block {
+        Block::Thinking { .. } => "rs",
+        Block::ToolCall { .. } => "fc",
+        _ => "msg",
+    };
+    format!("{prefix}_{}_{n}", meta.request_id)
+}
+
+/// The content part of a text or reasoning item.
+fn part(block: &Block, done: bool) -> Value {
+    match block {
+        Block::Thinking { text, .. } => {
+            json!({"type": "reasoning_text", "text": if done { text.as_str() } else { "" }})
+        }
+        Block::Text { text } => json!({
+            "type": "output_text",
+            "text": if done { text.as_str() } else { "" },
+            "annotations": [],
+            "logprobs": [],
+        }),
+        _ => Value::Null,
+    }
+}
+
+/// Output item `n`: as first announced (`done` false: empty) or complete.
+fn item(block: &Block, meta: &ReplyMeta, n: usize, done: bool) -> Value {
+    let id = item_id(block, meta, n);
+    let status = if done { "completed" } else { "in_progress" };
+    let parts = if done {
+        vec![part(block, true)]
+    } else {
+        Vec::new()
+    };
+    match block {
+        Block::Thinking { .. } => json!({
+            "id": id, "type": "reasoning", "summary": [], "content": parts, "status": status,
+        }),
+        Block::ToolCall {
+            id: call_id,
+            name,
+            arguments,
+        } => json!({
+            "id": id, "type": "function_call", "status": status, "call_id": call_id,
+            "name": name, "arguments": if done { arguments.as_str() } else { "" },
+        }),
+        _ => json!({
+            "id": id, "type": "message", "status": status, "role": "assistant", "content": parts,
+        }),
+    }
+}
+
+/// The `response` object. `final_state` false: the in-progress object of the opening events.
+fn response(reply: &Reply, meta: &ReplyMeta, final_state: bool, error: Option<&ApiError>) -> Value {
+    let incomplete = match reply.finish_reason() {
+        FinishReason::Length => Some("max_output_tokens"),
+        FinishReason::ContentFilter => Some("content_filter"),
+        _ => None,
+    };
+    let status = match (final_state, error, incomplete) {
+        (false, _, _) => "in_progress",
+        (true, Some(_), _) => "failed",
+        (true, None, Some(_)) => "incomplete",
+        (true, None, None) => "completed",
+    };
+    let output: Vec<Value> = if final_state {
+        reply
+            .blocks()
+            .iter()
+            .enumerate()
+            .map(|(n, b)| item(b, meta, n, true))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mut object = Map::new();
+    object.insert(
+        "id".into(),
+        Api::Responses.object_id(&meta.request_id).into(),
+    );
+    object.insert("object".into(), "response".into());
+    object.insert("created_at".into(), meta.created.into());
+    object.insert("status".into(), status.into());
+    object.insert(
+        "error".into(),
+        error.map_or(
+            Value::Null,
+            |e| json!({"code": "server_error", "message": e.message}),
+        ),
+    );
+    object.insert(
+        "incomplete_details".into(),
+        match incomplete.filter(|_| final_state && error.is_none()) {
+            Some(reason) => json!({ "reason": reason }),
+            None => Value::Null,
+        },
+    );
+    object.insert("model".into(), meta.model.clone().into());
+    object.insert("output".into(), output.into());
+    // Required by the typed clients even when the gateway echoes nothing.
+    object.insert("parallel_tool_calls".into(), true.into());
+    object.insert("tool_choice".into(), "auto".into());
+    object.insert("tools".into(), json!([]));
+    for (key, value) in &meta.echo {
+        object.insert(key.clone(), value.clone());
+    }
+    object.insert(
+        "usage".into(),
+        if final_state {
+            usage_json(&reply.usage())
+        } else {
+            Value::Null
+        },
+    );
+    Value::Object(object)
+}
+
+/// The full (non-streaming) body.
+pub(crate) fn body(reply: &Reply, meta: &ReplyMeta) -> Value {
+    response(reply, meta, true, None)
+}
+
+/// The Responses API's event stream.
+#[derive(Debug, Default)]
+pub(crate) struct EventFormat {
+    sequence: u64,
+}
+
+impl EventFormat {
+    fn event(&mut self, kind: &'static str, fields: Value, out: &mut Vec<SseFrame>) {
+        let mut event = typed(kind, fields);
+        event["sequence_number"] = self.sequence.into();
+        self.sequence += 1;
+        out.push(frame(Some(kind), &event));
+    }
+}
+
+impl Format for EventFormat {
+    fn start(&mut self, meta: &ReplyMeta, out: &mut Vec<SseFrame>) {
+        let opening = response(&Reply::new(), meta, false, None);
+        self.event("response.created", json!({ "response": opening }), out);
+        self.event("response.in_progress", json!({ "response": opening }), out);
+    }
+
+    fn step(&mut self, reply: &Reply, step: Step<'_>, meta: &ReplyMeta, out: &mut Vec<SseFrame>) {
+        let n = match step {
+            Step::Open(n) | Step::Delta(n, _) | Step::Close(n) => n,
+        };
+        let Some(block) = reply.blocks().get(n) else {
+            return;
+        };
+        let id = item_id(block, meta, n);
+        let at = json!({"item_id": id, "output_index": n});
+        let in_part = json!({"item_id": id, "output_index": n, "content_index": 0});
+        let with = |base: &Value, key: &str, value: Value| {
+            let mut v = base.clone();
+            v[key] = value;
+            v
+        };
+        match (step, block) {
+            (Step::Open(_), _) => {
+                let item = item(block, meta, n, false);
+                self.event(
+                    "response.output_item.added",
+                    json!({"output_index": n, "item": item}),
+                    out,
+                );
+                if !matches!(block, Block::ToolCall { .. }) {
+                    let part = with(&in_part, "part", part(block, false));
+                    self.event("response.content_part.added", part, out);
+                }
+            }
+            (Step::Delta(_, d), Block::Text { .. }) => {
+                let mut delta = with(&in_part, "delta", d.into());
+                delta["logprobs"] = json!([]);
+                self.event("response.output_text.delta", delta, out);
+            }
+            (Step::Delta(_, d), Block::Thinking { .. }) => {
+                self.event(
+                    "response.reasoning_text.delta",
+                    with(&in_part, "delta", d.into()),
+                    out,
+                );
+            }
+            (Step::Delta(_, d), Block::ToolCall { .. }) => {
+                let delta = with(&at, "delta", d.into());
+                self.event("response.function_call_arguments.delta", delta, out);
+            }
+            (Step::Close(_), Block::Text { text }) => {
+                let mut done = with(&in_part, "text", text.as_str().into());
+                done["logprobs"] = json!([]);
+                self.event("response.output_text.done", done, out);
+                self.event(
+                    "response.content_part.done",
+                    with(&in_part, "part", part(block, true)),
+                    out,
+                );
+            }
+            (Step::Close(_), Block::Thinking { text, .. }) => {
+                let done = with(&in_part, "text", text.as_str().into());
+                self.event("response.reasoning_text.done", done, out);
+                self.event(
+                    "response.content_part.done",
+                    with(&in_part, "part", part(block, true)),
+                    out,
+                );
+            }
+            (
+                Step::Close(_),
+                Block::ToolCall {
+                    name, arguments, ..
+                },
+            ) => {
+                let mut done = with(&at, "name", name.as_str().into());
+                done["arguments"] = arguments.as_str().into();
+                self.event("response.function_call_arguments.done", done, out);
+            }
+            _ => {}
+        }
+        if let Step::Close(_) = step {
+            let item = item(block, meta, n, true);
+            self.event(
+                "response.output_item.done",
+                json!({"output_index": n, "item": item}),
+                out,
+            );
+        }
+    }
+
+    fn end(&mut self, reply: &Reply, meta: &ReplyMeta, out: &mut Vec<SseFrame>) {
+        let response = body(reply, meta);
+        let kind = if response["status"] == "incomplete" {
+            "response.incomplete"
+        } else {
+            "response.completed"
+        };
+        self.event(kind, json!({ "response": response }), out);
+    }
+
+    fn fail(&mut self, reply: &Reply, meta: &ReplyMeta, error: &ApiError, out: &mut Vec<SseFrame>) {
+        let response = response(reply, meta, true, Some(error));
+        self.event("response.failed", json!({ "response": response }), out);
+    }
+}

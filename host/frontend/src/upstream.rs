@@ -1,0 +1,391 @@
+//! Reading an engine's OpenAI-compatible answer (chat completion chunks, completion chunks, or a
+//! whole body) as [`ReplyEvent`]s.
+
+use serde_json::Value;
+use switchyard_parsers::ParsedEvent;
+
+use crate::error::{ApiError, ErrorKind};
+use crate::reply::{FinishReason, ReplyEvent, Usage};
+
+/// Decodes one engine stream's chunks (`chat.completion.chunk` or `text_completion`) into reply
+/// events, assembling tool calls that arrive in pieces.
+#[derive(Debug, Clone)]
+pub struct UpstreamChatDecoder {
+    request_id: String,
+    /// Tool calls by the engine's index.
+    calls: Vec<Call>,
+    started_calls: usize,
+}
+
+#[derive(Debug, Clone)]
+struct Call {
+    engine_index: u64,
+    id: Option<String>,
+    name: Option<String>,
+    /// Our index once started (the name is known).
+    index: Option<usize>,
+    /// Arguments that came before the name.
+    pending: String,
+}
+
+// === impl UpstreamChatDecoder ===
+
+impl UpstreamChatDecoder {
+    /// A decoder for one engine stream; `request_id` makes the ids of tool calls the engine left
+    /// without one unique (`call_<request_id>_<n>`).
+    pub fn new(request_id: &str) -> Self {
+        Self {
+            request_id: request_id.to_owned(),
+            calls: Vec::new(),
+            started_calls: 0,
+        }
+    }
+
+    /// Decodes the `data` of one server-sent event (`[DONE]` yields nothing).
+    pub fn decode_data(&mut self, data: &str) -> Result<Vec<ReplyEvent>, ApiError> {
+        let data = data.trim();
+        if data == "[DONE]" || data.is_empty() {
+            return Ok(Vec::new());
+        }
+        let chunk: Value = serde_json::from_str(data)
+            .map_err(|e| upstream(format!("engine sent an unreadable chunk: {e}")))?;
+        self.decode_chunk(&chunk)
+    }
+
+    /// Decodes one chunk. An error chunk (`{"error": ...}` or `{"object": "error"}`) is an `Err`.
+    pub fn decode_chunk(&mut self, chunk: &Value) -> Result<Vec<ReplyEvent>, ApiError> {
+        check_error(chunk)?;
+        let mut events = Vec::new();
+        if let Some(choice) = first_choice(chunk) {
+            let delta = choice.get("delta").unwrap_or(&Value::Null);
+            self.content(delta, &mut events);
+            if let Some(Value::String(text)) = choice.get("text") {
+                push_text(ParsedEvent::Text, text, &mut events);
+            }
+            if let Some(reason) = finish_reason(choice) {
+                events.push(ReplyEvent::Finish { reason });
+            }
+        }
+        if let Some(usage) = usage(chunk) {
+            events.push(ReplyEvent::Usage(usage));
+        }
+        Ok(events)
+    }
+
+    /// Decodes a whole (non-streamed) `chat.completion` or `text_completion` body.
+    pub fn decode_response(&mut self, body: &Value) -> Result<Vec<ReplyEvent>, ApiError> {
+        check_error(body)?;
+        let mut events = Vec::new();
+        if let Some(choice) = first_choice(body) {
+            if let Some(message) = choice.get("message") {
+                self.content(message, &mut events);
+            }
+            if let Some(Value::String(text)) = choice.get("text") {
+                push_text(ParsedEvent::Text, text, &mut events);
+            }
+            events.push(ReplyEvent::Finish {
+                reason: finish_reason(choice).unwrap_or(FinishReason::Stop),
+            });
+        }
+        if let Some(usage) = usage(body) {
+            events.push(ReplyEvent::Usage(usage));
+        }
+        Ok(events)
+    }
+
+    /// Reasoning, text and tool calls of a chat `delta` or `message`, in that order.
+    fn content(&mut self, delta: &Value, events: &mut Vec<ReplyEvent>) {
+        for key in ["reasoning_content", "reasoning"] {
+            if let Some(Value::String(text)) = delta.get(key) {
+                push_text(ParsedEvent::Reasoning, text, events);
+                break;
+            }
+        }
+        if let Some(Value::String(text)) = delta.get("content") {
+            push_text(ParsedEvent::Text, text, events);
+        }
+        if let Some(Value::Array(calls)) = delta.get("tool_calls") {
+            for (position, call) in calls.iter().enumerate() {
+                self.tool_call(position, call, events);
+            }
+        }
+    }
+
+    fn tool_call(&mut self, position: usize, call: &Value, events: &mut Vec<ReplyEvent>) {
+        let engine_index = call
+            .get("index")
+            .and_then(Value::as_u64)
+            .unwrap_or(position as u64);
+        let slot = match self
+            .calls
+            .iter()
+            .position(|c| c.engine_index == engine_index)
+        {
+            Some(slot) => slot,
+            None => {
+                self.calls.push(Call {
+                    engine_index,
+                    id: None,
+                    name: None,
+                    index: None,
+                    pending: String::new(),
+                });
+                self.calls.len() - 1
+            }
+        };
+        let function = call.get("function").unwrap_or(&Value::Null);
+        let arguments = match function.get("arguments") {
+            Some(Value::String(s)) => s.clone(),
+            // Some servers send the arguments as an object.
+            Some(v @ Value::Object(_)) => v.to_string(),
+            _ => String::new(),
+        };
+        let Some(state) = self.calls.get_mut(slot) else {
+            return;
+        };
+        if let Some(Value::String(id)) = call.get("id") {
+            state.id.get_or_insert_with(|| id.clone());
+        }
+        if let Some(Value::String(name)) = function.get("name")
+            && !name.is_empty()
+        {
+            state.name.get_or_insert_with(|| name.clone());
+        }
+        match (state.index, &state.name) {
+            (Some(index), _) => {
+                if !arguments.is_empty() {
+                    events.push(
+                        ParsedEvent::ToolCallArguments {
+                            index,
+                            delta: arguments,
+                        }
+                        .into(),
+                    );
+                }
+            }
+            (None, Some(name)) => {
+                let index = self.started_calls;
+                self.started_calls += 1;
+                state.index = Some(index);
+                let id = state
+                    .id
+                    .clone()
+                    .unwrap_or_else(|| format!("call_{}_{index}", self.request_id));
+                events.push(
+                    ParsedEvent::ToolCallStart {
+                        index,
+                        id,
+                        name: name.clone(),
+                    }
+                    .into(),
+                );
+                let delta = std::mem::take(&mut state.pending) + &arguments;
+                if !delta.is_empty() {
+                    events.push(ParsedEvent::ToolCallArguments { index, delta }.into());
+                }
+            }
+            (None, None) => state.pending.push_str(&arguments),
+        }
+    }
+}
+
+fn push_text(make: fn(String) -> ParsedEvent, text: &str, events: &mut Vec<ReplyEvent>) {
+    if !text.is_empty() {
+        events.push(ReplyEvent::Output(make(text.to_owned())));
+    }
+}
+
+fn first_choice(body: &Value) -> Option<&Value> {
+    body.get("choices")?
+        .as_array()?
+        .iter()
+        .find(|c| c.get("index").and_then(Value::as_u64).unwrap_or(0) == 0)
+}
+
+fn finish_reason(choice: &Value) -> Option<FinishReason> {
+    let reason = choice.get("finish_reason")?.as_str()?;
+    Some(match reason {
+        "length" => FinishReason::Length,
+        "tool_calls" | "function_call" => FinishReason::ToolCalls,
+        "content_filter" => FinishReason::ContentFilter,
+        // vLLM names the stop string that matched (or the stop token id) in `stop_reason`.
+        _ => match choice.get("stop_reason") {
+            Some(Value::String(s)) => FinishReason::StopSequence(s.clone()),
+            _ => FinishReason::Stop,
+        },
+    })
+}
+
+fn usage(body: &Value) -> Option<Usage> {
+    let usage = body.get("usage")?.as_object()?;
+    let count = |v: Option<&Value>| v.and_then(Value::as_u64);
+    Some(Usage {
+        prompt_tokens: count(usage.get("prompt_tokens")).unwrap_or(0),
+        completion_tokens: count(usage.get("completion_tokens")).unwrap_or(0),
+        cached_tokens: count(
+            usage
+                .get("prompt_tokens_details")
+                .and_then(|d| d.get("cached_tokens")),
+        )
+        .unwrap_or(0),
+        reasoning_tokens: count(
+            usage
+                .get("completion_tokens_details")
+                .and_then(|d| d.get("reasoning_tokens")),
+        ),
+    })
+}
+
+fn check_error(body: &Value) -> Result<(), ApiError> {
+    let error = match body.get("error") {
+        Some(error) if !error.is_null() => error,
+        _ if body.get("object").and_then(Value::as_str) == Some("error") => body,
+        _ => return Ok(()),
+    };
+    let message = error
+        .get("message")
+        .and_then(Value::as_str)
+        .map_or_else(|| error.to_string(), str::to_owned);
+    Err(upstream(format!("engine error: {message}")))
+}
+
+fn upstream(message: String) -> ApiError {
+    ApiError::new(ErrorKind::Upstream, message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn chunk(delta: Value) -> Value {
+        json!({"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": null}]})
+    }
+
+    #[test]
+    fn tool_calls_assemble_across_chunks() {
+        let mut d = UpstreamChatDecoder::new("r1");
+        let mut events = Vec::new();
+        for c in [
+            chunk(json!({"role": "assistant", "content": ""})),
+            chunk(json!({"reasoning_content": "hm"})),
+            // Arguments before the name (some engines) wait for it.
+            chunk(json!({"tool_calls": [{"index": 3, "function": {"arguments": "{\"a\""}}]})),
+            chunk(
+                json!({"tool_calls": [{"index": 3, "id": "x", "type": "function", "function": {"name": "f"}}]}),
+            ),
+            chunk(json!({"tool_calls": [{"index": 3, "function": {"arguments": ":1}"}}]})),
+            chunk(
+                json!({"tool_calls": [{"index": 4, "function": {"name": "g", "arguments": "{}"}}]}),
+            ),
+            json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop", "stop_reason": null}]}),
+            json!({"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 5,
+                "prompt_tokens_details": {"cached_tokens": 8}}}),
+        ] {
+            events.extend(d.decode_chunk(&c).unwrap());
+        }
+        let out = |e: ParsedEvent| ReplyEvent::Output(e);
+        assert_eq!(
+            events,
+            vec![
+                out(ParsedEvent::Reasoning("hm".into())),
+                out(ParsedEvent::ToolCallStart {
+                    index: 0,
+                    id: "x".into(),
+                    name: "f".into()
+                }),
+                out(ParsedEvent::ToolCallArguments {
+                    index: 0,
+                    delta: "{\"a\"".into()
+                }),
+                out(ParsedEvent::ToolCallArguments {
+                    index: 0,
+                    delta: ":1}".into()
+                }),
+                out(ParsedEvent::ToolCallStart {
+                    index: 1,
+                    id: "call_r1_1".into(),
+                    name: "g".into()
+                }),
+                out(ParsedEvent::ToolCallArguments {
+                    index: 1,
+                    delta: "{}".into()
+                }),
+                ReplyEvent::Finish {
+                    reason: FinishReason::Stop
+                },
+                ReplyEvent::Usage(Usage {
+                    prompt_tokens: 10,
+                    completion_tokens: 5,
+                    cached_tokens: 8,
+                    reasoning_tokens: None
+                }),
+            ]
+        );
+    }
+
+    #[test]
+    fn finish_reasons_and_completions_text() {
+        let mut d = UpstreamChatDecoder::new("r");
+        let events = d
+            .decode_data(r#"{"object":"text_completion","choices":[{"index":0,"text":"hi","finish_reason":"stop","stop_reason":"END"}]}"#)
+            .unwrap();
+        assert_eq!(
+            events,
+            vec![
+                ReplyEvent::Output(ParsedEvent::Text("hi".into())),
+                ReplyEvent::Finish {
+                    reason: FinishReason::StopSequence("END".into())
+                },
+            ]
+        );
+        assert!(d.decode_data("[DONE]").unwrap().is_empty());
+        let length =
+            d.decode_data(r#"{"choices":[{"index":0,"delta":{},"finish_reason":"length"}]}"#);
+        assert_eq!(
+            length.unwrap(),
+            vec![ReplyEvent::Finish {
+                reason: FinishReason::Length
+            }]
+        );
+    }
+
+    #[test]
+    fn errors_and_garbage() {
+        let mut d = UpstreamChatDecoder::new("r");
+        let err = d
+            .decode_data(r#"{"error": {"message": "boom"}}"#)
+            .unwrap_err();
+        assert_eq!(err.status, 502);
+        assert!(err.message.contains("boom"));
+        assert!(
+            d.decode_data(r#"{"object":"error","message":"bad"}"#)
+                .is_err()
+        );
+        assert!(d.decode_data("not json").is_err());
+        for junk in [
+            json!(null),
+            json!([]),
+            json!({"choices": 3}),
+            json!({"choices": [{"delta": {"tool_calls": [1, null, {"function": 3}]}}]}),
+        ] {
+            assert!(d.decode_chunk(&junk).is_ok());
+        }
+    }
+
+    #[test]
+    fn whole_body() {
+        let mut d = UpstreamChatDecoder::new("r");
+        let body = json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok",
+            "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+            "finish_reason": "tool_calls"}], "usage": {"prompt_tokens": 3, "completion_tokens": 2}});
+        let events = d.decode_response(&body).unwrap();
+        assert_eq!(events.len(), 5);
+        assert_eq!(
+            events[3],
+            ReplyEvent::Finish {
+                reason: FinishReason::ToolCalls
+            }
+        );
+    }
+}

@@ -1,0 +1,9 @@
+//! Integration tests of the frontend's public API, one module per area.
+
+mod aggregate;
+mod canonical;
+mod encoders;
+mod fixtures;
+mod garbage;
+mod previous_response;
+mod support;
