@@ -5,6 +5,8 @@
 //! crate) and the chat template of its `tokenizer_config.json` (with minijinja, configured like
 //! Hugging Face's Jinja2 environment), and renders and encodes chats byte-for-byte as
 //! `apply_chat_template` does. SmolLM2-135M-Instruct is compiled in as the default model.
+//! [`ModelTokenizer::encode_chat_incremental`] with a [`SessionCache`] tokenizes only what each
+//! turn of a session added, with the same result.
 //!
 //! ```
 //! use switchyard_tokenizer::{ChatTemplateInput, ModelTokenizer};
@@ -21,18 +23,23 @@
 #![deny(missing_docs)]
 
 mod error;
+mod incremental;
 mod template;
 
 use std::collections::HashSet;
 use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use minijinja::Environment;
 use serde::Deserialize;
 use tokenizers::Tokenizer;
 
 pub use error::TokenizerError;
+pub use incremental::{
+    CacheOutcome, IncrementalEncoding, SessionCache, SessionCacheConfig, SessionCacheStats,
+};
 pub use template::ChatTemplateInput;
 
 /// Name of the model compiled in as [`ModelTokenizer::embedded_default`].
@@ -53,6 +60,8 @@ pub struct ModelTokenizer {
 }
 
 struct Inner {
+    /// Unique per loaded model (clones share it): a session cache never mixes models' tokens.
+    id: u64,
     name: String,
     tokenizer: Tokenizer,
     /// The compiled chat templates, by name (`default`, `tool_use`, ...).
@@ -62,7 +71,12 @@ struct Inner {
     vocab_size: u32,
     eos_token_id: Option<u32>,
     special_ids: HashSet<u32>,
+    /// Where prompts can be cut for incremental encoding; `None` if nowhere.
+    seams: Option<incremental::Seams>,
 }
+
+/// Source of [`Inner::id`].
+static NEXT_MODEL_ID: AtomicU64 = AtomicU64::new(0);
 
 /// The fields of `tokenizer_config.json` that chat rendering needs.
 #[derive(Deserialize)]
@@ -195,8 +209,11 @@ impl ModelTokenizer {
         // Token ids are u32, so a vocabulary always fits.
         let vocab_size = u32::try_from(tokenizer.get_vocab_size(true)).unwrap_or(u32::MAX);
 
+        let seams = incremental::Seams::new(&tokenizer).ok();
+
         Ok(Self {
             inner: Arc::new(Inner {
+                id: NEXT_MODEL_ID.fetch_add(1, Ordering::Relaxed),
                 name,
                 templates: template::environment(templates)?,
                 tokenizer,
@@ -204,6 +221,7 @@ impl ModelTokenizer {
                 vocab_size,
                 eos_token_id,
                 special_ids,
+                seams,
             }),
         })
     }
