@@ -2,7 +2,8 @@
 //! `/reset_prefix_cache`.
 
 use crate::driver::{EngineClient, SubmitError};
-use crate::respond::{self, Kind};
+use crate::respond::{self, Kind, Output};
+use crate::script;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
@@ -30,6 +31,10 @@ pub(crate) struct AppState {
     pub(crate) model: String,
     pub(crate) max_tokens_cap: u32,
     pub(crate) registry: Registry,
+    /// Tool-call format of scripted answers and parser of chat answers.
+    pub(crate) tool_parser: String,
+    /// Reasoning parser of chat answers.
+    pub(crate) reasoning_parser: Option<String>,
 }
 
 pub(crate) fn router(state: Arc<AppState>) -> Router {
@@ -64,6 +69,14 @@ struct StreamOptions {
 #[derive(Debug, Deserialize)]
 struct NvExt {
     agent_hints: Option<AgentHints>,
+    /// Keep the prompt's KV cached after the request (prompt caching).
+    cache_control: Option<CacheControl>,
+}
+
+#[derive(Debug, Deserialize)]
+struct CacheControl {
+    /// `5m`, `1h` or `<N>s`; default 5 minutes.
+    ttl: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -208,6 +221,24 @@ async fn completions(
     generate(&state, Kind::Completion, prompts, &request.common).await
 }
 
+/// Prompt tokens searched for [`script`] directives: they end the prompt.
+const SCRIPT_WINDOW_TOKENS: usize = 256;
+
+/// What to answer `prompt` with: a script if its last message asks for one.
+fn output(state: &AppState, prompt: &[u32]) -> Result<Output, ApiError> {
+    let tail = &prompt[prompt.len().saturating_sub(SCRIPT_WINDOW_TOKENS)..];
+    let text = state.tokenizer.decode(tail, false)?;
+    let script = script::answer(&text, &state.tool_parser)
+        .map_err(ApiError::bad_request)?
+        .map(|answer| state.tokenizer.encode(&answer, false))
+        .transpose()?;
+    Ok(Output {
+        script,
+        reasoning_parser: state.reasoning_parser.clone(),
+        tool_parser: Some(state.tool_parser.clone()),
+    })
+}
+
 /// Submit one generation per prompt and answer with all of them.
 async fn generate(
     state: &AppState,
@@ -215,6 +246,8 @@ async fn generate(
     prompts: Vec<Vec<u32>>,
     common: &Common,
 ) -> Result<Response, ApiError> {
+    // Batched prompts answer like the first (tests script one prompt at a time).
+    let output = output(state, prompts.first().map_or(&[][..], Vec::as_slice))?;
     let osl = common
         .nvext
         .as_ref()
@@ -226,18 +259,39 @@ async fn generate(
         .or(osl)
         .unwrap_or(DEFAULT_MAX_TOKENS)
         .min(state.max_tokens_cap);
+    // A scripted answer is as long as its script, like a model that stops on its own.
+    let max_tokens = match &output.script {
+        Some(script) => script.len().clamp(1, u32::MAX as usize) as u32,
+        None => max_tokens,
+    };
+    let pin = match common.nvext.as_ref().and_then(|n| n.cache_control.as_ref()) {
+        Some(cache) => Some(
+            humantime::parse_duration(cache.ttl.as_deref().unwrap_or("5m"))
+                .ok()
+                .ok_or_else(|| {
+                    ApiError::bad_request("nvext.cache_control.ttl: expected 5m, 1h or <N>s")
+                })?,
+        ),
+        None => None,
+    };
     let prompt_tokens = prompts.iter().map(Vec::len).sum();
     let mut generations = Vec::with_capacity(prompts.len());
     for prompt in prompts {
-        generations.push(state.engine.submit(prompt, max_tokens).await?);
+        generations.push(state.engine.submit(prompt, max_tokens, pin).await?);
     }
-    let answer = respond::Answer::new(kind, &state.model, state.tokenizer.clone(), prompt_tokens);
+    let answer = respond::Answer::new(
+        kind,
+        &state.model,
+        state.tokenizer.clone(),
+        prompt_tokens,
+        output,
+    );
     if common.stream {
         let include_usage = common
             .stream_options
             .as_ref()
             .is_some_and(|o| o.include_usage);
-        Ok(answer.stream(generations, include_usage))
+        answer.stream(generations, include_usage)
     } else {
         answer.collect(generations).await
     }

@@ -6,8 +6,10 @@ use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use switchyard_core::engine::{EngineModel, EngineRequest, EngineStats, RequestError, Step};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use switchyard_core::engine::{
+    BlockTable, EngineModel, EngineRequest, EngineStats, RequestError, Step,
+};
 use switchyard_kv_events::publisher::Publisher;
 use switchyard_kv_events::wire::{EventBatch, KvEvent};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -26,6 +28,8 @@ pub(crate) enum Progress {
 enum Command {
     Submit {
         request: EngineRequest,
+        /// Keep the prompt's KV for this long after the request ends (`cache_control`).
+        pin: Option<Duration>,
         progress: mpsc::UnboundedSender<Progress>,
         accepted: oneshot::Sender<Result<(), RequestError>>,
     },
@@ -64,10 +68,12 @@ pub(crate) enum SubmitError {
 
 impl EngineClient {
     /// Queue a generation; dropping the returned stream cancels it.
+    /// `pin` keeps the prompt's KV cached for that long (simulated time) after it ends.
     pub(crate) async fn submit(
         &self,
         prompt: Vec<u32>,
         max_tokens: u32,
+        pin: Option<Duration>,
     ) -> Result<Generation, SubmitError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (progress, events) = mpsc::unbounded_channel();
@@ -80,6 +86,7 @@ impl EngineClient {
         self.commands
             .send(Command::Submit {
                 request,
+                pin,
                 progress,
                 accepted,
             })
@@ -156,6 +163,7 @@ pub(crate) fn start(
         model,
         inbox,
         requests: HashMap::new(),
+        pins: Vec::new(),
         sink,
         speedup,
         stats: stats_tx,
@@ -173,10 +181,20 @@ pub(crate) fn start(
 struct Driver {
     model: EngineModel,
     inbox: mpsc::UnboundedReceiver<Command>,
-    requests: HashMap<u64, mpsc::UnboundedSender<Progress>>,
+    requests: HashMap<u64, Running>,
+    /// Pinned prompt prefixes and when their pins expire.
+    pins: Vec<(Instant, BlockTable)>,
     sink: Option<EventSink>,
     speedup: f64,
     stats: watch::Sender<EngineStats>,
+}
+
+/// A request in the engine.
+#[derive(Debug)]
+struct Running {
+    progress: mpsc::UnboundedSender<Progress>,
+    /// The prompt and how long to pin it once the request ends.
+    pin: Option<(Vec<u32>, Duration)>,
 }
 
 // === impl Driver ===
@@ -194,14 +212,17 @@ impl Driver {
             while let Ok(command) = self.inbox.try_recv() {
                 self.apply(command);
             }
+            self.expire_pins();
             self.stats.send_replace(self.model.stats());
             if !self.model.has_work() {
-                // Idle: sleep until a command arrives.
+                // Idle: sleep until a command arrives or a pin expires.
+                let next_expiry = self.pins.iter().map(|(at, _)| *at).min();
                 tokio::select! {
                     command = self.inbox.recv() => match command {
                         Some(command) => self.apply(command),
                         None => return,
                     },
+                    () = sleep_until(next_expiry) => {}
                     () = shutdown.cancelled() => return,
                 }
                 continue;
@@ -223,13 +244,15 @@ impl Driver {
         match command {
             Command::Submit {
                 request,
+                pin,
                 progress,
                 accepted,
             } => {
                 let id = request.id;
+                let pin = pin.map(|ttl| (request.prompt.clone(), ttl));
                 let result = self.model.add_request(request);
                 if result.is_ok() {
-                    self.requests.insert(id, progress);
+                    self.requests.insert(id, Running { progress, pin });
                 }
                 let _ = accepted.send(result);
             }
@@ -261,8 +284,17 @@ impl Driver {
                     finished: out.finished,
                 },
             );
-            if out.finished {
-                self.requests.remove(&out.id);
+            if out.finished
+                && let Some(Running {
+                    pin: Some((prompt, ttl)),
+                    ..
+                }) = self.requests.remove(&out.id)
+            {
+                let pin = self.model.pin(&prompt);
+                let ttl = Duration::try_from_secs_f64(ttl.as_secs_f64() / self.speedup)
+                    .unwrap_or(Duration::MAX);
+                let expires = Instant::now().checked_add(ttl).unwrap_or_else(far_future);
+                self.pins.push((expires, pin));
             }
         }
         let Some(sink) = &self.sink else {
@@ -290,8 +322,32 @@ impl Driver {
 
     fn send(&self, id: u64, progress: Progress) {
         // A request whose client left is cancelled by its `Generation`'s drop; ignore the gap.
-        if let Some(tx) = self.requests.get(&id) {
-            let _ = tx.send(progress);
+        if let Some(running) = self.requests.get(&id) {
+            let _ = running.progress.send(progress);
         }
     }
+
+    /// Unpin the prefixes whose time is up: their blocks become evictable again.
+    fn expire_pins(&mut self) {
+        let now = Instant::now();
+        let (expired, kept) = std::mem::take(&mut self.pins)
+            .into_iter()
+            .partition(|(at, _)| *at <= now);
+        self.pins = kept;
+        for (_, pin) in expired {
+            self.model.unpin(pin);
+        }
+    }
+}
+
+/// Sleep until `at`, or forever.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(100 * 365 * 86_400)
 }

@@ -29,6 +29,7 @@ mod api;
 mod driver;
 mod metrics;
 mod respond;
+mod script;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::ops::Range;
@@ -74,6 +75,13 @@ pub struct MockEngineConfig {
     pub encoding: Encoding,
     /// Data-parallel rank written into every event batch; `None` writes nil. Default `Some(0)`.
     pub dp_rank: Option<u32>,
+    /// The model's tool-call format (a `switchyard-parsers` name): scripted tool calls are written
+    /// in it and chat answers are parsed with it, like vLLM's `--tool-call-parser`. Default
+    /// `hermes`.
+    pub tool_parser: String,
+    /// Reasoning parser of chat answers (`reasoning_content`), like vLLM's `--reasoning-parser`;
+    /// `None` leaves thinking in the content. Default `qwen3` (`<think>` at the start only).
+    pub reasoning_parser: Option<String>,
 }
 
 impl Default for MockEngineConfig {
@@ -93,6 +101,8 @@ impl Default for MockEngineConfig {
             replay_endpoint: None,
             encoding: Encoding::Array,
             dp_rank: Some(0),
+            tool_parser: "hermes".to_owned(),
+            reasoning_parser: Some("qwen3".to_owned()),
         }
     }
 }
@@ -115,6 +125,9 @@ pub enum MockEngineError {
     /// The KV event publisher could not bind.
     #[error("KV event publisher: {0}")]
     Publisher(#[source] switchyard_kv_events::Error),
+    /// A parser name is unknown.
+    #[error(transparent)]
+    Parser(#[from] switchyard_parsers::UnknownParser),
     /// A task of the engine panicked.
     #[error("mock engine task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
@@ -169,6 +182,12 @@ pub async fn spawn(
     if !(config.speedup.is_finite() && config.speedup > 0.0) {
         return Err(MockEngineError::Speedup(config.speedup));
     }
+    // Refuse unknown parser names at start, not on the first request.
+    switchyard_parsers::OutputParser::new(
+        config.reasoning_parser.as_deref(),
+        Some(&config.tool_parser),
+        "",
+    )?;
     let model = EngineModel::new(EngineConfig {
         block_size: config.block_size,
         num_blocks: config.num_blocks,
@@ -216,6 +235,8 @@ pub async fn spawn(
         model: model_name,
         max_tokens_cap: config.max_tokens_cap,
         registry,
+        tool_parser: config.tool_parser,
+        reasoning_parser: config.reasoning_parser,
     }));
     let server = tokio::spawn(async move {
         axum::serve(listener, app)

@@ -9,10 +9,11 @@ use serde_json::{Value, json};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
+use switchyard_parsers::{CallEmission, OutputParser, ParsedEvent};
 use switchyard_tokenizer::ModelTokenizer;
 
-/// The engine always runs to the requested length (it never samples EOS).
-const FINISH_REASON: &str = "length";
+/// Unscripted, the engine always runs to the requested length (it never samples EOS).
+const FINISH_LENGTH: &str = "length";
 
 /// Which API answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +31,17 @@ pub(crate) fn unix_seconds() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// What the engine answers with, beyond its pseudo-random tokens.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Output {
+    /// Tokens to answer with instead ([`crate::script`]); the answer then ends with `stop`.
+    pub(crate) script: Option<Vec<u32>>,
+    /// Reasoning parser for chat answers (`reasoning_content`), like vLLM's `--reasoning-parser`.
+    pub(crate) reasoning_parser: Option<String>,
+    /// Tool-call parser for chat answers (`tool_calls`), like vLLM's `--tool-call-parser`.
+    pub(crate) tool_parser: Option<String>,
+}
+
 /// The response to one request: its identity and what its choices produced so far.
 #[derive(Debug)]
 pub(crate) struct Answer {
@@ -39,15 +51,28 @@ pub(crate) struct Answer {
     model: String,
     tokenizer: ModelTokenizer,
     prompt_tokens: usize,
+    output: Output,
 }
 
 /// One choice (one prompt's generation) in progress.
 #[derive(Debug)]
 struct Choice {
     text: Detokenizer,
+    /// Splits chat text into content, reasoning and tool calls; `None` for raw text.
+    parser: Option<OutputParser>,
     cached_tokens: usize,
     completion_tokens: usize,
+    tool_calls: usize,
     finished: bool,
+}
+
+/// A choice's whole answer, for non-streaming responses.
+#[derive(Debug, Default)]
+struct Collected {
+    content: String,
+    reasoning: String,
+    /// `(id, name, arguments)` of each tool call.
+    calls: Vec<(String, String, String)>,
 }
 
 // === impl Answer ===
@@ -58,6 +83,7 @@ impl Answer {
         model: &str,
         tokenizer: ModelTokenizer,
         prompt_tokens: usize,
+        output: Output,
     ) -> Self {
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         let prefix = match kind {
@@ -71,35 +97,41 @@ impl Answer {
             model: model.to_owned(),
             tokenizer,
             prompt_tokens,
+            output,
         }
     }
 
     /// Wait for every generation and answer with one JSON body.
     pub(crate) async fn collect(self, generations: Vec<Generation>) -> Result<Response, ApiError> {
-        let (mut events, mut choices) = self.start(generations);
-        let mut texts = vec![String::new(); choices.len()];
+        let (mut events, mut choices) = self.start(generations, CallEmission::Complete)?;
+        let mut collected: Vec<Collected> = choices.iter().map(|_| Collected::default()).collect();
         while let Some((index, progress)) = events.next().await {
-            texts[index].push_str(&choices[index].apply(progress));
+            let events = self.apply(&mut choices[index], progress);
+            collected[index].add(events);
         }
         if !choices.iter().all(|c| c.finished) {
             return Err(ApiError::unavailable());
         }
-        let body: Vec<Value> = texts
-            .iter()
+        let body: Vec<Value> = collected
+            .into_iter()
+            .zip(&choices)
             .enumerate()
-            .map(|(index, text)| match self.kind {
-                Kind::Chat => json!({
-                    "index": index,
-                    "message": {"role": "assistant", "content": text},
-                    "logprobs": null,
-                    "finish_reason": FINISH_REASON,
-                }),
-                Kind::Completion => json!({
-                    "index": index,
-                    "text": text,
-                    "logprobs": null,
-                    "finish_reason": FINISH_REASON,
-                }),
+            .map(|(index, (out, choice))| {
+                let finish = self.finish_reason(choice);
+                match self.kind {
+                    Kind::Chat => json!({
+                        "index": index,
+                        "message": out.message(),
+                        "logprobs": null,
+                        "finish_reason": finish,
+                    }),
+                    Kind::Completion => json!({
+                        "index": index,
+                        "text": out.content,
+                        "logprobs": null,
+                        "finish_reason": finish,
+                    }),
+                }
             })
             .collect();
         let object = match self.kind {
@@ -119,8 +151,12 @@ impl Answer {
 
     /// Answer with server-sent events: a chunk per token, the usage if asked, then `[DONE]`.
     /// Dropping the body (the client left) drops the generations, which cancels them.
-    pub(crate) fn stream(self, generations: Vec<Generation>, include_usage: bool) -> Response {
-        let (events, choices) = self.start(generations);
+    pub(crate) fn stream(
+        self,
+        generations: Vec<Generation>,
+        include_usage: bool,
+    ) -> Result<Response, ApiError> {
+        let (events, choices) = self.start(generations, CallEmission::Streaming)?;
         let state = Some((self, events, choices));
         let chunks = stream::unfold(state, move |state| async move {
             let (answer, mut events, mut choices) = state?;
@@ -142,35 +178,101 @@ impl Answer {
             }
         });
         let chunks = chunks.flat_map(stream::iter).map(Ok::<_, Infallible>);
-        Sse::new(chunks).into_response()
+        Ok(Sse::new(chunks).into_response())
     }
 
-    /// Merge the generations' progress, tagged with their choice index.
+    /// Merge the generations' progress, tagged with their choice index; `emission` says whether
+    /// tool calls stream as they are written or come whole.
+    #[allow(
+        clippy::type_complexity,
+        reason = "a stream and its choices, used once"
+    )]
     fn start(
         &self,
         generations: Vec<Generation>,
-    ) -> (BoxStream<'static, (usize, Progress)>, Vec<Choice>) {
-        let choices = generations
-            .iter()
-            .map(|_| Choice {
-                text: Detokenizer::new(self.tokenizer.clone()),
-                cached_tokens: 0,
-                completion_tokens: 0,
-                finished: false,
+        emission: CallEmission,
+    ) -> Result<(BoxStream<'static, (usize, Progress)>, Vec<Choice>), ApiError> {
+        let choices = (0..generations.len())
+            .map(|index| {
+                let parser = match self.kind {
+                    Kind::Chat => Some(
+                        OutputParser::with_emission(
+                            self.output.reasoning_parser.as_deref(),
+                            self.output.tool_parser.as_deref(),
+                            &format!("call_{}_{index}_", self.id),
+                            emission,
+                        )
+                        .map_err(ApiError::bad_request)?,
+                    ),
+                    Kind::Completion => None,
+                };
+                Ok(Choice {
+                    text: Detokenizer::new(self.tokenizer.clone()),
+                    parser,
+                    cached_tokens: 0,
+                    completion_tokens: 0,
+                    tool_calls: 0,
+                    finished: false,
+                })
             })
-            .collect();
+            .collect::<Result<_, ApiError>>()?;
         let tagged = generations
             .into_iter()
             .enumerate()
             .map(|(index, generation)| generation.map(move |p| (index, p)));
-        (stream::select_all(tagged).boxed(), choices)
+        Ok((stream::select_all(tagged).boxed(), choices))
+    }
+
+    /// Record `progress` on `choice`; returns what it adds to the answer.
+    fn apply(&self, choice: &mut Choice, progress: Progress) -> Vec<ParsedEvent> {
+        let text = match progress {
+            Progress::Admitted { cached_tokens } => {
+                choice.cached_tokens = cached_tokens;
+                return Vec::new();
+            }
+            Progress::Token { token, finished } => {
+                // A script replaces the engine's pseudo-random tokens, position by position.
+                let token = self
+                    .output
+                    .script
+                    .as_ref()
+                    .and_then(|s| s.get(choice.completion_tokens).copied())
+                    .unwrap_or(token);
+                choice.completion_tokens += 1;
+                choice.finished = finished;
+                choice.text.push(token, finished)
+            }
+        };
+        let mut events = match choice.parser.as_mut() {
+            Some(parser) => parser.push(&text),
+            None if text.is_empty() => Vec::new(),
+            None => vec![ParsedEvent::Text(text)],
+        };
+        if choice.finished
+            && let Some(parser) = choice.parser.as_mut()
+        {
+            events.extend(parser.finish());
+        }
+        choice.tool_calls += events
+            .iter()
+            .filter(|e| matches!(e, ParsedEvent::ToolCallStart { .. }))
+            .count();
+        events
+    }
+
+    fn finish_reason(&self, choice: &Choice) -> &'static str {
+        match (&self.output.script, choice.tool_calls) {
+            (None, _) => FINISH_LENGTH,
+            (Some(_), 0) => "stop",
+            (Some(_), _) => "tool_calls",
+        }
     }
 
     /// The SSE chunk one step of progress produces, if any.
     fn on_progress(&self, choice: &mut Choice, index: usize, progress: Progress) -> Option<Event> {
         let admitted = matches!(progress, Progress::Admitted { .. });
-        let text = choice.apply(progress);
-        let finish = choice.finished.then_some(FINISH_REASON);
+        let events = self.apply(choice, progress);
+        let finish = choice.finished.then(|| self.finish_reason(choice));
         let body = match self.kind {
             // Chat streams open with the assistant's role.
             Kind::Chat if admitted => json!({
@@ -179,19 +281,23 @@ impl Answer {
                 "logprobs": null,
                 "finish_reason": null,
             }),
-            _ if admitted || (text.is_empty() && finish.is_none()) => return None,
+            _ if admitted || (events.is_empty() && finish.is_none()) => return None,
             Kind::Chat => json!({
                 "index": index,
-                "delta": {"content": text},
+                "delta": chat_delta(events),
                 "logprobs": null,
                 "finish_reason": finish,
             }),
-            Kind::Completion => json!({
-                "index": index,
-                "text": text,
-                "logprobs": null,
-                "finish_reason": finish,
-            }),
+            Kind::Completion => {
+                let mut out = Collected::default();
+                out.add(events);
+                json!({
+                    "index": index,
+                    "text": out.content,
+                    "logprobs": null,
+                    "finish_reason": finish,
+                })
+            }
         };
         Some(self.envelope(json!([body]), None))
     }
@@ -227,23 +333,76 @@ impl Answer {
     }
 }
 
-// === impl Choice ===
+// === impl Collected ===
 
-impl Choice {
-    /// Record `progress`; returns the text it adds.
-    fn apply(&mut self, progress: Progress) -> String {
-        match progress {
-            Progress::Admitted { cached_tokens } => {
-                self.cached_tokens = cached_tokens;
-                String::new()
-            }
-            Progress::Token { token, finished } => {
-                self.completion_tokens += 1;
-                self.finished = finished;
-                self.text.push(token, finished)
+impl Collected {
+    fn add(&mut self, events: Vec<ParsedEvent>) {
+        for event in events {
+            match event {
+                ParsedEvent::Text(text) => self.content.push_str(&text),
+                ParsedEvent::Reasoning(text) => self.reasoning.push_str(&text),
+                ParsedEvent::ToolCallStart { id, name, .. } => {
+                    self.calls.push((id, name, String::new()));
+                }
+                ParsedEvent::ToolCallArguments { index, delta } => {
+                    if let Some(call) = self.calls.get_mut(index) {
+                        call.2.push_str(&delta);
+                    }
+                }
             }
         }
     }
+
+    /// The chat `message` of a non-streaming answer.
+    fn message(self) -> Value {
+        let mut message = json!({"role": "assistant", "content": self.content});
+        if !self.reasoning.is_empty() {
+            message["reasoning_content"] = self.reasoning.into();
+        }
+        if !self.calls.is_empty() {
+            message["tool_calls"] = self
+                .calls
+                .into_iter()
+                .map(|(id, name, arguments)| {
+                    json!({"id": id, "type": "function",
+                           "function": {"name": name, "arguments": arguments}})
+                })
+                .collect();
+        }
+        message
+    }
+}
+
+/// One chat `delta` carrying `events`, as vLLM writes them: `content`, `reasoning_content`,
+/// `tool_calls` (the first piece of a call names it; later pieces carry argument text).
+fn chat_delta(events: Vec<ParsedEvent>) -> Value {
+    let mut content = String::new();
+    let mut reasoning = String::new();
+    let mut calls = Vec::new();
+    for event in events {
+        match event {
+            ParsedEvent::Text(text) => content.push_str(&text),
+            ParsedEvent::Reasoning(text) => reasoning.push_str(&text),
+            ParsedEvent::ToolCallStart { index, id, name } => calls.push(json!({
+                "index": index, "id": id, "type": "function",
+                "function": {"name": name, "arguments": ""},
+            })),
+            ParsedEvent::ToolCallArguments { index, delta } => {
+                calls.push(json!({"index": index, "function": {"arguments": delta}}));
+            }
+        }
+    }
+    let mut delta = serde_json::Map::new();
+    if !content.is_empty() {
+        delta.insert("content".into(), content.into());
+    }
+    if !reasoning.is_empty() {
+        delta.insert("reasoning_content".into(), reasoning.into());
+    }
+    if !calls.is_empty() {
+        delta.insert("tool_calls".into(), calls.into());
+    }
+    Value::Object(delta)
 }
 
 /// Turns tokens into text as they come, holding back bytes of an incomplete UTF-8 character

@@ -378,3 +378,47 @@ async fn a_client_that_leaves_cancels_its_request() {
     })
     .await;
 }
+
+/// A prompt sent with `nvext.cache_control` keeps its KV through a flood of other prompts that
+/// evicts an unpinned one.
+#[tokio::test]
+async fn cache_control_pins_the_prompt_through_eviction_pressure() {
+    bounded(async {
+        let engine = Engine::start(MockEngineConfig {
+            speedup: 1000.0,
+            num_blocks: 64,
+            ..MockEngineConfig::default()
+        })
+        .await;
+        let prompt = |seed: u32| (0..320).map(|i| 1000 + seed * 7 + i).collect::<Vec<u32>>();
+        let cached =
+            |body: &Value| body["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64();
+        let pinned = json!({"prompt": prompt(0), "max_tokens": 1,
+                            "nvext": {"cache_control": {"type": "ephemeral", "ttl": "1h"}}});
+        let unpinned = json!({"prompt": prompt(1), "max_tokens": 1});
+        engine.post_json("/v1/completions", pinned.clone()).await;
+        engine.post_json("/v1/completions", unpinned.clone()).await;
+        // 20 blocks each: the flood needs every unpinned block of the 64-block cache.
+        for seed in 2..8 {
+            let flood = json!({"prompt": prompt(seed), "max_tokens": 1});
+            engine.post_json("/v1/completions", flood).await;
+        }
+        let again = engine.post_json("/v1/completions", pinned).await;
+        assert_eq!(
+            cached(&again),
+            Some(320 - 16),
+            "the pinned prompt stayed cached"
+        );
+        let again = engine.post_json("/v1/completions", unpinned).await;
+        assert_eq!(cached(&again), Some(0), "the unpinned prompt was evicted");
+        let bad = engine
+            .post(
+                "/v1/completions",
+                json!({"prompt": [1, 2], "nvext": {"cache_control": {"ttl": "forever"}}}),
+            )
+            .await;
+        assert_eq!(bad.status(), 400);
+        engine.stop().await;
+    })
+    .await;
+}

@@ -278,6 +278,22 @@ impl EngineModel {
         false
     }
 
+    /// Pin the cached prefix of `prompt` (prompt caching across an agent's tool call): the
+    /// returned table holds a reference on each of its blocks, so eviction skips them until
+    /// [`EngineModel::unpin`]. Pins only what is cached now: call it once the prompt's prefill is
+    /// done.
+    pub fn pin(&mut self, prompt: &[u32]) -> BlockTable {
+        let hashes = self.cache.hash_blocks(prompt);
+        let cached = self.cache.cached_prefix(&hashes);
+        // Taking only cached blocks reserves nothing, so this cannot fail for lack of room.
+        self.cache.allocate(&hashes, cached).unwrap_or_default()
+    }
+
+    /// Release a [`EngineModel::pin`]: its blocks become evictable again (they stay cached).
+    pub fn unpin(&mut self, pin: BlockTable) {
+        self.cache.release(pin);
+    }
+
     /// Drop every cached block; refused (`false`) while requests run. The next step reports it.
     pub fn reset_prefix_cache(&mut self) -> bool {
         self.running.is_empty() && self.cache.reset()
