@@ -19,12 +19,16 @@ pub struct RawConfig {
     /// Routing settings.
     #[serde(default)]
     pub router: RawRouterConfig,
+    /// Client API state: the Responses API's store and per-session tokenization.
+    #[serde(default)]
+    pub frontend: FrontendConfig,
     /// Engines behind the gateway; none means the embedded default (in-process mock engines).
     #[serde(default)]
     pub workers: Vec<WorkerConfig>,
     /// The request trace; absent: nothing is traced.
     pub trace: Option<TraceConfig>,
-    /// Wasm routing policies; absent: `router.policy` (native) routes.
+    /// Wasm policies (routing, admission, KV hints); absent: `router.policy` (native) routes,
+    /// admission admits all, no KV hints.
     pub policies: Option<crate::policies::PoliciesConfig>,
 }
 
@@ -71,6 +75,62 @@ pub struct ModelConfig {
     /// Directory with `tokenizer.json` and `tokenizer_config.json`. Default: the embedded
     /// SmolLM2-135M-Instruct tokenizer.
     pub path: Option<PathBuf>,
+    /// How the model writes tool calls (a parser name: `hermes`, `qwen3_coder`, `llama3_json`,
+    /// ...), for workers in `tokens` mode, where the gateway parses the model's text itself.
+    /// Default: `hermes`.
+    pub tool_parser: Option<String>,
+    /// How the model writes its reasoning (`qwen3`, `deepseek_r1`, `gpt_oss`, ...), for workers
+    /// in `tokens` mode. Default: none (thinking stays in the text).
+    pub reasoning_parser: Option<String>,
+}
+
+impl ModelConfig {
+    /// The tool-call parser of `tokens` mode.
+    pub fn tool_parser(&self) -> &str {
+        self.tool_parser.as_deref().unwrap_or("hermes")
+    }
+}
+
+/// Client API state (`[frontend]`), all of it bounded.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FrontendConfig {
+    /// Responses API answers kept for `previous_response_id`. Default: 10,000.
+    pub response_store_entries: usize,
+    /// Most bytes of conversation text the Responses store keeps. Default: 256 MiB.
+    pub response_store_bytes: u64,
+    /// Sessions whose last prompt is kept for incremental tokenization; 0 turns it off.
+    /// Default: 1,024.
+    pub session_cache_sessions: usize,
+    /// Most memory those prompts take. Default: 512 MiB.
+    pub session_cache_bytes: u64,
+    /// A session idle this long loses its cached prompt. Default: 10 min.
+    #[serde(with = "humantime_serde")]
+    pub session_idle: Duration,
+}
+
+impl Default for FrontendConfig {
+    fn default() -> Self {
+        let sessions = switchyard_tokenizer::SessionCacheConfig::default();
+        Self {
+            response_store_entries: 10_000,
+            response_store_bytes: 256 << 20,
+            session_cache_sessions: sessions.max_sessions,
+            session_cache_bytes: sessions.max_bytes,
+            session_idle: sessions.idle_ttl,
+        }
+    }
+}
+
+impl FrontendConfig {
+    /// The tokenizer's session cache settings.
+    pub fn session_cache(&self) -> switchyard_tokenizer::SessionCacheConfig {
+        switchyard_tokenizer::SessionCacheConfig {
+            max_sessions: self.session_cache_sessions,
+            max_bytes: self.session_cache_bytes,
+            idle_ttl: self.session_idle,
+        }
+    }
 }
 
 /// Routing settings as written.
@@ -146,6 +206,23 @@ pub struct WorkerConfig {
     /// KV block size in tokens. Default: 16.
     #[serde(default = "sixteen")]
     pub block_size: u32,
+    /// What the gateway sends the engine. Default: `chat`.
+    #[serde(default)]
+    pub upstream: UpstreamMode,
+}
+
+/// What the gateway sends a worker.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UpstreamMode {
+    /// Chat completions: the engine applies its chat template and its tool and reasoning
+    /// parsers. Works with any OpenAI-compatible engine.
+    #[default]
+    Chat,
+    /// Token ids to `/v1/completions`: the gateway renders the chat template, tokenizes, and
+    /// parses tool calls and reasoning itself, so the prompt the engine caches is exactly the one
+    /// the router hashed.
+    Tokens,
 }
 
 /// The request trace sink (`[trace]`).
@@ -201,6 +278,8 @@ pub struct Config {
     pub model: ModelConfig,
     /// Router core settings.
     pub router: RouterConfig,
+    /// Client API state.
+    pub frontend: FrontendConfig,
     /// Routing policy name.
     pub policy: String,
     /// Attempts per request.
@@ -209,7 +288,7 @@ pub struct Config {
     pub workers: Vec<WorkerConfig>,
     /// The request trace, if on.
     pub trace: Option<TraceConfig>,
-    /// Wasm routing policies, if configured.
+    /// Wasm policies (routing, admission, KV hints), if configured.
     pub policies: Option<crate::policies::PoliciesConfig>,
 }
 
@@ -302,6 +381,16 @@ impl TryFrom<RawConfig> for Config {
         {
             return invalid("trace.segment_bytes and trace.buffer must be positive".into());
         }
+        if let Some(policies) = &raw.policies {
+            policies.validate()?;
+        }
+        // Unknown parser names fail here, not on the first request.
+        switchyard_parsers::OutputParser::new(
+            raw.model.reasoning_parser.as_deref(),
+            raw.model.tool_parser.as_deref(),
+            "",
+        )
+        .map_err(|e| ConfigError::Invalid(format!("model: {e}")))?;
         let listen = format!("{}:{}", raw.server.host, raw.server.port)
             .parse()
             .or_else(|_| format!("[{}]:{}", raw.server.host, raw.server.port).parse())
@@ -317,6 +406,7 @@ impl TryFrom<RawConfig> for Config {
                 approx_max_blocks: raw.router.approx_max_blocks,
                 ..RouterConfig::default()
             },
+            frontend: raw.frontend,
             policy: raw.router.policy,
             max_attempts: raw.router.max_attempts.max(1),
             server: raw.server,

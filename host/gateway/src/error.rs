@@ -3,6 +3,7 @@
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
+use switchyard_frontend::{Api, ApiError, ErrorKind};
 
 /// A request the gateway answers with an error.
 #[derive(Debug, thiserror::Error)]
@@ -10,6 +11,10 @@ pub enum GatewayError {
     /// The body is not valid JSON or misses required fields.
     #[error("{0}")]
     BadRequest(String),
+    /// A client API refused the request (a malformed field, an unsupported feature), or could
+    /// not read the engine's answer.
+    #[error(transparent)]
+    Api(#[from] ApiError),
     /// The body is larger than the configured limit.
     #[error("request body larger than {limit} bytes")]
     TooLarge {
@@ -54,6 +59,7 @@ impl GatewayError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::Api(e) => StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST),
             Self::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnknownModel(_) | Self::NoSuchEndpoint(_) => StatusCode::NOT_FOUND,
             Self::NoHealthyWorker => StatusCode::SERVICE_UNAVAILABLE,
@@ -69,6 +75,8 @@ impl GatewayError {
     pub fn reason(&self) -> &'static str {
         match self {
             Self::BadRequest(_) => "bad_request",
+            Self::Api(e) if e.kind == ErrorKind::InvalidRequest => "bad_request",
+            Self::Api(_) => "api_error",
             Self::TooLarge { .. } => "too_large",
             Self::UnknownModel(_) => "unknown_model",
             Self::NoSuchEndpoint(_) => "no_such_endpoint",
@@ -81,41 +89,47 @@ impl GatewayError {
         }
     }
 
-    fn openai_type(&self) -> &'static str {
+    /// What kind of failure this is, for the error body of any API.
+    fn kind(&self) -> ErrorKind {
         match self {
-            Self::BadRequest(_)
-            | Self::TooLarge { .. }
-            | Self::NoSuchEndpoint(_)
-            | Self::Unauthorized => "invalid_request_error",
-            Self::UnknownModel(_) => "model_not_found",
-            Self::NoHealthyWorker | Self::Upstream(_) => "service_unavailable",
-            Self::Rejected(_) => "rate_limit_exceeded",
-            Self::Engine { .. } | Self::Internal(_) => "internal_error",
+            Self::Api(e) => e.kind,
+            Self::BadRequest(_) | Self::Unauthorized => ErrorKind::InvalidRequest,
+            Self::TooLarge { .. } => ErrorKind::RequestTooLarge,
+            Self::UnknownModel(_) | Self::NoSuchEndpoint(_) => ErrorKind::NotFound,
+            Self::NoHealthyWorker => ErrorKind::Overloaded,
+            Self::Rejected(_) => ErrorKind::RateLimited,
+            Self::Upstream(_) => ErrorKind::Upstream,
+            Self::Engine { .. } => ErrorKind::Upstream,
+            Self::Internal(_) => ErrorKind::Internal,
         }
     }
-}
 
-impl IntoResponse for GatewayError {
-    fn into_response(self) -> Response {
-        let status = self.status();
-        if let Self::Engine {
-            body, content_type, ..
-        } = self
-        {
-            let mut response = (status, body).into_response();
-            if let Some(ct) = content_type {
-                response.headers_mut().insert(header::CONTENT_TYPE, ct);
-            }
-            return response;
+    /// This error as the client APIs describe errors.
+    fn to_api_error(&self) -> ApiError {
+        if let Self::Api(e) = self {
+            return e.clone();
         }
-        let body = serde_json::json!({
-            "error": {
-                "message": self.to_string(),
-                "type": self.openai_type(),
-                "param": null,
-                "code": status.as_u16(),
-            }
-        });
+        let message = match self {
+            // The engine's own message, whatever shape its error body has.
+            Self::Engine { body, .. } => engine_message(body),
+            _ => self.to_string(),
+        };
+        ApiError {
+            status: self.status().as_u16(),
+            kind: self.kind(),
+            message,
+            param: None,
+            code: match self {
+                Self::UnknownModel(_) => Some("model_not_found".into()),
+                _ => None,
+            },
+        }
+    }
+
+    /// The response for a request to `api`: its status and an error body in `api`'s shape.
+    pub fn into_api_response(self, api: Api) -> Response {
+        let status = self.status();
+        let body = api.error_body(&self.to_api_error());
         let mut response = (status, axum::Json(body)).into_response();
         if matches!(self, Self::NoHealthyWorker | Self::Rejected(_)) {
             response
@@ -123,5 +137,27 @@ impl IntoResponse for GatewayError {
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         response
+    }
+}
+
+/// The message of an engine's error body (OpenAI's `{"error": {"message"}}`, vLLM's
+/// `{"message"}`), else the body as text.
+fn engine_message(body: &[u8]) -> String {
+    let json: Option<serde_json::Value> = serde_json::from_slice(body).ok();
+    let message = json.as_ref().and_then(|v| {
+        v.pointer("/error/message")
+            .or_else(|| v.get("message"))
+            .and_then(serde_json::Value::as_str)
+    });
+    match message {
+        Some(m) => format!("engine: {m}"),
+        None => format!("engine: {}", String::from_utf8_lossy(body)),
+    }
+}
+
+impl IntoResponse for GatewayError {
+    /// OpenAI's error shape, for the paths that are not a client API (admin, tool events).
+    fn into_response(self) -> Response {
+        self.into_api_response(Api::ChatCompletions)
     }
 }

@@ -71,6 +71,22 @@ pub struct Metrics {
     pub in_flight: Family<WorkerLabels, Gauge>,
     /// Trace lines dropped because the writer was behind or failing.
     pub trace_dropped: Counter,
+    /// Requests with `cache_control`, by what became of the pin (`sent`, `unsupported`).
+    pub cache_pins: Family<OutcomeLabels, Counter>,
+    /// Speculative prefills of a next turn, by outcome (`sent`, `failed`).
+    pub speculative_prefills: Family<OutcomeLabels, Counter>,
+    /// Prompt tokens of chat requests the session cache spared the tokenizer.
+    pub reused_prompt_tokens: Counter,
+    /// Chat requests tokenized through the session cache, by outcome (`hit`, `miss`,
+    /// `fallback`).
+    pub session_tokenizations: Family<OutcomeLabels, Counter>,
+}
+
+/// Labels of counters split by outcome.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// What happened.
+    pub outcome: &'static str,
 }
 
 impl Default for Metrics {
@@ -96,6 +112,10 @@ impl Metrics {
             worker_healthy: Family::default(),
             in_flight: Family::default(),
             trace_dropped: Counter::default(),
+            cache_pins: Family::default(),
+            speculative_prefills: Family::default(),
+            reused_prompt_tokens: Counter::default(),
+            session_tokenizations: Family::default(),
             registry: Mutex::new(Registry::default()),
         };
         registry.register("requests", "Requests answered", m.requests.clone());
@@ -154,6 +174,26 @@ impl Metrics {
             "Trace lines dropped (writer behind or failing)",
             m.trace_dropped.clone(),
         );
+        registry.register(
+            "cache_pins",
+            "Requests with cache_control, by outcome (sent to the engine, or unsupported by it)",
+            m.cache_pins.clone(),
+        );
+        registry.register(
+            "speculative_prefills",
+            "Next-turn prefixes sent ahead (nvext.agent_hints.speculative_prefill), by outcome",
+            m.speculative_prefills.clone(),
+        );
+        registry.register(
+            "reused_prompt_tokens",
+            "Prompt tokens taken from the session tokenization cache",
+            m.reused_prompt_tokens.clone(),
+        );
+        registry.register(
+            "session_tokenizations",
+            "Chat prompts tokenized through the session cache, by outcome",
+            m.session_tokenizations.clone(),
+        );
         *m.registry.lock().unwrap_or_else(|e| e.into_inner()) = registry;
         m
     }
@@ -164,6 +204,25 @@ impl Metrics {
             .get_or_create(&RejectLabels {
                 reason: reason.into(),
             })
+            .inc();
+    }
+
+    /// Count what became of a request's `cache_control`.
+    pub(crate) fn pin(&self, pin: crate::proxy::Pin) {
+        let outcome = match pin {
+            crate::proxy::Pin::None => return,
+            crate::proxy::Pin::Sent => "sent",
+            crate::proxy::Pin::Unsupported => "unsupported",
+        };
+        self.cache_pins
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
+    }
+
+    /// Count a speculative prefill.
+    pub(crate) fn speculative_prefill(&self, outcome: &'static str) {
+        self.speculative_prefills
+            .get_or_create(&OutcomeLabels { outcome })
             .inc();
     }
 

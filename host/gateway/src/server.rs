@@ -7,7 +7,7 @@ use crate::events::EventMetrics;
 use crate::index::{IndexReader, spawn_index_writer};
 use crate::metrics::{Metrics, worker_label};
 use crate::policies::{PolicyMetrics, PolicyRuntime};
-use crate::proxy::{Endpoint, handle, read_body};
+use crate::proxy::{count_tokens, handle, read_body};
 use crate::trace::{TraceSink, parse_tool_events};
 use crate::upstream::{Upstream, health_loop};
 use axum::Router as HttpRouter;
@@ -25,8 +25,9 @@ use switchyard_core::router::{
     Decision, Outcome, RequestId, RouteError, RouteRequest, Router, RoutingPolicy, native_policy,
 };
 use switchyard_core::worker::Rank;
+use switchyard_frontend::{Api, ResponseStore};
 use switchyard_kv_events::subscriber::{SubscriberConfig, SubscriberStats, run_subscriber};
-use switchyard_tokenizer::ModelTokenizer;
+use switchyard_tokenizer::{ModelTokenizer, SessionCache};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -44,6 +45,12 @@ pub struct Shared {
     pub(crate) trace: Option<TraceSink>,
     /// Wasm routing policies, when `[policies]` is configured.
     pub(crate) policies: Option<PolicyRuntime>,
+    /// Each live session's last prompt, so its next turn tokenizes only what it added.
+    pub(crate) sessions: SessionCache,
+    /// Responses API answers kept for `previous_response_id`.
+    responses: Mutex<ResponseStore>,
+    /// Prefix of the ids clients see (`chatcmpl-<prefix><n>`): unique across restarts.
+    id_prefix: String,
     router: Arc<Mutex<Router>>,
     index: IndexReader,
     /// The router's clock starts here.
@@ -54,6 +61,16 @@ pub struct Shared {
 impl Shared {
     pub(crate) fn next_request_id(&self) -> u64 {
         self.next_request.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The id clients see for request `id`.
+    pub(crate) fn request_id(&self, id: RequestId) -> String {
+        format!("{}{:x}", self.id_prefix, id.0)
+    }
+
+    /// The Responses API's store (plain data: a panic elsewhere cannot corrupt it).
+    pub(crate) fn responses(&self) -> std::sync::MutexGuard<'_, ResponseStore> {
+        self.responses.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn now(&self) -> Duration {
@@ -260,6 +277,17 @@ pub async fn start(
     let shared = Arc::new(Shared {
         hasher: BlockHasher::new(config.router.block_size as usize),
         workers: Arc::new(workers),
+        sessions: SessionCache::new(config.frontend.session_cache()),
+        responses: Mutex::new(ResponseStore::new(
+            config.frontend.response_store_entries,
+            config.frontend.response_store_bytes,
+        )),
+        id_prefix: format!(
+            "{:x}",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis())
+        ),
         router: Arc::new(Mutex::new(router)),
         metrics,
         trace,
@@ -273,6 +301,7 @@ pub async fn start(
         config,
     });
 
+    tasks.spawn(expire_sessions(shared.clone(), shutdown.clone()));
     tasks.spawn(health_loop(
         shared.workers.clone(),
         shared.router.clone(),
@@ -308,10 +337,27 @@ pub async fn start(
     })
 }
 
+/// Drop idle sessions' cached prompts now and then, so their memory goes back even when no
+/// request comes to push them out.
+async fn expire_sessions(shared: Arc<Shared>, shutdown: CancellationToken) {
+    let mut ticker = tokio::time::interval(Duration::from_secs(30));
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = ticker.tick() => {
+                shared.sessions.evict_expired(Instant::now());
+            }
+        }
+    }
+}
+
 fn routes(shared: Arc<Shared>) -> HttpRouter {
     HttpRouter::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/v1/responses", post(responses))
+        .route("/v1/messages", post(messages))
+        .route("/v1/messages/count_tokens", post(messages_count_tokens))
         .route("/v1/agent/tool_events", post(tool_events))
         .route("/v1/models", get(models))
         .route("/health", get(health))
@@ -326,7 +372,7 @@ async fn chat_completions(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    handle(shared, Endpoint::ChatCompletions, &headers, body).await
+    handle(shared, Api::ChatCompletions, &headers, body).await
 }
 
 async fn completions(
@@ -334,7 +380,30 @@ async fn completions(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    handle(shared, Endpoint::Completions, &headers, body).await
+    handle(shared, Api::Completions, &headers, body).await
+}
+
+async fn responses(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Body) -> Response {
+    handle(shared, Api::Responses, &headers, body).await
+}
+
+async fn messages(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Body) -> Response {
+    handle(shared, Api::Messages, &headers, body).await
+}
+
+/// Anthropic's token counter: the prompt `/v1/messages` would send, counted, nothing generated.
+async fn messages_count_tokens(State(shared): State<Arc<Shared>>, body: Body) -> Response {
+    let counted = match read_body(body, shared.config.server.max_body_bytes).await {
+        Ok(bytes) => count_tokens(&shared, &bytes).await,
+        Err(err) => Err(err),
+    };
+    match counted {
+        Ok(body) => axum::Json(body).into_response(),
+        Err(err) => {
+            shared.metrics.reject(err.reason());
+            err.into_api_response(Api::Messages)
+        }
+    }
 }
 
 /// Harness tool events into the trace: `{"recorded": n}` (0 while tracing is off).

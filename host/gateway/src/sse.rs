@@ -226,6 +226,42 @@ impl SseTap {
     }
 }
 
+/// Splits an engine's byte stream into the `data` of its server-sent events.
+#[derive(Debug, Default)]
+pub struct SseReader {
+    pending: BytesMut,
+}
+
+impl SseReader {
+    /// Feed bytes; returns the `data` of every event they complete, in order.
+    pub fn push(&mut self, chunk: &[u8]) -> Vec<String> {
+        self.pending.extend_from_slice(chunk);
+        let mut out = Vec::new();
+        while let Some(end) = event_end(&self.pending) {
+            let event = self.pending.split_to(end);
+            out.extend(event_data(&event));
+        }
+        out
+    }
+
+    /// The stream ended: the data of an unterminated last event, if any.
+    pub fn finish(&mut self) -> Option<String> {
+        let rest = self.pending.split();
+        event_data(&rest)
+    }
+}
+
+/// The `data` of one event (its `data:` lines joined with newlines), if it has any.
+fn event_data(event: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(event);
+    let lines: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .map(|d| d.strip_prefix(' ').unwrap_or(d))
+        .collect();
+    (!lines.is_empty()).then(|| lines.join("\n"))
+}
+
 /// Length of the first complete event (including its blank-line terminator), if any.
 fn event_end(buf: &[u8]) -> Option<usize> {
     let lf = buf.windows(2).position(|w| w == b"\n\n").map(|i| i + 2);
@@ -254,6 +290,27 @@ mod tests {
         }
         out.extend_from_slice(&tap.finish());
         String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn reader_yields_each_events_data_at_any_split() {
+        for split in 1..STREAM.len() {
+            let mut reader = SseReader::default();
+            let mut data = Vec::new();
+            for piece in STREAM.as_bytes().chunks(split) {
+                data.extend(reader.push(piece));
+            }
+            data.extend(reader.finish());
+            assert_eq!(data.len(), 3, "split {split}");
+            assert_eq!(data[2], "[DONE]");
+            assert!(data[0].starts_with("{\"choices\""));
+        }
+        let mut reader = SseReader::default();
+        assert_eq!(
+            reader.push(b": keep-alive\n\nevent: x\ndata: a\ndata: b\n\ndata: tail"),
+            ["a\nb"]
+        );
+        assert_eq!(reader.finish().as_deref(), Some("tail"));
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The engines behind the gateway: addressing, the pooled HTTP client and health checks.
 
-use crate::config::{EngineKind, WorkerConfig};
+use crate::config::{EngineKind, UpstreamMode, WorkerConfig};
 use crate::metrics::{Metrics, worker_label};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -21,6 +21,8 @@ pub struct Upstream {
     pub dp_size: u32,
     /// Whether it publishes KV events (else: approximate mode).
     pub publishes_events: bool,
+    /// What the gateway sends it.
+    pub mode: UpstreamMode,
 }
 
 impl Upstream {
@@ -32,6 +34,7 @@ impl Upstream {
             kind: config.kind,
             dp_size: config.dp_size,
             publishes_events: config.kv_events.is_some(),
+            mode: config.upstream,
         }
     }
 

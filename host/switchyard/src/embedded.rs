@@ -1,6 +1,6 @@
 //! The embedded default: mock engines in this process, so `switchyard serve` works at once.
 
-use switchyard_gateway::config::{EngineKind, WorkerConfig};
+use switchyard_gateway::config::{EngineKind, UpstreamMode, WorkerConfig};
 use switchyard_kv_events::wire::Encoding;
 use switchyard_mock_engine::{MockEngineConfig, MockEngineHandle};
 use switchyard_tokenizer::ModelTokenizer;
@@ -38,5 +38,22 @@ pub(crate) fn worker_config(engine: &MockEngineHandle) -> WorkerConfig {
         replay: engine.replay_endpoint().map(str::to_string),
         dp_size: 1,
         block_size: MockEngineConfig::default().block_size as u32,
+        // The embedded engines share the gateway's tokenizer: send them exact token ids.
+        upstream: UpstreamMode::Tokens,
+    }
+}
+
+/// The embedded default routes with the built-in Wasm `kv-cost` component (the native `kv-cost`
+/// answers any call it cannot, and routes alone if this binary carries no such component), so a
+/// newcomer sees the policy platform at work: the startup log's `policy loaded` line, and
+/// `switchyard_policy_calls_total{policy="kv-cost"}` in `/metrics`.
+pub(crate) fn policies() -> switchyard_gateway::policies::PoliciesConfig {
+    let router = match switchyard_policy_artifacts::find("kv-cost") {
+        Some(_) => "kv-cost".to_string(),
+        None => "native:kv-cost".to_string(),
+    };
+    switchyard_gateway::policies::PoliciesConfig {
+        router: Some(router),
+        ..Default::default()
     }
 }

@@ -170,6 +170,7 @@ async fn serve(
     let _engines = if embedded {
         let engines = embedded::start(mock_engines, &tokenizer, shutdown.clone()).await?;
         raw.workers = engines.iter().map(embedded::worker_config).collect();
+        raw.policies.get_or_insert_with(embedded::policies);
         engines
     } else {
         Vec::new()

@@ -1,31 +1,47 @@
-//! The response half of the pipeline: streaming (or not) the engine's answer back, and the
-//! booking whose `Drop` releases the router's load, counts the request and writes its trace line.
+//! The response half of the pipeline: the engine's stream read as reply events, re-encoded for
+//! the client's API (streaming) or gathered into one body, and the booking whose `Drop` releases
+//! the router's load, counts the request and writes its trace line.
 
-use super::{Endpoint, Parsed};
+use super::engine::ReplyDecoder;
+use super::prepare::{Request, Turn};
+use super::speculative::Speculation;
 use crate::error::GatewayError;
 use crate::metrics::{EndpointLabels, RequestLabels, worker_label};
 use crate::server::Shared;
-use crate::sse::{Finish, SseTap, Usage};
+use crate::sse::{Finish, SseReader, ToolCall, Usage};
 use crate::trace::{Ending, RequestDraft};
 use axum::body::Body;
 use axum::http::{HeaderValue, StatusCode, header};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures::StreamExt;
-use serde_json::Value;
+use futures::stream::BoxStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use switchyard_core::router::{Decision, Outcome, RequestId};
 use switchyard_core::worker::Rank;
+use switchyard_frontend::{
+    Api, ApiError, Block, ErrorKind, Reply, ReplyEvent, ReplyMeta, ResponsesRequest, SseFrame,
+    StreamEncoder,
+};
 
+/// Answer the client from the engine's streamed answer.
 pub(super) async fn respond(
     upstream: reqwest::Response,
-    parsed: Parsed,
+    turn: Turn,
+    decoder: ReplyDecoder,
+    meta: ReplyMeta,
     mut booking: Booking,
 ) -> Result<Response, GatewayError> {
+    let speculation = match turn.request.conversation() {
+        Some(conversation) if turn.request.hints().speculative_prefill => {
+            Some(Speculation::new(conversation.clone(), booking.rank))
+        }
+        _ => None,
+    };
     let status = upstream.status();
-    let content_type = upstream.headers().get(header::CONTENT_TYPE).cloned();
     if !status.is_success() {
+        let content_type = upstream.headers().get(header::CONTENT_TYPE).cloned();
         let body = upstream.bytes().await.unwrap_or_default();
         return Err(GatewayError::Engine {
             status,
@@ -35,26 +51,32 @@ pub(super) async fn respond(
     }
     let worker = HeaderValue::from_str(&booking.rank.to_string()).ok();
     booking.answered = true;
-    let capture_text = booking
-        .shared
-        .trace
-        .as_ref()
-        .is_some_and(|t| t.include_content());
-    let mut response = if parsed.stream {
-        let tap = SseTap::new(!parsed.wants_stream_usage);
-        let state = StreamState {
-            chunks: upstream.bytes_stream().boxed(),
-            tap: if capture_text {
-                tap.capturing_text()
-            } else {
-                tap
-            },
-            booking,
-            done: false,
+    let (stream, _) = turn.request.streaming();
+    let api = turn.api;
+    let responses = match turn.request {
+        Request::Responses(r) if r.store => Some(r),
+        _ => None,
+    };
+    let mut answer = Answer {
+        chunks: upstream.bytes_stream().boxed(),
+        reader: SseReader::default(),
+        decoder,
+        reply: Reply::new(),
+        responses,
+        speculation,
+        response_id: api.object_id(&meta.request_id),
+        booking,
+        ended: false,
+    };
+    let mut response = if stream {
+        let state = Streaming {
+            encoder: api.stream_encoder(meta),
+            answer,
+            started: false,
         };
         let mut r = Response::new(Body::from_stream(futures::stream::unfold(
             state,
-            StreamState::next,
+            Streaming::next,
         )));
         r.headers_mut().insert(
             header::CONTENT_TYPE,
@@ -64,23 +86,10 @@ pub(super) async fn respond(
             .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         r
     } else {
-        let body = upstream
-            .bytes()
-            .await
-            .map_err(|e| GatewayError::Upstream(format!("engine response interrupted: {e}")))?;
-        booking.first_byte();
-        booking.completed = true;
-        if let Ok(json) = serde_json::from_slice::<Value>(&body) {
-            booking.usage = json.get("usage").and_then(Usage::from_json);
-            if booking.trace.is_some() {
-                booking.finish = Finish::from_response(&json, capture_text);
-            }
+        while let Some(events) = answer.next_events().await {
+            events?;
         }
-        let mut r = Response::new(Body::from(body));
-        if let Some(ct) = content_type {
-            r.headers_mut().insert(header::CONTENT_TYPE, ct);
-        }
-        r
+        axum::Json(api.response_body(&answer.reply, &meta)).into_response()
     };
     if let Some(worker) = worker {
         response.headers_mut().insert("x-switchyard-worker", worker);
@@ -88,53 +97,183 @@ pub(super) async fn respond(
     Ok(response)
 }
 
-/// A streaming response in flight. Dropping it (the client went away) drops the engine's stream,
-/// which cancels the request there, and the booking, which releases the router's load and gets
-/// what the tap read.
-struct StreamState {
-    chunks: futures::stream::BoxStream<'static, reqwest::Result<Bytes>>,
-    tap: SseTap,
+/// An engine answer being read. Dropping it (the client went away) drops the engine's stream,
+/// which cancels the request there, and the booking, which releases the router's load.
+struct Answer {
+    chunks: BoxStream<'static, reqwest::Result<Bytes>>,
+    reader: SseReader,
+    decoder: ReplyDecoder,
+    /// Everything answered so far.
+    reply: Reply,
+    /// A Responses API request to store once complete.
+    responses: Option<ResponsesRequest>,
+    /// The next turn to warm once complete.
+    speculation: Option<Speculation>,
+    response_id: String,
     booking: Booking,
-    done: bool,
+    ended: bool,
 }
 
-impl StreamState {
-    async fn next(mut self) -> Option<(Result<Bytes, reqwest::Error>, Self)> {
-        while !self.done {
-            match self.chunks.next().await {
-                Some(Ok(chunk)) => {
-                    self.booking.first_byte();
-                    let before = self.tap.token_events();
-                    let out = self.tap.feed(&chunk);
-                    self.booking.tokens(self.tap.token_events() - before);
-                    if !out.is_empty() {
-                        return Some((Ok(out), self));
-                    }
-                }
+impl Answer {
+    /// The next events (already added to `reply`), or `None` at the end. An error ends it.
+    async fn next_events(&mut self) -> Option<Result<Vec<ReplyEvent>, GatewayError>> {
+        while !self.ended {
+            let data = match self.chunks.next().await {
+                Some(Ok(chunk)) => self.reader.push(&chunk),
                 Some(Err(e)) => {
+                    self.ended = true;
                     self.booking.status = StatusCode::BAD_GATEWAY.as_u16();
-                    self.done = true;
-                    return Some((Err(e), self));
+                    return Some(Err(GatewayError::Upstream(format!(
+                        "engine response interrupted: {e}"
+                    ))));
                 }
                 None => {
-                    self.done = true;
-                    self.booking.completed = true;
-                    let rest = self.tap.finish();
-                    if !rest.is_empty() {
-                        return Some((Ok(rest), self));
+                    self.ended = true;
+                    let events = self.reader.finish().into_iter().collect::<Vec<_>>();
+                    let out = self.decode(&events).and_then(|mut out| {
+                        out.extend(self.decoder.finish());
+                        self.complete(&out)?;
+                        Ok(out)
+                    });
+                    if out.is_err() {
+                        self.booking.status = StatusCode::BAD_GATEWAY.as_u16();
                     }
+                    return Some(out);
+                }
+            };
+            match self.decode(&data) {
+                Ok(out) if out.is_empty() => continue,
+                Ok(out) => {
+                    self.booking.first_byte();
+                    self.booking.tokens(out.len() as u64);
+                    for event in &out {
+                        self.reply.push(event);
+                    }
+                    return Some(Ok(out));
+                }
+                Err(e) => {
+                    self.ended = true;
+                    self.booking.status = StatusCode::BAD_GATEWAY.as_u16();
+                    return Some(Err(e));
                 }
             }
         }
         None
     }
+
+    fn decode(&mut self, data: &[String]) -> Result<Vec<ReplyEvent>, GatewayError> {
+        let mut out = Vec::new();
+        for data in data {
+            out.extend(self.decoder.data(data)?);
+        }
+        Ok(out)
+    }
+
+    /// The engine's stream ended: the reply is whole, unless the engine broke off.
+    fn complete(&mut self, last: &[ReplyEvent]) -> Result<(), GatewayError> {
+        for event in last {
+            self.reply.push(event);
+        }
+        if !self.reply.is_finished() {
+            return Err(GatewayError::Upstream(
+                "the engine ended its stream before the generation finished".into(),
+            ));
+        }
+        self.booking.completed = true;
+        if let Some(speculation) = self.speculation.take() {
+            speculation.send(self.booking.shared.clone(), &self.reply);
+        }
+        if let Some(request) = self.responses.take() {
+            let transcript = request.transcript(&self.reply);
+            self.booking
+                .shared
+                .responses()
+                .insert(std::mem::take(&mut self.response_id), transcript);
+        }
+        Ok(())
+    }
 }
 
-impl Drop for StreamState {
+impl Drop for Answer {
     fn drop(&mut self) {
-        // Runs before the booking's own drop, however the stream ended.
-        self.booking.usage = self.tap.usage();
-        self.booking.finish = self.tap.take_finish();
+        // Runs before the booking's own drop, however the answer ended.
+        let usage = self.reply.usage();
+        self.booking.usage = Some(Usage {
+            prompt_tokens: usage.prompt_tokens,
+            cached_tokens: usage.cached_tokens,
+            completion_tokens: usage.completion_tokens,
+        });
+        self.booking.finish = finish(&self.reply, self.booking.capture_text());
+    }
+}
+
+/// How the reply ended, for the trace.
+fn finish(reply: &Reply, capture_text: bool) -> Finish {
+    Finish {
+        finish_reason: reply
+            .is_finished()
+            .then(|| reply.finish_reason().as_openai().to_owned()),
+        tool_calls: reply
+            .blocks()
+            .iter()
+            .filter_map(|b| match b {
+                Block::ToolCall { id, name, .. } => Some(ToolCall {
+                    id: id.clone(),
+                    name: name.clone(),
+                }),
+                _ => None,
+            })
+            .collect(),
+        text: if capture_text {
+            reply.text()
+        } else {
+            String::new()
+        },
+    }
+}
+
+/// A streaming answer: engine events re-encoded as the client API's server-sent events.
+struct Streaming {
+    encoder: Box<dyn StreamEncoder>,
+    answer: Answer,
+    started: bool,
+}
+
+impl Streaming {
+    async fn next(mut self) -> Option<(Result<Bytes, std::io::Error>, Self)> {
+        loop {
+            let events = self.answer.next_events().await?;
+            // The opening frames (`message_start`, `response.created`) go out with the engine's
+            // first answer: until then the client sees nothing, as with the engine itself.
+            let mut frames = if self.started {
+                Vec::new()
+            } else {
+                self.started = true;
+                self.encoder.start()
+            };
+            match events {
+                Ok(events) => frames.extend(events.iter().flat_map(|e| self.encoder.push(e))),
+                // Headers are gone: the error travels in the stream, in the API's shape.
+                Err(err) => frames.extend(self.encoder.fail(&api_error(&err))),
+            }
+            if self.answer.ended && self.answer.booking.completed {
+                frames.extend(self.encoder.finish());
+            }
+            if !frames.is_empty() {
+                return Some((Ok(bytes(frames)), self));
+            }
+        }
+    }
+}
+
+fn bytes(frames: Vec<SseFrame>) -> Bytes {
+    frames.iter().flat_map(SseFrame::to_bytes).collect()
+}
+
+fn api_error(err: &GatewayError) -> ApiError {
+    match err {
+        GatewayError::Api(e) => e.clone(),
+        other => ApiError::new(ErrorKind::Upstream, other.to_string()),
     }
 }
 
@@ -146,7 +285,7 @@ pub(super) struct Booking {
     /// Where the rank stood among the policy's candidates, for its `observe` feedback.
     candidate_index: usize,
     session_id: Option<String>,
-    endpoint: Endpoint,
+    api: Api,
     started: Instant,
     ttft: Option<Duration>,
     first_byte_seen: bool,
@@ -165,7 +304,7 @@ impl Booking {
     pub(super) fn new(
         shared: Arc<Shared>,
         id: RequestId,
-        endpoint: Endpoint,
+        api: Api,
         decision: &Decision,
         session_id: Option<String>,
         started: Instant,
@@ -184,7 +323,7 @@ impl Booking {
             rank: decision.rank,
             candidate_index: decision.candidate_index,
             session_id,
-            endpoint,
+            api,
             started,
             ttft: None,
             first_byte_seen: false,
@@ -195,6 +334,14 @@ impl Booking {
             finish: Finish::default(),
             trace: None,
         }
+    }
+
+    /// Traces keep the generated text.
+    fn capture_text(&self) -> bool {
+        self.shared
+            .trace
+            .as_ref()
+            .is_some_and(|t| t.include_content())
     }
 
     /// A chunk carried `events` streamed events with tokens.
@@ -216,7 +363,7 @@ impl Booking {
                 .metrics
                 .ttft
                 .get_or_create(&EndpointLabels {
-                    endpoint: self.endpoint.path().into(),
+                    endpoint: self.api.path().into(),
                 })
                 .observe(self.started.elapsed().as_secs_f64());
         }
@@ -260,13 +407,13 @@ impl Drop for Booking {
         }
         m.requests
             .get_or_create(&RequestLabels {
-                endpoint: self.endpoint.path().into(),
+                endpoint: self.api.path().into(),
                 status: self.status,
             })
             .inc();
         m.latency
             .get_or_create(&EndpointLabels {
-                endpoint: self.endpoint.path().into(),
+                endpoint: self.api.path().into(),
             })
             .observe(self.started.elapsed().as_secs_f64());
         if let (Some(draft), Some(sink)) = (self.trace.take(), &self.shared.trace) {

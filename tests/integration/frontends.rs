@@ -1,0 +1,170 @@
+//! The three client APIs, driven by the official Python SDKs (`openai`, `anthropic`) against the
+//! gateway and mock engines, in both upstream modes: `tests/python/frontends.py` checks each API's
+//! shapes (the SDKs' typed models refuse anything else), streaming and not, a tool-call round trip
+//! in each, usage, the Responses store, and that one conversation is the same tokens through all
+//! three.
+
+use crate::support::{Gateway, MockEngine, client, get_text};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+const CHECKS: &[&str] = &[
+    "ok chat",
+    "ok chat stream",
+    "ok chat tool round trip",
+    "ok responses",
+    "ok responses stream",
+    "ok responses tool round trip",
+    "ok messages",
+    "ok messages stream",
+    "ok messages tool round trip",
+    "ok messages error shape",
+    "ok same tokens through three APIs",
+];
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn has_sdks(python: &Path) -> bool {
+    Command::new(python)
+        .args(["-c", "import openai, anthropic"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// A python3 that can import `openai` and `anthropic`, installed into `target/pyenv` once.
+fn python() -> &'static Path {
+    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
+    PYTHON.get_or_init(|| {
+        let venv = workspace().join("target/pyenv");
+        let python = venv.join("bin/python");
+        if !has_sdks(&python) {
+            if !python.exists() {
+                let made = Command::new("python3")
+                    .arg("-m")
+                    .arg("venv")
+                    .arg(&venv)
+                    .status();
+                assert!(made.is_ok_and(|s| s.success()), "python3 -m venv failed");
+            }
+            let installed = Command::new(&python)
+                .args(["-m", "pip", "install", "-q", "openai", "anthropic"])
+                .status();
+            assert!(
+                installed.is_ok_and(|s| s.success()),
+                "pip install openai anthropic failed: this test needs PyPI access"
+            );
+        }
+        python
+    })
+}
+
+async fn conformance(mode: &str) {
+    let engines = [
+        MockEngine::start(200.0, 4096),
+        MockEngine::start(200.0, 4096),
+    ];
+    // The mock engine's model thinks in `<think>` tags and calls tools in hermes format.
+    let mut config = "[model]\nreasoning_parser = \"qwen3\"\ntool_parser = \"hermes\"\n".to_owned();
+    config += &Gateway::config_for(&engines.iter().collect::<Vec<_>>(), "kv-cost").replace(
+        "kind = \"mock\"\n",
+        &format!("kind = \"mock\"\nupstream = \"{mode}\"\n"),
+    );
+    let gateway = Gateway::start(&config);
+    let models: Value =
+        serde_json::from_str(&get_text(&format!("{}/v1/models", gateway.url)).await).unwrap();
+    let model = models["data"][0]["id"].as_str().unwrap().to_owned();
+    let script = workspace().join("tests/python/frontends.py");
+    let url = gateway.url.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(python())
+            .arg(script)
+            .args([&url, &model, "16"])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{mode} mode:\n{stdout}\n{stderr}");
+    for check in CHECKS {
+        assert!(
+            stdout.lines().any(|l| l == *check),
+            "{mode}: missing `{check}`:\n{stdout}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn official_sdks_conform_in_tokens_mode() {
+    conformance("tokens").await;
+}
+
+#[tokio::test]
+async fn official_sdks_conform_in_chat_mode() {
+    conformance("chat").await;
+}
+
+#[tokio::test]
+async fn malformed_requests_get_400s_in_their_own_apis_shape() {
+    let engine = MockEngine::start(200.0, 1024);
+    let gateway = Gateway::start(&Gateway::config_for(&[&engine], "kv-cost"));
+    let cases = [
+        (
+            "/v1/chat/completions",
+            json!({"model": "m", "messages": "hi"}),
+            "messages",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": "m", "n": 2, "messages": [{"role": "user", "content": "hi"}]}),
+            "n",
+        ),
+        ("/v1/responses", json!({"model": "m", "input": 42}), "input"),
+        (
+            "/v1/messages",
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+            "max_tokens",
+        ),
+        (
+            "/v1/messages",
+            json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}],
+                   "nvext": {"cache_control": {"type": "ephemeral", "ttl": "forever"}}}),
+            "ttl",
+        ),
+    ];
+    for (path, body, field) in cases {
+        let r = client()
+            .post(format!("{}{path}", gateway.url))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "{path} {body}");
+        let error: Value = r.json().await.unwrap();
+        let message = if path == "/v1/messages" {
+            assert_eq!(error["type"], "error", "{error}");
+            error["error"]["message"].as_str().unwrap().to_owned()
+        } else {
+            error["error"]["message"].as_str().unwrap().to_owned()
+        };
+        assert!(
+            message.contains(field),
+            "{path}: `{message}` should name `{field}`"
+        );
+    }
+    let garbage = client()
+        .post(format!("{}/v1/messages", gateway.url))
+        .body("{not json")
+        .header("content-type", "application/json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(garbage.status(), 400);
+    let error: Value = garbage.json().await.unwrap();
+    assert_eq!(error["error"]["type"], "invalid_request_error");
+}
