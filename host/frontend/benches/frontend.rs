@@ -8,7 +8,8 @@ use std::hint::black_box;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use serde_json::{Value, json};
 use switchyard_frontend::{
-    Api, ParsedEvent, ReplyEvent, ReplyMeta, messages, to_chat_request, to_template_messages,
+    Api, ParsedEvent, ReplyEvent, ReplyMeta, chat, messages, responses, to_chat_request,
+    to_template_messages,
 };
 
 /// A messages request with `turns` tool-using turns (~400 bytes of text per turn).
@@ -32,6 +33,51 @@ fn conversation(turns: usize) -> Value {
             "type": "object", "properties": {"file_path": {"type": "string"}}, "required": ["file_path"]}}],
         "messages": history,
     })
+}
+
+/// The same conversation as `conversation`, in chat completions' and the Responses API's shapes.
+fn conversation_as(api: Api, turns: usize) -> Value {
+    let text = "The router keeps each session on the worker that holds its prefix. ".repeat(3);
+    let tools = json!([{"type": "function", "function": {"name": "Read", "description": "Reads a file.",
+        "parameters": {"type": "object", "properties": {"file_path": {"type": "string"}}, "required": ["file_path"]}}}]);
+    let mut items = Vec::new();
+    for turn in 0..turns {
+        let id = format!("call_{turn}");
+        let args = json!({"file_path": format!("/repo/src/f{turn}.rs")}).to_string();
+        match api {
+            Api::Responses => {
+                items.push(json!({"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": text}]}));
+                items.push(json!({"type": "function_call", "call_id": id, "name": "Read", "arguments": args}));
+                items.push(json!({"type": "function_call_output", "call_id": id, "output": text}));
+            }
+            _ => {
+                items.push(json!({"role": "assistant", "content": null, "reasoning_content": text,
+                    "tool_calls": [{"id": id, "type": "function", "function": {"name": "Read", "arguments": args}}]}));
+                items.push(json!({"role": "tool", "tool_call_id": id, "content": text}));
+            }
+        }
+    }
+    match api {
+        Api::Responses => {
+            items.insert(
+                0,
+                json!({"role": "user", "content": "Fix the failing test."}),
+            );
+            let tool = &tools[0]["function"];
+            json!({"model": "m", "stream": true, "store": false, "instructions": text, "input": items,
+                   "tools": [{"type": "function", "name": tool["name"], "description": tool["description"],
+                              "parameters": tool["parameters"]}]})
+        }
+        Api::Messages => conversation(turns),
+        _ => {
+            items.insert(
+                0,
+                json!({"role": "user", "content": "Fix the failing test."}),
+            );
+            items.insert(0, json!({"role": "system", "content": text}));
+            json!({"model": "m", "stream": true, "messages": items, "tools": tools})
+        }
+    }
 }
 
 fn reply_events() -> Vec<ReplyEvent> {
@@ -85,6 +131,33 @@ fn bench(c: &mut Criterion) {
                         frames += encoder.push(event).len();
                     }
                     frames + encoder.finish().len()
+                })
+            },
+        );
+    }
+    // One whole turn of the frontend alone (what a request costs besides tokenizing, routing and
+    // the engine): body bytes -> IR -> template messages, then a 221-event reply streamed back.
+    group.throughput(Throughput::Elements(1));
+    for api in [Api::ChatCompletions, Api::Responses, Api::Messages] {
+        let bytes = conversation_as(api, 100).to_string().into_bytes();
+        group.bench_with_input(
+            BenchmarkId::new("turn", format!("{api:?}")),
+            &bytes,
+            |b, bytes| {
+                b.iter(|| {
+                    let body = switchyard_frontend::parse_body(black_box(bytes)).expect("valid");
+                    let conv = match api {
+                        Api::Responses => responses::decode(&body).expect("valid").conversation,
+                        Api::Messages => messages::decode(&body).expect("valid"),
+                        _ => chat::decode(&body).expect("valid"),
+                    };
+                    let rendered = to_template_messages(&conv);
+                    let mut encoder = api.stream_encoder(ReplyMeta::new("r", 0, "m"));
+                    let mut frames = 0;
+                    for event in &events {
+                        frames += encoder.push(event).len();
+                    }
+                    (rendered, frames + encoder.finish().len())
                 })
             },
         );
