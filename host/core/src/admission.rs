@@ -4,6 +4,25 @@
 //! Mirrors the `admission` world of `switchyard:policy` (wit/admission.wit); the policy host puts
 //! the same trait behind a Wasm component. Sessions without an action keep their current state,
 //! and an arrival without an action is admitted, so returning nothing is always safe.
+//!
+//! [`AdmissionController`] applies a policy's actions to the programs of
+//! [`crate::programs::ProgramTracker`]; the gateway and the simulator both drive it. The native
+//! policies: [`AdmitAll`] (`none`), [`ThunderAgent`], [`Continuum`] and [`Autellix`].
+
+mod autellix;
+mod continuum;
+mod controller;
+mod params;
+mod thunder_agent;
+
+pub use autellix::{Autellix, AutellixConfig};
+pub use continuum::{Continuum, ContinuumConfig, ToolDurations};
+pub use controller::{
+    AdmissionConfig, AdmissionController, AdmissionMetrics, AdmissionRequest, ArrivalOutcome,
+    Release,
+};
+pub use params::{ParamError, native_admission_spec, parse_duration};
+pub use thunder_agent::{ThunderAgent, ThunderAgentConfig};
 
 use crate::router::PolicyRequest;
 use crate::worker::Rank;
@@ -46,6 +65,22 @@ pub struct SessionView {
     pub age: Duration,
     /// Time since it last had a request running (zero while running).
     pub idle: Duration,
+    /// The worker rank its last (or current) request ran on; `None` for a new program. Not in
+    /// the WIT record: hosts pass it to Wasm as the `switchyard.rank` extension.
+    pub rank: Option<Rank>,
+    /// Paused by an admission action. Unlike [`SessionPhase::Paused`] this is also set while the
+    /// paused program still finishes a running request (paused "at its next tool boundary").
+    /// Wasm: the `switchyard.paused` extension.
+    pub paused: bool,
+    /// How long it has been paused (zero when not paused). Wasm: `switchyard.paused-for-ms`.
+    pub paused_for: Duration,
+    /// Attained service: the summed run time (sent to an engine until its end) of its finished
+    /// requests. Wasm: `switchyard.service-ms`.
+    pub service: Duration,
+    /// The tool its last turn called, if that turn ended with a tool call (`""` when the name is
+    /// unknown); kept while its next request waits, so a policy sees which tool just returned.
+    /// Wasm: `switchyard.tool`.
+    pub tool: Option<String>,
 }
 
 /// Utilization of one worker rank.
@@ -61,6 +96,9 @@ pub struct RankUtilization {
     pub queue_depth: u32,
     /// Whether the host routes to the rank.
     pub healthy: bool,
+    /// KV capacity in tokens (blocks x block size); 0 when unknown. Not in the WIT record: hosts
+    /// pass it to Wasm as the `switchyard.kv-capacity-tokens` extension.
+    pub kv_capacity_tokens: u64,
 }
 
 /// Everything an admission policy sees: every known session and every rank.
@@ -158,6 +196,19 @@ pub trait AdmissionPolicy: Send + std::fmt::Debug {
         arrival: &Arrival<'_>,
         now: Duration,
     ) -> Vec<AdmissionAction>;
+    /// Where the request of `session_id` that admission just released should run, if the policy
+    /// places programs itself (ThunderAgent keeps each program on one worker and places new and
+    /// resumed ones); the router then bypasses its own choice. Default: no preference.
+    ///
+    /// Not in the WIT world (a later minor version may add it): Wasm policies never place.
+    fn placement(
+        &mut self,
+        _view: &AdmissionView,
+        _session_id: &str,
+        _now: Duration,
+    ) -> Option<Rank> {
+        None
+    }
 }
 
 /// Request-level admission (configured as `none`): every request goes straight to the router,
@@ -185,10 +236,17 @@ impl AdmissionPolicy for AdmitAll {
     }
 }
 
-/// The native admission policy named `name`, if there is one.
+/// Names [`native_admission`] resolves (aliases aside).
+pub const NATIVE_ADMISSION: [&str; 4] = ["none", "thunder-agent", "continuum", "autellix"];
+
+/// The native admission policy named `name` (`none`/`admit-all`, `thunder-agent`, `continuum`,
+/// `autellix`) with its default parameters, if there is one.
 pub fn native_admission(name: &str) -> Option<Box<dyn AdmissionPolicy>> {
     match name {
         "admit-all" | "none" => Some(Box::new(AdmitAll)),
+        "thunder-agent" => Some(Box::new(ThunderAgent::new(ThunderAgentConfig::default()))),
+        "continuum" => Some(Box::new(Continuum::new(ContinuumConfig::default()))),
+        "autellix" => Some(Box::new(Autellix::new(AutellixConfig::default()))),
         _ => None,
     }
 }
@@ -208,6 +266,11 @@ mod tests {
             context_tokens: 4096,
             age: Duration::from_secs(10),
             idle: Duration::ZERO,
+            rank: None,
+            paused: false,
+            paused_for: Duration::ZERO,
+            service: Duration::ZERO,
+            tool: None,
         }
     }
 
@@ -223,6 +286,7 @@ mod tests {
                 active_requests: 3,
                 queue_depth: 0,
                 healthy: true,
+                kv_capacity_tokens: 1 << 20,
             }],
         }
     }
@@ -247,7 +311,14 @@ mod tests {
             native_admission("none").map(|p| p.name().to_owned()),
             Some("admit-all".into())
         );
-        assert!(native_admission("thunder-agent").is_none());
+        for name in NATIVE_ADMISSION {
+            assert!(native_admission(name).is_some(), "{name}");
+        }
+        assert_eq!(
+            native_admission("thunder-agent").map(|p| p.name().to_owned()),
+            Some("thunder-agent".into())
+        );
+        assert!(native_admission("kvflow").is_none());
     }
 
     #[test]
@@ -276,5 +347,50 @@ mod tests {
         };
         assert_eq!(view.unknown_session(&actions, Some(&arrival)), None);
         assert_eq!(view.unknown_session(&[], None), None);
+    }
+}
+
+/// View builders for the policies' tests.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::{RankUtilization, SessionPhase, SessionView};
+    use crate::worker::Rank;
+    use std::time::Duration;
+
+    /// An active session in `phase` holding `tokens`, last on worker `worker` (`None`: new).
+    pub(crate) fn session(
+        id: &str,
+        phase: SessionPhase,
+        tokens: u64,
+        worker: Option<u32>,
+    ) -> SessionView {
+        SessionView {
+            session_id: id.into(),
+            parent_session_id: None,
+            phase,
+            priority: 0,
+            active_requests: u32::from(phase == SessionPhase::Running),
+            queued_requests: u32::from(phase == SessionPhase::Queued),
+            context_tokens: tokens,
+            age: Duration::from_secs(60),
+            idle: Duration::ZERO,
+            rank: worker.map(|w| Rank::new(w, 0)),
+            paused: phase == SessionPhase::Paused,
+            paused_for: Duration::ZERO,
+            service: Duration::ZERO,
+            tool: None,
+        }
+    }
+
+    /// A healthy worker `w` with `capacity` KV tokens.
+    pub(crate) fn worker(w: u32, capacity: u64) -> RankUtilization {
+        RankUtilization {
+            rank: Rank::new(w, 0),
+            kv_usage: 0.0,
+            active_requests: 0,
+            queue_depth: 0,
+            healthy: true,
+            kv_capacity_tokens: capacity,
+        }
     }
 }

@@ -1,7 +1,8 @@
 //! Switchyard's pure router core.
 //!
-//! Block hashing, the global KV index, predicted blocks, the router (cost, temperature, bookings)
-//! and the engine model shared by the mock engine and the simulator. This crate does no I/O and
+//! Block hashing, the global KV index, predicted blocks, the router (cost, temperature, bookings,
+//! the router queue), agent programs and session-aware admission, and the engine model shared by
+//! the mock engine and the simulator. This crate does no I/O and
 //! never reads a clock: time is passed in as a `Duration` since the driver's epoch. It must not
 //! depend on tokio, axum, wasmtime or ZMQ; the gateway and the simulator drive the same code.
 //!
@@ -33,5 +34,6 @@ pub mod hash;
 pub mod index;
 pub mod kv_hints;
 pub mod predicted;
+pub mod programs;
 pub mod router;
 pub mod worker;

@@ -5,6 +5,7 @@
 //! the simulator with a virtual clock.
 
 mod policy;
+pub mod queue;
 
 pub use policy::{
     Candidate, CostWeights, KvCost, Outcome, PolicyRequest, RoundRobin, RoutingPolicy, Selection,
@@ -78,6 +79,10 @@ pub struct RouteRequest<'a> {
     pub parent_session_id: Option<&'a str>,
     /// Scheduling priority; higher is more urgent, 0 is normal.
     pub priority: i32,
+    /// Send it to this rank if it is a candidate (healthy, not excluded), bypassing the policy:
+    /// an admission policy placed the request's program (`generate(tokens, worker_id)` of
+    /// agentic-serving.md section 3). Otherwise the policy chooses as usual.
+    pub pinned_rank: Option<Rank>,
 }
 
 /// Where a request goes, and why.
@@ -286,20 +291,16 @@ impl Router {
             return Err(RouteError::NoHealthyWorker);
         }
 
-        let block_size = self.config.block_size.max(1);
-        let policy_request = PolicyRequest {
-            tokens: request.tokens,
-            blocks: request.tokens.div_ceil(block_size),
-            block_size,
-            weights: request.weights.unwrap_or(self.config.weights),
-            overrides: request.weights,
-            session_id: request.session_id,
-            parent_session_id: request.parent_session_id,
-            priority: request.priority,
-            osl: request.expected_output_tokens,
-        };
+        let policy_request = self.policy_request(request);
         let temperature = request.temperature.unwrap_or(self.config.temperature);
-        let (chosen, cost) = match self.policy.select(&policy_request, &candidates) {
+        let pinned = request
+            .pinned_rank
+            .and_then(|rank| candidates.iter().position(|c| c.rank == rank));
+        let selection = match pinned {
+            Some(i) => Selection::Pick(i),
+            None => self.policy.select(&policy_request, &candidates),
+        };
+        let (chosen, cost) = match selection {
             Selection::Pick(i) if i < candidates.len() => (i, None),
             Selection::Pick(i) => {
                 return Err(
@@ -334,6 +335,31 @@ impl Router {
         };
         self.book(id, slots[chosen], request, &decision, now);
         Ok(decision)
+    }
+
+    /// The request as the routing policy sees it.
+    pub fn policy_request<'a>(&self, request: &RouteRequest<'a>) -> PolicyRequest<'a> {
+        let block_size = self.config.block_size.max(1);
+        PolicyRequest {
+            tokens: request.tokens,
+            blocks: request.tokens.div_ceil(block_size),
+            block_size,
+            weights: request.weights.unwrap_or(self.config.weights),
+            overrides: request.weights,
+            session_id: request.session_id,
+            parent_session_id: request.parent_session_id,
+            priority: request.priority,
+            osl: request.expected_output_tokens,
+        }
+    }
+
+    /// The routing policy's order key for `request` waiting in the router queue (lower is
+    /// served first), if the policy defines one (the Wasm router world's `queue-key`).
+    pub fn queue_key(&mut self, request: &RouteRequest<'_>) -> Option<f64> {
+        let policy_request = self.policy_request(request);
+        self.policy
+            .queue_key(&policy_request)
+            .filter(|k| k.is_finite())
     }
 
     /// The request produced its first token: its prefill no longer loads the rank.

@@ -115,6 +115,12 @@ pub trait RoutingPolicy: Send + std::fmt::Debug {
     fn select(&mut self, request: &PolicyRequest<'_>, candidates: &[Candidate]) -> Selection;
     /// Feedback on a request this policy placed, once it ended (learning policies use it).
     fn observe(&mut self, _outcome: &Outcome) {}
+    /// Order key of `request` while it waits in the router queue, lower first (the Wasm router
+    /// world's `queue-key`). `None` (the default): the queue's own order
+    /// ([`QueueOrder`](super::queue::QueueOrder)) applies.
+    fn queue_key(&mut self, _request: &PolicyRequest<'_>) -> Option<f64> {
+        None
+    }
 }
 
 /// The KV-aware cost of agentic-serving.md section 3.

@@ -337,3 +337,27 @@ fn policies_see_session_fields_and_outcomes() {
     );
     assert_eq!(seen.outcomes, vec![outcome]);
 }
+
+#[test]
+fn a_pinned_rank_bypasses_the_policy_unless_it_cannot_take_the_request() {
+    let tokens: Vec<u32> = (0..64).collect();
+    let hashes = BlockHasher::new(4).sequence(&tokens);
+    let mut index = KvIndex::new();
+    index.apply(&IndexOp::Store {
+        rank: Rank::new(2, 0),
+        tier: Tier::Device,
+        blocks: hashes.clone(),
+    });
+    let mut r = router(3, Box::new(KvCost));
+    let pinned = RouteRequest {
+        pinned_rank: Some(Rank::new(0, 0)),
+        ..request(&hashes, 64)
+    };
+    let d = r.route(RequestId(1), &pinned, &index, ms(0)).unwrap();
+    assert_eq!((d.rank, d.cost), (Rank::new(0, 0), None));
+    // Unhealthy: the policy decides (the rank holding the prefix).
+    r.set_healthy(Rank::new(0, 0), false);
+    let d = r.route(RequestId(2), &pinned, &index, ms(1)).unwrap();
+    assert_eq!(d.rank, Rank::new(2, 0));
+    assert!(d.cost.is_some());
+}
