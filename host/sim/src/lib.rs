@@ -25,5 +25,5 @@ mod worker;
 pub mod workload;
 
 pub use metrics::{Outcome, RequestRecord};
-pub use report::{KvUtilization, LatencyStats, REPORT_SCHEMA, Report, RunReport};
+pub use report::{AdmissionStats, KvUtilization, LatencyStats, REPORT_SCHEMA, Report, RunReport};
 pub use sim::{SimConfig, SimError, Simulation};

@@ -1,9 +1,11 @@
 //! What a run recorded, and the statistics computed from it.
 
-use crate::report::{KvUtilization, LatencyStats, RunReport};
+use crate::report::{AdmissionStats, KvUtilization, LatencyStats, RunReport};
 use hdrhistogram::Histogram;
 use std::collections::BTreeMap;
 use std::time::Duration;
+use switchyard_core::admission::AdmissionMetrics;
+use switchyard_core::router::queue::QueueStats;
 
 /// The life of one request on the virtual clock.
 #[derive(Debug, Clone, PartialEq)]
@@ -14,8 +16,10 @@ pub struct RequestRecord {
     pub request: usize,
     /// Worker it was routed to; `None` if routing or admission failed.
     pub worker: Option<usize>,
-    /// Sent by the client (and routed).
+    /// Sent by the client (offered to admission).
     pub sent: Duration,
+    /// Let go by admission (to the router, or its queue); `None` if never released.
+    pub released: Option<Duration>,
     /// Admitted by the engine (prefill began).
     pub admitted: Option<Duration>,
     /// First token.
@@ -43,6 +47,7 @@ impl RequestRecord {
             request,
             worker: None,
             sent,
+            released: None,
             admitted: None,
             first_token: None,
             finished: None,
@@ -58,6 +63,12 @@ impl RequestRecord {
 pub struct Outcome {
     /// Routing policy.
     pub policy: String,
+    /// Admission policy.
+    pub admission: String,
+    /// The admission controller's counters at the last finish.
+    pub admission_metrics: AdmissionMetrics,
+    /// The router queue's counters, when there was one.
+    pub queue_stats: Option<QueueStats>,
     /// Workers.
     pub workers: usize,
     /// Root sessions in flight at most.
@@ -153,8 +164,23 @@ impl Outcome {
         let output: u64 = done.iter().map(|r| u64::from(r.output_tokens)).sum();
         let prompt: u64 = done.iter().map(|r| u64::from(r.input_tokens)).sum();
         let cached: u64 = done.iter().map(|r| u64::from(r.cached_tokens)).sum();
+        let m = &self.admission_metrics;
+        let queue = self.queue_stats.unwrap_or_default();
         RunReport {
             policy: self.policy.clone(),
+            admission: self.admission.clone(),
+            admission_stats: AdmissionStats {
+                held_requests: m.holds,
+                forced_releases: m.forced_releases,
+                pauses: m.pauses,
+                resumes: m.resumes,
+                priority_adjustments: m.priority_adjustments,
+                hold_time_s: m.hold_time.as_secs_f64(),
+                paused_time_s: m.paused_time.as_secs_f64(),
+                max_paused: m.max_paused,
+                router_queued: queue.enqueued,
+                router_queue_max_depth: queue.max_depth,
+            },
             concurrency: self.concurrency,
             workers: self.workers,
             speedup: self.speedup,

@@ -1,9 +1,12 @@
-//! Plots of a report: the TTFT distribution of every run, and KV utilization over time.
+//! Plots of a report: the TTFT distribution of every run, and KV utilization over time. When the
+//! runs sweep concurrency, instead four metrics against concurrency (requests per second,
+//! prefix-hit ratio, agent steps per minute, recomputed tokens), one line per policy (routing +
+//! admission + speed-up).
 //!
 //! SVG or PNG by the file's extension. Text is laid out with a TrueType font found on the system
 //! (DejaVu Sans or Liberation Sans) or named by `SWITCHYARD_PLOT_FONT`.
 
-use crate::report::Report;
+use crate::report::{Report, RunReport};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::{FontStyle, register_font};
@@ -79,8 +82,122 @@ type DrawResult<DB> = Result<(), DrawingAreaErrorKind<<DB as DrawingBackend>::Er
 fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, report: &Report) -> DrawResult<DB> {
     root.fill(&WHITE)?;
     let (top, bottom) = root.split_vertically(SIZE.1 / 2);
-    ttft_cdf(&top, report)?;
-    kv_utilization(&bottom, report)
+    if concurrencies(report).len() < 2 {
+        ttft_cdf(&top, report)?;
+        return kv_utilization(&bottom, report);
+    }
+    let (top_left, top_right) = top.split_horizontally(SIZE.0 / 2);
+    let (bottom_left, bottom_right) = bottom.split_horizontally(SIZE.0 / 2);
+    let low = SeriesLabelPosition::LowerLeft;
+    sweep(&top_left, report, "Requests per second", low.clone(), |r| {
+        r.requests_per_s
+    })?;
+    sweep(&top_right, report, "Prefix-hit ratio", low.clone(), |r| {
+        r.prefix_hit_ratio
+    })?;
+    sweep(&bottom_left, report, "Agent steps per minute", low, |r| {
+        r.agent_steps_per_min.unwrap_or(0.0)
+    })?;
+    let high = SeriesLabelPosition::UpperLeft;
+    sweep(
+        &bottom_right,
+        report,
+        "Recomputed prompt Mtokens",
+        high,
+        |r| r.recomputed_tokens as f64 / 1e6,
+    )
+}
+
+/// The concurrency levels of the runs, ascending, unlimited last.
+fn concurrencies(report: &Report) -> Vec<Option<usize>> {
+    let mut levels: Vec<Option<usize>> = report.runs.iter().map(|r| r.concurrency).collect();
+    levels.sort_by_key(|c| c.unwrap_or(usize::MAX));
+    levels.dedup();
+    levels
+}
+
+/// The run's label without its concurrency: one line of a sweep.
+fn series(run: &RunReport) -> String {
+    let label = run.label();
+    match label.split_once('@') {
+        Some((policy, rest)) => match rest.split_once(' ') {
+            Some((_, speed)) => format!("{policy} {speed}"),
+            None => policy.to_owned(),
+        },
+        None => label,
+    }
+}
+
+/// `metric` of every run against concurrency (evenly spaced levels), a line per series.
+fn sweep<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    report: &Report,
+    title: &str,
+    legend: SeriesLabelPosition,
+    metric: fn(&RunReport) -> f64,
+) -> DrawResult<DB> {
+    let levels = concurrencies(report);
+    let y_max = report.runs.iter().map(metric).fold(0.0, f64::max).max(1e-9) * 1.1;
+    let mut chart = ChartBuilder::on(area)
+        .caption(format!("{title} by concurrency"), ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(56)
+        .build_cartesian_2d(-0.25..(levels.len() as f64 - 0.75), 0.0..y_max)?;
+    let level_name = |x: &f64| {
+        let i = x.round();
+        if (x - i).abs() > 1e-6 || i < 0.0 {
+            return String::new();
+        }
+        match levels.get(i as usize) {
+            Some(Some(c)) => c.to_string(),
+            Some(None) => "unlimited".to_owned(),
+            None => String::new(),
+        }
+    };
+    chart
+        .configure_mesh()
+        .x_labels(levels.len())
+        .x_label_formatter(&level_name)
+        .x_desc("root sessions in flight")
+        .y_desc(title)
+        .draw()?;
+    let mut names: Vec<String> = report.runs.iter().map(series).collect();
+    names.dedup();
+    let mut seen = Vec::new();
+    for name in names {
+        if seen.contains(&name) {
+            continue;
+        }
+        let color = Palette99::pick(seen.len()).to_rgba();
+        seen.push(name.clone());
+        let mut points: Vec<(f64, f64)> = report
+            .runs
+            .iter()
+            .filter(|r| series(r) == name)
+            .filter_map(|r| {
+                let x = levels.iter().position(|c| *c == r.concurrency)?;
+                Some((x as f64, metric(r)))
+            })
+            .collect();
+        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        chart
+            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
+            .label(name)
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));
+        chart.draw_series(
+            points
+                .into_iter()
+                .map(|p| Circle::new(p, 4, color.filled())),
+        )?;
+    }
+    chart
+        .configure_series_labels()
+        .position(legend)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 14))
+        .draw()
 }
 
 /// TTFT CDF of every run, cut at the largest p99 so the body of the distribution stays readable.
@@ -174,4 +291,77 @@ fn kv_utilization<DB: DrawingBackend>(
         .border_style(BLACK)
         .label_font(("sans-serif", 16))
         .draw()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::{AdmissionStats, KvUtilization, LatencyStats, REPORT_SCHEMA};
+
+    fn run(admission: &str, concurrency: Option<usize>, requests_per_s: f64) -> RunReport {
+        let latency = LatencyStats {
+            count: 1,
+            mean: 1.0,
+            p50: 1.0,
+            p90: 1.0,
+            p99: 1.0,
+            max: 1.0,
+        };
+        RunReport {
+            policy: "kv-cost".into(),
+            admission: admission.into(),
+            admission_stats: AdmissionStats::default(),
+            concurrency,
+            workers: 2,
+            speedup: 1.0,
+            block_size: 16,
+            requests: 10,
+            failed_requests: 0,
+            duration_s: 10.0,
+            ttft_ms: latency,
+            itl_ms: latency,
+            e2e_ms: latency,
+            output_tokens_per_s: 1.0,
+            requests_per_s,
+            agent_steps_per_min: Some(1.0),
+            prefix_hit_ratio: 0.5,
+            prompt_tokens: 100,
+            cached_tokens: 50,
+            recomputed_tokens: 1_000,
+            ttft_cdf: vec![(1.0, 1.0)],
+            kv_utilization: KvUtilization {
+                interval_s: 1.0,
+                workers: vec![vec![0.5]],
+            },
+        }
+    }
+
+    #[test]
+    fn a_concurrency_sweep_plots_one_line_per_policy() {
+        let report = Report {
+            schema: REPORT_SCHEMA.into(),
+            trace: "t".into(),
+            runs: vec![
+                run("none", Some(8), 1.0),
+                run("thunder-agent", Some(8), 1.0),
+                run("none", None, 1.0),
+                run("thunder-agent", None, 1.5),
+            ],
+        };
+        assert_eq!(concurrencies(&report), [Some(8), None]);
+        assert_eq!(series(&report.runs[1]), "kv-cost+thunder-agent");
+        let dir = std::env::temp_dir().join(format!("switchyard-plot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("sweep.svg");
+        match plot(&report, &path) {
+            // No system font here: nothing to draw text with.
+            Err(PlotError::NoFont) => return,
+            other => other.unwrap(),
+        }
+        let svg = std::fs::read_to_string(&path).unwrap();
+        assert!(svg.contains("Requests per second by concurrency"));
+        assert!(svg.contains("kv-cost+thunder-agent"));
+        assert!(svg.contains("unlimited"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -24,6 +24,12 @@ pub struct Report {
 pub struct RunReport {
     /// Routing policy.
     pub policy: String,
+    /// Admission policy as configured (`none` / `admit-all`: request-level routing alone).
+    #[serde(default = "admit_all")]
+    pub admission: String,
+    /// What admission and the router queue did.
+    #[serde(default)]
+    pub admission_stats: AdmissionStats,
     /// Root sessions in flight at most; `null`: unlimited.
     pub concurrency: Option<usize>,
     /// Simulated workers.
@@ -62,6 +68,35 @@ pub struct RunReport {
     pub ttft_cdf: Vec<(f64, f64)>,
     /// Per-worker KV utilization over time.
     pub kv_utilization: KvUtilization,
+}
+
+/// What admission (and the router queue) did in a run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AdmissionStats {
+    /// Requests held by admission on arrival.
+    pub held_requests: u64,
+    /// Held requests released because they reached the longest hold.
+    pub forced_releases: u64,
+    /// Programs paused.
+    pub pauses: u64,
+    /// Programs resumed.
+    pub resumes: u64,
+    /// Priority adjustments applied.
+    pub priority_adjustments: u64,
+    /// Summed time requests were held, in seconds.
+    pub hold_time_s: f64,
+    /// Summed time programs were paused, in seconds.
+    pub paused_time_s: f64,
+    /// Most programs paused at once.
+    pub max_paused: usize,
+    /// Requests that waited in the router queue.
+    pub router_queued: u64,
+    /// Most requests in the router queue at once.
+    pub router_queue_max_depth: usize,
+}
+
+fn admit_all() -> String {
+    "admit-all".to_owned()
 }
 
 /// Mean and percentiles, in milliseconds.
@@ -108,12 +143,18 @@ impl KvUtilization {
 }
 
 impl RunReport {
-    /// Short column label: `policy@concurrency`, and `xN` when arrivals are sped up.
+    /// Short column label: `policy@concurrency` (`policy+admission@concurrency` with an
+    /// admission policy), and `xN` when arrivals are sped up.
     pub fn label(&self) -> String {
         let concurrency = self
             .concurrency
             .map_or_else(|| "unlimited".to_owned(), |c| c.to_string());
-        let label = format!("{}@{concurrency}", self.policy);
+        let policy = if matches!(self.admission.as_str(), "none" | "admit-all") {
+            self.policy.clone()
+        } else {
+            format!("{}+{}", self.policy, self.admission)
+        };
+        let label = format!("{policy}@{concurrency}");
         if self.speedup == 1.0 {
             label
         } else {
@@ -149,6 +190,15 @@ impl Report {
             ("prefix hit ratio", |r| format!("{:.3}", r.prefix_hit_ratio)),
             ("recomputed Mtok", |r| {
                 format!("{:.1}", r.recomputed_tokens as f64 / 1e6)
+            }),
+            ("held requests", |r| {
+                format!("{}", r.admission_stats.held_requests)
+            }),
+            ("paused prog-s", |r| {
+                format!("{:.0}", r.admission_stats.paused_time_s)
+            }),
+            ("router queued", |r| {
+                format!("{}", r.admission_stats.router_queued)
             }),
             ("mean KV util", |r| {
                 let mean = r.kv_utilization.mean();

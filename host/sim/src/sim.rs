@@ -1,9 +1,12 @@
 //! The discrete-event simulation: sessions, the router and simulated workers on a virtual clock.
 //!
-//! Every decision is the gateway's: requests are hashed with [`BlockHasher`] and placed by
-//! [`Router::route`]; `first_token` and `finish` are called when the engine's tokens arrive, as
-//! the gateway's stream does; the index changes only through the workers' published KV events.
-//! The simulator itself decides nothing but *when* things happen.
+//! Every decision is the gateway's: requests are hashed with [`BlockHasher`], offered to the
+//! gateway's [`AdmissionController`] (programs from the workload's sessions; each request but a
+//! session's last ends with a tool call, and the last is `session-final`), and what it releases is
+//! placed by [`Router::route`], through the [`RouterQueue`] when one is configured; `first_token`
+//! and `finish` are called when the engine's tokens arrive, as the gateway's stream does; the index
+//! changes only through the workers' published KV events. The simulator itself decides nothing but
+//! *when* things happen.
 
 use crate::metrics::{Outcome, RequestRecord};
 use crate::queue::EventQueue;
@@ -12,11 +15,17 @@ use crate::worker::{Published, SimWorker};
 use crate::workload::{SpawnTree, Workload};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
+use switchyard_core::admission::{
+    AdmissionConfig, AdmissionController, AdmissionPolicy, AdmissionRequest, ParamError,
+    RankUtilization, Release, native_admission_spec,
+};
 use switchyard_core::engine::{EngineConfig, EngineModel, EngineRequest, TokenOut};
 use switchyard_core::hash::{BlockHasher, SequenceHash};
 use switchyard_core::index::KvIndex;
+use switchyard_core::programs::{TurnEnd, Usage};
+use switchyard_core::router::queue::{QueueConfig, QueuedRequest, RouterQueue, Submitted};
 use switchyard_core::router::{
-    RequestId, RouteRequest, Router, RouterConfig, RoutingPolicy, native_policy,
+    PolicyRequest, RequestId, RouteRequest, Router, RouterConfig, RoutingPolicy, native_policy,
 };
 use switchyard_core::worker::Rank;
 
@@ -31,6 +40,15 @@ pub struct SimConfig {
     pub router: RouterConfig,
     /// Routing policy, by its native name (`kv-cost`, `round-robin`).
     pub policy: String,
+    /// Admission policy: a native name (`none`, `thunder-agent`, `continuum`, `autellix`) with
+    /// optional parameters, `name[:key=value]*` (e.g. `thunder-agent:decay_half_life=10s`).
+    pub admission: String,
+    /// The admission controller's settings (tick, longest hold, program idle expiry).
+    pub admission_config: AdmissionConfig,
+    /// The router queue; `None`: released requests go straight to the engines' own queues.
+    pub queue: Option<QueueConfig>,
+    /// Longest gap between two requests of a session; longer ones (a user away) are cut to it.
+    pub max_gap: Option<Duration>,
     /// Most root sessions in flight; later arrivals wait, first come first served.
     pub concurrency: Option<usize>,
     /// Arrival times and gaps are divided by this.
@@ -50,6 +68,10 @@ impl Default for SimConfig {
             engine: EngineConfig::default(),
             router: RouterConfig::default(),
             policy: "kv-cost".to_owned(),
+            admission: "none".to_owned(),
+            admission_config: AdmissionConfig::default(),
+            queue: None,
+            max_gap: None,
             concurrency: None,
             speedup: 1.0,
             event_delay: Duration::from_millis(5),
@@ -65,6 +87,9 @@ pub enum SimError {
     /// Not a native policy.
     #[error("unknown routing policy `{0}`")]
     UnknownPolicy(String),
+    /// Not a native admission policy, or a bad parameter.
+    #[error(transparent)]
+    Admission(#[from] ParamError),
     /// The engine settings are invalid.
     #[error(transparent)]
     Engine(#[from] switchyard_core::engine::ConfigError),
@@ -93,6 +118,16 @@ enum Event {
     StepEnd(usize),
     /// A KV event message reaches the index.
     KvEvents(usize, Published),
+    /// The admission controller's periodic work is due.
+    AdmissionTick,
+}
+
+/// A request admission or the router queue still holds: what the engine will need.
+#[derive(Debug)]
+struct Pending {
+    prompt: Vec<u32>,
+    hashes: Vec<SequenceHash>,
+    max_tokens: u32,
 }
 
 #[derive(Debug, Default)]
@@ -113,6 +148,12 @@ pub struct Simulation<'w> {
     workload: &'w Workload,
     config: SimConfig,
     router: Router,
+    admission: AdmissionController,
+    router_queue: Option<RouterQueue>,
+    /// Requests sent and not yet in an engine (held by admission, or in the router queue).
+    pending: HashMap<u64, Pending>,
+    /// When the next `AdmissionTick` event is due, if one is scheduled.
+    tick_at: Option<Duration>,
     index: KvIndex,
     hasher: BlockHasher,
     workers: Vec<SimWorker>,
@@ -142,13 +183,40 @@ impl<'w> Simulation<'w> {
     }
 
     /// A simulation whose router uses `policy` (a Wasm component, or an instrumented one);
-    /// `config.policy` is ignored and the report names `policy.name()`.
+    /// `config.policy` is ignored and the report names `policy.name()`. Admission is the native
+    /// policy `config.admission`.
     pub fn with_policy(
         workload: &'w Workload,
         mut config: SimConfig,
         policy: Box<dyn RoutingPolicy>,
     ) -> Result<Self, SimError> {
+        let admission =
+            native_admission_spec(&config.admission, config.admission_config.tick_interval)?;
         config.policy = policy.name().to_owned();
+        // The report keeps the spec, parameters included, to tell variants apart.
+        Self::build(workload, config, policy, admission)
+    }
+
+    /// A simulation with explicit routing and admission policies (Wasm components, or
+    /// instrumented ones); `config.policy` and `config.admission` are ignored and the report
+    /// names the policies.
+    pub fn with_policies(
+        workload: &'w Workload,
+        mut config: SimConfig,
+        policy: Box<dyn RoutingPolicy>,
+        admission: Box<dyn AdmissionPolicy>,
+    ) -> Result<Self, SimError> {
+        config.policy = policy.name().to_owned();
+        config.admission = admission.name().to_owned();
+        Self::build(workload, config, policy, admission)
+    }
+
+    fn build(
+        workload: &'w Workload,
+        config: SimConfig,
+        policy: Box<dyn RoutingPolicy>,
+        admission: Box<dyn AdmissionPolicy>,
+    ) -> Result<Self, SimError> {
         if workload.block_size as usize != config.engine.block_size {
             return Err(SimError::BlockSize {
                 workload: workload.block_size,
@@ -192,6 +260,10 @@ impl<'w> Simulation<'w> {
             queue.push(at, Event::Arrive(root));
         }
         Ok(Self {
+            admission: AdmissionController::new(config.admission_config.clone(), admission),
+            router_queue: config.queue.clone().map(RouterQueue::new),
+            pending: HashMap::new(),
+            tick_at: None,
             hasher: BlockHasher::new(workload.block_size as usize),
             sessions: (0..workload.sessions.len())
                 .map(|_| SessionState::default())
@@ -230,9 +302,19 @@ impl<'w> Simulation<'w> {
                         self.index.apply(&op);
                     }
                 }
+                Event::AdmissionTick => self.admission_tick(now, progress),
             }
         }
+        let end = self
+            .records
+            .iter()
+            .filter_map(|r| r.finished)
+            .max()
+            .unwrap_or_default();
         Outcome {
+            admission: self.config.admission.clone(),
+            admission_metrics: self.admission.metrics(end),
+            queue_stats: self.router_queue.as_ref().map(RouterQueue::stats),
             policy: self.config.policy,
             workers: self.config.workers,
             concurrency: self.config.concurrency,
@@ -265,14 +347,16 @@ impl<'w> Simulation<'w> {
     }
 
     fn send(&mut self, s: usize, k: usize, now: Duration, progress: &mut dyn FnMut()) {
-        let Some(request) = self.workload.sessions[s].requests.get(k) else {
+        let workload = self.workload;
+        let session = &workload.sessions[s];
+        let Some(request) = session.requests.get(k) else {
             self.session_done(s, now);
             return;
         };
         let id = self.records.len() as u64;
         let prompt = tokens::prompt(
             &request.hash_ids,
-            self.workload.block_size,
+            workload.block_size,
             request.input_tokens,
             id,
         );
@@ -282,16 +366,99 @@ impl<'w> Simulation<'w> {
         self.sessions[s].in_flight = true;
         self.records
             .push(RequestRecord::new(s, k, now, &prompt, max_tokens));
+        let offered = AdmissionRequest {
+            id: RequestId(id),
+            request: PolicyRequest {
+                tokens: prompt.len() as u32,
+                blocks: (prompt.len() as u32).div_ceil(workload.block_size.max(1)),
+                block_size: workload.block_size,
+                session_id: Some(&session.id),
+                parent_session_id: session.parent.as_deref(),
+                osl: Some(max_tokens),
+                ..PolicyRequest::default()
+            },
+            session_final: k + 1 == session.requests.len(),
+        };
+        self.pending.insert(
+            id,
+            Pending {
+                prompt,
+                hashes,
+                max_tokens,
+            },
+        );
+        let workers = self.utilization();
+        let outcome = self.admission.arrival(&offered, &workers, now);
+        for release in outcome.admitted.into_iter().chain(outcome.released) {
+            self.dispatch(release, now, progress);
+        }
+        self.schedule_tick(now);
+    }
+
+    /// Admission let `release` go: route it (through the router queue, if any).
+    fn dispatch(&mut self, release: Release, now: Duration, progress: &mut dyn FnMut()) {
+        let id = release.id.0;
+        self.records[id as usize].released = Some(now);
+        let Some(pending) = self.pending.get(&id) else {
+            return;
+        };
+        let session = &self.workload.sessions[self.records[id as usize].session];
         let route = RouteRequest {
-            hashes: &hashes,
-            tokens: prompt.len() as u32,
-            expected_output_tokens: Some(max_tokens),
+            hashes: &pending.hashes,
+            tokens: pending.prompt.len() as u32,
+            expected_output_tokens: Some(pending.max_tokens),
+            session_id: Some(&session.id),
+            parent_session_id: session.parent.as_deref(),
+            priority: release.priority,
+            pinned_rank: release.rank,
             ..RouteRequest::default()
         };
-        let worker = match self.router.route(RequestId(id), &route, &self.index, now) {
-            Ok(decision) => decision.rank.worker.0 as usize,
-            Err(_) => return self.request_done(id, now, progress),
+        let placed = match &mut self.router_queue {
+            Some(queue) => {
+                let waiting = QueuedRequest::new(release.id, &route);
+                match queue.submit(waiting, &mut self.router, &self.index, now) {
+                    Ok(Submitted::Routed(decision)) => Some(decision.rank),
+                    Ok(Submitted::Queued { .. }) => return self.drain(now, progress),
+                    Err(_) => None,
+                }
+            }
+            None => self
+                .router
+                .route(release.id, &route, &self.index, now)
+                .ok()
+                .map(|d| d.rank),
         };
+        match placed {
+            Some(rank) => self.start(id, rank, now, progress),
+            None => self.fail(id, now, progress),
+        }
+    }
+
+    /// Route what the router queue lets go now.
+    fn drain(&mut self, now: Duration, progress: &mut dyn FnMut()) {
+        let Some(queue) = &mut self.router_queue else {
+            return;
+        };
+        for drained in queue.drain(&mut self.router, &self.index, now) {
+            let id = drained.request.id.0;
+            match drained.result {
+                Ok(decision) => self.start(id, decision.rank, now, progress),
+                Err(_) => self.fail(id, now, progress),
+            }
+        }
+    }
+
+    /// Request `id` was placed on `rank`: hand it to that worker's engine.
+    fn start(&mut self, id: u64, rank: Rank, now: Duration, progress: &mut dyn FnMut()) {
+        let Some(Pending {
+            prompt,
+            hashes,
+            max_tokens,
+        }) = self.pending.remove(&id)
+        else {
+            return;
+        };
+        let worker = rank.worker.0 as usize;
         let engine_request = EngineRequest {
             id,
             prompt,
@@ -302,11 +469,82 @@ impl<'w> Simulation<'w> {
             .add_request(engine_request)
             .is_err()
         {
-            return self.request_done(id, now, progress);
+            self.router.finish(RequestId(id), now);
+            return self.fail(id, now, progress);
         }
         self.records[id as usize].worker = Some(worker);
         self.unadmitted.insert(id, hashes);
+        self.admission.request_started(RequestId(id), rank, now);
         self.queue.push(now, Event::Wake(worker));
+    }
+
+    /// Request `id` could not be placed or run.
+    fn fail(&mut self, id: u64, now: Duration, progress: &mut dyn FnMut()) {
+        self.pending.remove(&id);
+        self.admission.cancel(RequestId(id), now);
+        self.request_done(id, now, progress);
+    }
+
+    /// The admission controller's periodic work; schedules the next one.
+    fn admission_tick(&mut self, now: Duration, progress: &mut dyn FnMut()) {
+        if self.tick_at != Some(now) {
+            return;
+        }
+        self.tick_at = None;
+        let workers = self.utilization();
+        for release in self.admission.tick(&workers, now) {
+            self.dispatch(release, now, progress);
+        }
+        self.schedule_tick(now);
+    }
+
+    /// Make sure an `AdmissionTick` comes when the controller next has work, while it watches
+    /// anything at all.
+    fn schedule_tick(&mut self, now: Duration) {
+        if self.admission.is_idle() {
+            return;
+        }
+        let at = self.admission.next_wakeup().max(now);
+        if self.tick_at.is_some_and(|t| t <= at) {
+            return;
+        }
+        self.tick_at = Some(at);
+        self.queue.push(at, Event::AdmissionTick);
+    }
+
+    /// Every worker as admission policies see it.
+    fn utilization(&self) -> Vec<RankUtilization> {
+        let block_size = self.config.engine.block_size as u64;
+        self.workers
+            .iter()
+            .map(|w| {
+                let stats = w.engine.stats();
+                RankUtilization {
+                    rank: w.rank,
+                    kv_usage: stats.kv_usage as f32,
+                    active_requests: stats.running as u32,
+                    queue_depth: stats.waiting as u32,
+                    healthy: true,
+                    kv_capacity_tokens: w.engine.config().num_blocks as u64 * block_size,
+                }
+            })
+            .collect()
+    }
+
+    /// How request `k` of session `s` ended, as the harness would report it: with a tool call
+    /// unless it is the session's last (spawning sub-agents is the `Task` tool).
+    fn turn_end(&self, s: usize, k: usize) -> TurnEnd {
+        let session = &self.workload.sessions[s];
+        let request = &session.requests[k];
+        let spawns = self.children.contains_key(&(s, k));
+        TurnEnd {
+            usage: Some(Usage {
+                prompt_tokens: request.input_tokens,
+                completion_tokens: request.output_tokens.max(1),
+            }),
+            tool_call: spawns || k + 1 < session.requests.len(),
+            tool_name: spawns.then(|| "Task".to_owned()),
+        }
     }
 
     fn start_step(&mut self, w: usize, now: Duration) {
@@ -352,9 +590,17 @@ impl<'w> Simulation<'w> {
             if finished {
                 self.records[id as usize].finished = Some(now);
                 self.router.finish(request, now);
+                let (s, k) = {
+                    let record = &self.records[id as usize];
+                    (record.session, record.request)
+                };
+                let end = self.turn_end(s, k);
+                self.admission.request_finished(request, &end, now);
                 self.request_done(id, now, progress);
             }
         }
+        // Load dropped (first tokens, ends): the router queue may let requests go.
+        self.drain(now, progress);
         if !step.events.is_empty() {
             let message = self.workers[w].publish(step.events, now);
             self.queue
@@ -378,7 +624,10 @@ impl<'w> Simulation<'w> {
             if session.spawn.is_some_and(|spawn| spawn.join) {
                 self.sessions[s].pending_joins += 1;
             }
-            let gap = session.requests.first().map_or(Duration::ZERO, |r| r.gap);
+            let gap = session
+                .requests
+                .first()
+                .map_or(Duration::ZERO, |r| self.clip(r.gap));
             let at = now + (session.start + gap).div_f64(self.config.speedup);
             self.queue.push(
                 at,
@@ -401,7 +650,7 @@ impl<'w> Simulation<'w> {
         let ready = state.ready;
         match self.workload.sessions[s].requests.get(next) {
             Some(request) => {
-                let at = ready + request.gap.div_f64(self.config.speedup);
+                let at = ready + self.clip(request.gap).div_f64(self.config.speedup);
                 self.sessions[s].in_flight = true;
                 self.queue.push(
                     at,
@@ -441,6 +690,11 @@ impl<'w> Simulation<'w> {
                 }
             }
         }
+    }
+
+    /// A gap, cut to [`SimConfig::max_gap`].
+    fn clip(&self, gap: Duration) -> Duration {
+        self.config.max_gap.map_or(gap, |max| gap.min(max))
     }
 
     /// Record KV utilization at every sample time up to `now` (it only changes at events).

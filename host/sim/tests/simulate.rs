@@ -221,3 +221,102 @@ fn every_placement_is_the_routers_decision() {
         }
     }
 }
+
+/// `agents` agents of `turns` turns over private, growing contexts (64 blocks, then 8 more a
+/// turn), with `gap` of tool time between turns: together far more KV than `config_small` has.
+fn overflowing(agents: u64, turns: u64, gap: Duration) -> Workload {
+    let sessions = (0..agents)
+        .map(|a| {
+            let mut history: Vec<u64> = (0..64).map(|b| a * 1_000_000 + b).collect();
+            let requests = (0..turns)
+                .map(|t| {
+                    history.extend((0..8).map(|b| a * 1_000_000 + 1_000 + t * 10 + b));
+                    TraceRequest {
+                        gap: if t == 0 { Duration::ZERO } else { gap },
+                        hash_ids: history.clone(),
+                        input_tokens: history.len() as u32 * BLOCK,
+                        output_tokens: 32,
+                    }
+                })
+                .collect();
+            Session {
+                id: format!("agent-{a}"),
+                parent: None,
+                start: Duration::from_millis(a * 50),
+                spawn: None,
+                requests,
+            }
+        })
+        .collect();
+    Workload {
+        block_size: BLOCK,
+        sessions,
+    }
+}
+
+/// Two workers of 640 blocks: room for about six of the agents' contexts each.
+fn config_small(admission: &str) -> SimConfig {
+    SimConfig {
+        workers: 2,
+        engine: EngineConfig {
+            block_size: BLOCK as usize,
+            num_blocks: 640,
+            ..EngineConfig::default()
+        },
+        admission: admission.to_owned(),
+        ..SimConfig::default()
+    }
+}
+
+#[test]
+fn thunder_agent_completes_every_request_once_and_recomputes_less_than_request_routing() {
+    let w = overflowing(24, 8, Duration::from_secs(1));
+    let none = run(&w, config_small("none"));
+    let thunder = run(&w, config_small("thunder-agent"));
+    for outcome in [&none, &thunder] {
+        let mut seen: Vec<(usize, usize)> = outcome
+            .records
+            .iter()
+            .map(|r| {
+                assert!(
+                    r.finished.is_some(),
+                    "{}: {r:?} did not finish",
+                    outcome.admission
+                );
+                (r.session, r.request)
+            })
+            .collect();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), outcome.records.len(), "a request ran twice");
+        assert_eq!(seen.len(), w.request_count(), "a request never ran");
+    }
+    // The contexts do not fit: request-level routing re-prefills evicted programs.
+    assert!(none.recomputed_tokens > 0);
+    assert!(
+        thunder.recomputed_tokens < none.recomputed_tokens,
+        "thunder-agent {} vs none {}",
+        thunder.recomputed_tokens,
+        none.recomputed_tokens
+    );
+    let stats = thunder.report().admission_stats;
+    assert!(stats.pauses > 0, "{stats:?}");
+    assert_eq!(stats.forced_releases, 0);
+}
+
+#[test]
+fn admission_policies_run_end_to_end_and_are_named_in_the_report() {
+    let w = overflowing(8, 3, Duration::from_secs(1));
+    for spec in [
+        "continuum",
+        "autellix",
+        "thunder-agent:decay_half_life=1h:sticky=false",
+    ] {
+        let report = run(&w, config_small(spec)).report();
+        assert_eq!(report.requests, w.request_count() as u64, "{spec}");
+        assert_eq!(report.admission, spec);
+        assert!(report.label().contains(spec), "{}", report.label());
+    }
+    let bad = Simulation::new(&w, config_small("thunder-agent:speed=11"));
+    assert!(bad.is_err());
+}

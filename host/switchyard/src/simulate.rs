@@ -7,10 +7,12 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+use switchyard_core::admission::AdmissionPolicy;
 use switchyard_core::engine::EngineConfig;
+use switchyard_core::router::queue::{QueueConfig, QueueOrder};
 use switchyard_core::router::{RouterConfig, RoutingPolicy};
 use switchyard_policy_host::{
-    EngineConfig as PolicyEngineConfig, PolicyEngine, PolicyStats, WasmRouter,
+    EngineConfig as PolicyEngineConfig, PolicyEngine, PolicyStats, WasmAdmission, WasmRouter,
 };
 use switchyard_sim::workload::{self, Format, Workload};
 use switchyard_sim::{Outcome, REPORT_SCHEMA, Report, SimConfig, Simulation, plot, timeline};
@@ -26,6 +28,9 @@ pub(crate) struct SimulateArgs {
     /// Convert the trace to this many tokens per block (and run the engines with it).
     #[arg(long)]
     block_size: Option<u32>,
+    /// Run this many copies of every session, as distinct users (no shared prefixes).
+    #[arg(long, default_value_t = 1)]
+    replicate: usize,
     /// Simulated workers.
     #[arg(long, default_value_t = 8)]
     workers: usize,
@@ -33,6 +38,23 @@ pub(crate) struct SimulateArgs {
     /// (`wasm:kv-cost`, `wasm:bandit`, ...) or a `.wasm` file, run through the gateway's policy host.
     #[arg(long, value_delimiter = ',', default_value = "kv-cost,round-robin")]
     policies: Vec<String>,
+    /// Admission policies to compare: native (`none`, `thunder-agent`, `continuum`,
+    /// `autellix`, with parameters as `name:key=value:...`, e.g.
+    /// `thunder-agent:decay_half_life=1h`), a built-in Wasm component (`wasm:<name>`) or an
+    /// admission `.wasm` file.
+    #[arg(long, value_delimiter = ',', default_value = "none")]
+    admission: Vec<String>,
+    /// Router queue: a worker is saturated above this many engine steps of uncached prefill
+    /// (x --max-batched-tokens); requests wait in the router while every worker is. 0: no queue.
+    #[arg(long, default_value_t = 0.0)]
+    queue_threshold: f64,
+    /// Order of the router queue.
+    #[arg(long, default_value = "fcfs")]
+    queue_order: QueueOrder,
+    /// Cut longer gaps between a session's requests (a user away) to this (`60s`, `2m`),
+    /// before the speed-up divides them.
+    #[arg(long, value_parser = parse_gap)]
+    max_gap: Option<Duration>,
     /// Root sessions in flight at most, one run per value; `unlimited` for none.
     #[arg(long, value_delimiter = ',', default_value = "unlimited", value_parser = parse_concurrency)]
     concurrency: Vec<Option<usize>>,
@@ -72,6 +94,11 @@ pub(crate) struct SimulateArgs {
     jobs: Option<usize>,
 }
 
+fn parse_gap(s: &str) -> Result<Duration, String> {
+    switchyard_core::admission::parse_duration(s)
+        .ok_or_else(|| format!("`{s}` is not a duration such as 60s or 2m"))
+}
+
 fn parse_concurrency(s: &str) -> Result<Option<usize>, String> {
     match s {
         "unlimited" | "none" => Ok(None),
@@ -88,6 +115,9 @@ pub(crate) fn run(args: SimulateArgs) -> anyhow::Result<()> {
         .with_context(|| format!("loading {}", args.trace.display()))?;
     if let Some(block_size) = args.block_size {
         workload = workload.with_block_size(block_size)?;
+    }
+    if args.replicate > 1 {
+        workload = workload.replicate(args.replicate);
     }
     eprintln!(
         "{}: {} sessions, {} requests, {}-token blocks (loaded in {:.1?})",
@@ -151,24 +181,35 @@ fn configs(args: &SimulateArgs, workload: &Workload) -> Vec<SimConfig> {
         max_batched_tokens: args.max_batched_tokens,
         ..EngineConfig::default()
     };
+    let queue = (args.queue_threshold > 0.0).then(|| QueueConfig {
+        order: args.queue_order,
+        max_prefill_tokens: Some((args.queue_threshold * args.max_batched_tokens as f64) as u64),
+        ..QueueConfig::default()
+    });
+    let max_gap = args.max_gap;
     let mut configs = Vec::new();
     for &speedup in &args.speedup {
         for &concurrency in &args.concurrency {
             for policy in &args.policies {
-                configs.push(SimConfig {
-                    workers: args.workers,
-                    engine: engine.clone(),
-                    router: RouterConfig {
-                        temperature: args.temperature,
-                        ..RouterConfig::default()
-                    },
-                    policy: policy.clone(),
-                    concurrency,
-                    speedup,
-                    event_delay: Duration::from_secs_f64(args.event_delay_ms.max(0.0) / 1000.0),
-                    seed: args.seed,
-                    ..SimConfig::default()
-                });
+                for admission in &args.admission {
+                    configs.push(SimConfig {
+                        workers: args.workers,
+                        engine: engine.clone(),
+                        router: RouterConfig {
+                            temperature: args.temperature,
+                            ..RouterConfig::default()
+                        },
+                        policy: policy.clone(),
+                        admission: admission.clone(),
+                        queue: queue.clone(),
+                        max_gap,
+                        concurrency,
+                        speedup,
+                        event_delay: Duration::from_secs_f64(args.event_delay_ms.max(0.0) / 1000.0),
+                        seed: args.seed,
+                        ..SimConfig::default()
+                    });
+                }
             }
         }
     }
@@ -184,26 +225,49 @@ struct WasmPolicies {
 }
 
 impl WasmPolicies {
-    fn policy(&self, name: &str) -> anyhow::Result<Option<Box<dyn RoutingPolicy>>> {
-        let bytes = if let Some(builtin) = name.strip_prefix("wasm:") {
-            switchyard_policy_artifacts::find(builtin)
-                .with_context(|| format!("no built-in Wasm policy {builtin:?}"))?
-                .to_vec()
+    /// The component bytes `name` selects, if it names a Wasm policy.
+    fn bytes(name: &str) -> anyhow::Result<Option<Vec<u8>>> {
+        Ok(if let Some(builtin) = name.strip_prefix("wasm:") {
+            Some(
+                switchyard_policy_artifacts::find(builtin)
+                    .with_context(|| format!("no built-in Wasm policy {builtin:?}"))?
+                    .to_vec(),
+            )
         } else if name.ends_with(".wasm") {
-            std::fs::read(name).with_context(|| format!("reading {name}"))?
+            Some(std::fs::read(name).with_context(|| format!("reading {name}"))?)
         } else {
-            return Ok(None);
-        };
-        let engine = match self.engine.get() {
+            None
+        })
+    }
+
+    fn engine(&self) -> anyhow::Result<&PolicyEngine> {
+        Ok(match self.engine.get() {
             Some(engine) => engine,
             None => {
                 let engine = PolicyEngine::new(PolicyEngineConfig::default())?;
                 self.engine.get_or_init(|| engine)
             }
+        })
+    }
+
+    fn policy(&self, name: &str) -> anyhow::Result<Option<Box<dyn RoutingPolicy>>> {
+        let Some(bytes) = Self::bytes(name)? else {
+            return Ok(None);
         };
-        let component = engine.load_router(&bytes)?;
+        let component = self.engine()?.load_router(&bytes)?;
         let stats = std::sync::Arc::new(PolicyStats::default());
         Ok(Some(Box::new(WasmRouter::new(component, stats))))
+    }
+
+    /// A Wasm admission policy (`wasm:<built-in>` or a `.wasm` file), through the gateway's
+    /// policy host; `None` for native names.
+    fn admission(&self, name: &str) -> anyhow::Result<Option<Box<dyn AdmissionPolicy>>> {
+        let Some(bytes) = Self::bytes(name)? else {
+            return Ok(None);
+        };
+        let component = self.engine()?.load_admission(&bytes)?;
+        let stats = std::sync::Arc::new(PolicyStats::default());
+        Ok(Some(Box::new(WasmAdmission::new(component, stats))))
     }
 }
 
@@ -217,9 +281,23 @@ fn run_all(
     let wasm = WasmPolicies::default();
     let simulations = configs
         .iter()
-        .map(|config| match wasm.policy(&config.policy)? {
-            Some(policy) => Ok(Simulation::with_policy(workload, config.clone(), policy)?),
-            None => Ok(Simulation::new(workload, config.clone())?),
+        .map(|config| {
+            let routing = wasm.policy(&config.policy)?;
+            let admission = wasm.admission(&config.admission)?;
+            Ok(match (routing, admission) {
+                (None, None) => Simulation::new(workload, config.clone())?,
+                (Some(policy), None) => Simulation::with_policy(workload, config.clone(), policy)?,
+                (routing, Some(admission)) => {
+                    let routing = match routing {
+                        Some(policy) => policy,
+                        None => switchyard_core::router::native_policy(&config.policy)
+                            .with_context(|| {
+                                format!("unknown routing policy {:?}", config.policy)
+                            })?,
+                    };
+                    Simulation::with_policies(workload, config.clone(), routing, admission)?
+                }
+            })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let jobs = jobs

@@ -275,6 +275,38 @@ impl Workload {
     }
 }
 
+impl Workload {
+    /// `copies` copies of every session (at least one), as distinct users: copy `i > 0` of
+    /// session `s` is `s#i`, its parent `parent#i`, and its block ids are re-keyed so that copies
+    /// share no prefix. More sessions than a trace holds, with its shape.
+    pub fn replicate(&self, copies: usize) -> Workload {
+        let mut sessions = self.sessions.clone();
+        for copy in 1..copies.max(1) {
+            let scope = format!("copy{copy}");
+            let rename = |id: &str| format!("{id}#{copy}");
+            sessions.extend(self.sessions.iter().map(|session| {
+                Session {
+                    id: rename(&session.id),
+                    parent: session.parent.as_deref().map(rename),
+                    requests: session
+                        .requests
+                        .iter()
+                        .map(|r| TraceRequest {
+                            hash_ids: r.hash_ids.iter().map(|&h| scoped_id(&scope, h)).collect(),
+                            ..r.clone()
+                        })
+                        .collect(),
+                    ..session.clone()
+                }
+            }));
+        }
+        Workload {
+            block_size: self.block_size,
+            sessions,
+        }
+    }
+}
+
 /// The new hash ids of one request.
 type BlockConversion = Box<dyn Fn(&TraceRequest) -> Vec<u64>>;
 

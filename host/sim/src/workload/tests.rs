@@ -174,6 +174,33 @@ fn request_traces_group_sessions_and_measure_gaps_from_the_end() {
     assert_eq!(root.requests[1].hash_ids, [1, 2, 3]);
 }
 
+#[test]
+fn replicas_are_distinct_users_with_the_same_shape() {
+    let dir = tempdir("replicate");
+    let path = file(&dir, "trace_x.json", CLAUDE_CODE);
+    let w = load(&path, None).expect("load");
+    let three = w.replicate(3);
+    assert_eq!(three.sessions.len(), 6);
+    assert_eq!(
+        three.sessions[..2],
+        w.sessions[..],
+        "copy 0 is the original"
+    );
+    let copy = &three.sessions[5];
+    assert_eq!(copy.id, "trace_x/agent_001#2");
+    assert_eq!(copy.parent.as_deref(), Some("trace_x#2"));
+    assert_eq!(copy.spawn, w.sessions[1].spawn);
+    let (a, b) = (&w.sessions[1].requests[0], &copy.requests[0]);
+    assert_eq!((a.gap, a.input_tokens), (b.gap, b.input_tokens));
+    assert_eq!(a.hash_ids.len(), b.hash_ids.len());
+    assert!(a.hash_ids.iter().all(|h| !b.hash_ids.contains(h)));
+    // Within a copy, prefixes are still shared between calls.
+    let root = &three.sessions[4].requests;
+    assert_eq!(root[0].hash_ids[..], root[2].hash_ids[..3]);
+    assert_eq!(three.spawn_tree().roots, [0, 2, 4]);
+    assert_eq!(w.replicate(0), w);
+}
+
 fn one(hash_ids: Vec<u64>, input_tokens: u32) -> Workload {
     Workload {
         block_size: 512,
