@@ -10,12 +10,15 @@ use std::process::{Command, exit};
 
 const TARGET: &str = "wasm32-wasip2";
 /// Crates of the policies workspace; their library artifacts are `<name with _>.wasm`.
-const POLICIES: [&str; 5] = [
+const POLICIES: [&str; 8] = [
     "kv-cost",
     "round-robin",
     "least-load",
     "session-affinity",
     "bandit",
+    "thunder-agent",
+    "continuum",
+    "autellix",
 ];
 
 fn main() {

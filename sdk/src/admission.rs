@@ -1,9 +1,30 @@
 //! The admission decision point: which agent programs (sessions) may send work now.
+//!
+//! [`Sessions`] and [`Utilization`] arrive as columns, as the WIT passes them;
+//! [`Sessions::rows`] and [`Utilization::rows`] copy them out as [`SessionView`] and
+//! [`RankUtilization`] rows, with the host's trial signals (the `switchyard.*` extension
+//! columns, [`columns`](crate::columns)) decoded into typed fields.
 
+use crate::columns::{find_column, join_column};
 use crate::types::{Extensions, PolicyMetadata, Request};
 
+/// Sessions extension: each session's last rank as `worker.dp-rank`, empty for a new program.
+pub const RANK_COLUMN: &str = "switchyard.rank";
+/// Sessions extension: `1` if an admission action paused the session (also while it still
+/// finishes a running request), else `0`.
+pub const PAUSED_COLUMN: &str = "switchyard.paused";
+/// Sessions extension: milliseconds the session has been paused (0 when not paused).
+pub const PAUSED_FOR_COLUMN: &str = "switchyard.paused-for-ms";
+/// Sessions extension: attained service, the summed run time of its finished requests, in ms.
+pub const SERVICE_COLUMN: &str = "switchyard.service-ms";
+/// Sessions extension: the tool its last turn called (empty field: no tool call; `""`: a tool
+/// call whose name is unknown).
+pub const TOOL_COLUMN: &str = "switchyard.tool";
+/// Utilization extension: each rank's KV capacity in tokens, empty when unknown.
+pub const KV_CAPACITY_COLUMN: &str = "switchyard.kv-capacity-tokens";
+
 /// Where a session is in its life, as the gateway sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum SessionPhase {
     /// Has requests waiting in the gateway queue, none running.
     Queued,
@@ -14,7 +35,90 @@ pub enum SessionPhase {
     /// Paused by an admission action; its requests wait.
     Paused,
     /// Nothing running or waiting.
+    #[default]
     Idle,
+}
+
+/// A worker rank: an engine server and a data-parallel rank within it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Rank {
+    /// Engine server.
+    pub worker_id: u32,
+    /// Data-parallel rank within that server (0 without data parallelism).
+    pub dp_rank: u32,
+}
+
+impl Rank {
+    /// Rank `dp_rank` of server `worker_id`.
+    pub fn new(worker_id: u32, dp_rank: u32) -> Self {
+        Self { worker_id, dp_rank }
+    }
+
+    /// `worker.dp-rank`, as in [`RANK_COLUMN`]; `None` if malformed.
+    pub fn parse(text: &str) -> Option<Self> {
+        let (worker, dp) = text.split_once('.')?;
+        Some(Self::new(worker.parse().ok()?, dp.parse().ok()?))
+    }
+}
+
+impl std::fmt::Display for Rank {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.worker_id, self.dp_rank)
+    }
+}
+
+/// One session, copied out of the [`Sessions`] columns, with the host's trial signals decoded.
+/// A signal an older host does not send takes the value noted on its field.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SessionView {
+    /// Session id.
+    pub session_id: String,
+    /// Parent session (for subagents), if any.
+    pub parent_session_id: Option<String>,
+    /// Phase.
+    pub phase: SessionPhase,
+    /// Current priority (after earlier adjustments); higher is more urgent.
+    pub priority: i32,
+    /// Requests running.
+    pub active_requests: u32,
+    /// Requests waiting in the gateway queue.
+    pub queued_requests: u32,
+    /// Tokens in its context (last prompt plus output).
+    pub context_tokens: u64,
+    /// Milliseconds since its first request.
+    pub age_ms: u64,
+    /// Milliseconds since it last had a request running (0 while running).
+    pub idle_ms: u64,
+    /// The rank its last (or current) request ran on; `None` for a new program
+    /// ([`RANK_COLUMN`]; absent: `None`).
+    pub rank: Option<Rank>,
+    /// Paused by an admission action, also while it still finishes a running request
+    /// ([`PAUSED_COLUMN`]; absent: `phase == Paused`).
+    pub paused: bool,
+    /// Milliseconds it has been paused ([`PAUSED_FOR_COLUMN`]; absent: 0).
+    pub paused_for_ms: u64,
+    /// Attained service in milliseconds ([`SERVICE_COLUMN`]; absent: 0).
+    pub service_ms: u64,
+    /// The tool its last turn called, if that turn ended with a tool call (`""` when the name
+    /// is unknown) ([`TOOL_COLUMN`]; absent: `None`).
+    pub tool: Option<String>,
+}
+
+/// One rank, copied out of the [`Utilization`] columns.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct RankUtilization {
+    /// The rank.
+    pub rank: Rank,
+    /// Fraction of KV capacity in use, 0.0 to 1.0.
+    pub kv_usage: f32,
+    /// Requests in flight.
+    pub active_requests: u32,
+    /// Requests waiting in the engine's queue.
+    pub queue_depth: u32,
+    /// Whether the host routes to the rank.
+    pub healthy: bool,
+    /// KV capacity in tokens, 0 when unknown ([`KV_CAPACITY_COLUMN`]; absent: 0).
+    pub kv_capacity_tokens: u64,
 }
 
 /// Every known session as columns (one entry per session, same order in every `Vec`).
@@ -72,6 +176,98 @@ impl Sessions {
             .iter()
             .position(|s| s == session_id)
     }
+
+    /// Every session as a row, in order, with the extension columns decoded (each parsed once
+    /// per call: call it once per decision).
+    pub fn rows(&self) -> Vec<SessionView> {
+        let n = self.len();
+        let column = |key| find_column(&self.extensions, key, n);
+        let ranks = column(RANK_COLUMN);
+        let paused = column(PAUSED_COLUMN);
+        let paused_for = column(PAUSED_FOR_COLUMN);
+        let service = column(SERVICE_COLUMN);
+        let tools = column(TOOL_COLUMN);
+        let field = |column: &Option<Vec<Option<String>>>, i: usize| {
+            column.as_ref().and_then(|c| c[i].clone())
+        };
+        let millis = |column: &Option<Vec<Option<String>>>, i: usize| {
+            field(column, i).and_then(|v| v.parse().ok()).unwrap_or(0)
+        };
+        (0..n)
+            .map(|i| {
+                let phase = self.phases[i];
+                SessionView {
+                    session_id: self.session_ids[i].clone(),
+                    parent_session_id: self.parent_session_ids[i].clone(),
+                    phase,
+                    priority: self.priorities[i],
+                    active_requests: self.active_requests[i],
+                    queued_requests: self.queued_requests[i],
+                    context_tokens: self.context_tokens[i],
+                    age_ms: self.age_ms[i],
+                    idle_ms: self.idle_ms[i],
+                    rank: field(&ranks, i).and_then(|r| Rank::parse(&r)),
+                    paused: match field(&paused, i).as_deref() {
+                        Some("1" | "true") => true,
+                        Some("0" | "false") => false,
+                        _ => phase == SessionPhase::Paused,
+                    },
+                    paused_for_ms: millis(&paused_for, i),
+                    service_ms: millis(&service, i),
+                    tool: field(&tools, i),
+                }
+            })
+            .collect()
+    }
+}
+
+impl FromIterator<SessionView> for Sessions {
+    /// Columns from rows, with the trial signals as extension columns the way the host sends
+    /// them (for building inputs in tests).
+    fn from_iter<I: IntoIterator<Item = SessionView>>(rows: I) -> Self {
+        let rows: Vec<SessionView> = rows.into_iter().collect();
+        let mut extensions = Vec::new();
+        let mut add = |key: &str, values: Vec<Option<String>>| {
+            if !values.is_empty() && values.iter().any(Option::is_some) {
+                extensions.push((key.to_owned(), join_column(values)));
+            }
+        };
+        add(
+            RANK_COLUMN,
+            rows.iter().map(|s| s.rank.map(|r| r.to_string())).collect(),
+        );
+        add(
+            PAUSED_COLUMN,
+            rows.iter()
+                .map(|s| Some(if s.paused { "1" } else { "0" }.to_owned()))
+                .collect(),
+        );
+        add(
+            PAUSED_FOR_COLUMN,
+            rows.iter()
+                .map(|s| Some(s.paused_for_ms.to_string()))
+                .collect(),
+        );
+        add(
+            SERVICE_COLUMN,
+            rows.iter()
+                .map(|s| Some(s.service_ms.to_string()))
+                .collect(),
+        );
+        add(TOOL_COLUMN, rows.iter().map(|s| s.tool.clone()).collect());
+        Self {
+            session_ids: rows.iter().map(|s| s.session_id.clone()).collect(),
+            parent_session_ids: rows.iter().map(|s| s.parent_session_id.clone()).collect(),
+            phases: rows.iter().map(|s| s.phase).collect(),
+            priorities: rows.iter().map(|s| s.priority).collect(),
+            active_requests: rows.iter().map(|s| s.active_requests).collect(),
+            queued_requests: rows.iter().map(|s| s.queued_requests).collect(),
+            context_tokens: rows.iter().map(|s| s.context_tokens).collect(),
+            age_ms: rows.iter().map(|s| s.age_ms).collect(),
+            idle_ms: rows.iter().map(|s| s.idle_ms).collect(),
+            extensions,
+        }
+    }
 }
 
 /// Utilization of every worker rank as columns.
@@ -91,6 +287,73 @@ pub struct Utilization {
     pub healthy: Vec<bool>,
     /// Extra pool-wide signals.
     pub extensions: Extensions,
+}
+
+impl Utilization {
+    /// Number of ranks (the shortest column, so indexing below it never panics).
+    pub fn len(&self) -> usize {
+        [
+            self.worker_ids.len(),
+            self.dp_ranks.len(),
+            self.kv_usage.len(),
+            self.active_requests.len(),
+            self.queue_depth.len(),
+            self.healthy.len(),
+        ]
+        .into_iter()
+        .min()
+        .unwrap_or(0)
+    }
+
+    /// Whether no rank is known.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every rank as a row, in order, with [`KV_CAPACITY_COLUMN`] decoded.
+    pub fn rows(&self) -> Vec<RankUtilization> {
+        let n = self.len();
+        let capacity = find_column(&self.extensions, KV_CAPACITY_COLUMN, n);
+        (0..n)
+            .map(|i| RankUtilization {
+                rank: Rank::new(self.worker_ids[i], self.dp_ranks[i]),
+                kv_usage: self.kv_usage[i],
+                active_requests: self.active_requests[i],
+                queue_depth: self.queue_depth[i],
+                healthy: self.healthy[i],
+                kv_capacity_tokens: capacity
+                    .as_ref()
+                    .and_then(|c| c[i].as_deref())
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0),
+            })
+            .collect()
+    }
+}
+
+impl FromIterator<RankUtilization> for Utilization {
+    /// Columns from rows, the capacity as the host sends it (for building inputs in tests).
+    fn from_iter<I: IntoIterator<Item = RankUtilization>>(rows: I) -> Self {
+        let rows: Vec<RankUtilization> = rows.into_iter().collect();
+        let capacity: Vec<Option<String>> = rows
+            .iter()
+            .map(|w| (w.kv_capacity_tokens > 0).then(|| w.kv_capacity_tokens.to_string()))
+            .collect();
+        let extensions = if capacity.iter().any(Option::is_some) {
+            vec![(KV_CAPACITY_COLUMN.to_owned(), join_column(capacity))]
+        } else {
+            Vec::new()
+        };
+        Self {
+            worker_ids: rows.iter().map(|w| w.rank.worker_id).collect(),
+            dp_ranks: rows.iter().map(|w| w.rank.dp_rank).collect(),
+            kv_usage: rows.iter().map(|w| w.kv_usage).collect(),
+            active_requests: rows.iter().map(|w| w.active_requests).collect(),
+            queue_depth: rows.iter().map(|w| w.queue_depth).collect(),
+            healthy: rows.iter().map(|w| w.healthy).collect(),
+            extensions,
+        }
+    }
 }
 
 /// A request that arrived and is not yet admitted.

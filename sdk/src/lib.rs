@@ -27,6 +27,7 @@
 //! (package `switchyard:policy@1.0.0`) and exist only on `wasm32`.
 
 mod admission;
+pub mod columns;
 mod kv_hints;
 mod macros;
 mod router;
@@ -39,7 +40,9 @@ pub mod testing;
 mod glue;
 
 pub use admission::{
-    Action, ActionKind, AdmissionPolicy, Incoming, SessionPhase, Sessions, Utilization,
+    Action, ActionKind, AdmissionPolicy, Incoming, KV_CAPACITY_COLUMN, PAUSED_COLUMN,
+    PAUSED_FOR_COLUMN, RANK_COLUMN, Rank, RankUtilization, SERVICE_COLUMN, SessionPhase,
+    SessionView, Sessions, TOOL_COLUMN, Utilization,
 };
 pub use kv_hints::{
     Compaction, EventKind, Hint, HintKind, IndexState, KvHintPolicy, LifecycleEvent, Residency,

@@ -3,10 +3,12 @@
 //! [`RouterHarness`] calls a policy the way the gateway does and checks every answer the way the
 //! gateway checks a component's (cost count, finiteness, index range), so a test fails where
 //! the host would have fallen back. [`RouterHarness::route`] resolves costs as the host does at
-//! temperature 0.
+//! temperature 0. [`AdmissionHarness`] does the same for admission: every action must name a
+//! known session.
 
 use std::cell::RefCell;
 
+use crate::admission::{Action, AdmissionPolicy, Incoming, Sessions, Utilization};
 /// Re-exported: tests resolve costs the way the host does.
 pub use crate::router::cheapest;
 use crate::router::{Decision, Outcome, RouterPolicy, Worker, Workers};
@@ -90,6 +92,79 @@ pub fn check_decision(decision: &Decision, workers: &Workers) -> Result<(), Stri
             Err(format!("non-finite cost in {costs:?}"))
         }
         _ => Ok(()),
+    }
+}
+
+/// Checks admission actions as the host does: each must name a session of `sessions` or the
+/// arriving one (the host refuses the whole answer otherwise).
+pub fn check_actions(
+    actions: &[Action],
+    sessions: &Sessions,
+    incoming: Option<&Incoming>,
+) -> Result<(), String> {
+    let arriving = incoming.and_then(|i| i.request.session_id.as_deref());
+    match actions.iter().find(|a| {
+        sessions.position(&a.session_id).is_none() && arriving != Some(a.session_id.as_str())
+    }) {
+        Some(unknown) => Err(format!(
+            "action for unknown session `{}`",
+            unknown.session_id
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Drives an [`AdmissionPolicy`] as the gateway does, checking every answer.
+#[derive(Debug)]
+pub struct AdmissionHarness<P> {
+    policy: P,
+}
+
+impl<P: AdmissionPolicy> AdmissionHarness<P> {
+    /// Wraps `policy`.
+    ///
+    /// # Panics
+    /// If its metadata would be refused at load.
+    pub fn new(policy: P) -> Self {
+        if let Err(why) = check_metadata(&policy.metadata()) {
+            panic!("the host would refuse this policy: {why}");
+        }
+        Self { policy }
+    }
+
+    /// The policy's periodic review.
+    ///
+    /// # Panics
+    /// If an action names a session the host did not report.
+    pub fn tick(&mut self, now_ms: u64, sessions: &Sessions, workers: &Utilization) -> Vec<Action> {
+        let actions = self.policy.tick(now_ms, sessions, workers);
+        if let Err(why) = check_actions(&actions, sessions, None) {
+            panic!("the host would refuse these actions: {why}");
+        }
+        actions
+    }
+
+    /// The policy's answer to an arrival.
+    ///
+    /// # Panics
+    /// If an action names a session that is neither reported nor arriving.
+    pub fn arrival(
+        &mut self,
+        now_ms: u64,
+        incoming: &Incoming,
+        sessions: &Sessions,
+        workers: &Utilization,
+    ) -> Vec<Action> {
+        let actions = self.policy.arrival(now_ms, incoming, sessions, workers);
+        if let Err(why) = check_actions(&actions, sessions, Some(incoming)) {
+            panic!("the host would refuse these actions: {why}");
+        }
+        actions
+    }
+
+    /// The policy, to inspect its state.
+    pub fn policy(&self) -> &P {
+        &self.policy
     }
 }
 

@@ -1,5 +1,6 @@
-//! Wasm routing policies in the gateway: the `[policies]` settings, the registry with its
-//! directory watcher, and their metrics (read from the registry at scrape time).
+//! Wasm policies in the gateway: the `[policies]` settings, the registry (routing, admission and
+//! KV hints) with its directory watcher, the handles the request path calls, and their metrics
+//! (read from the registry at scrape time).
 
 use crate::config::ConfigError;
 use prometheus_client::collector::Collector;
@@ -11,11 +12,14 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use switchyard_core::admission::AdmissionPolicy;
+use switchyard_core::kv_hints::KvHintPolicy;
 use switchyard_policy_host::{
-    EngineConfig, PolicyEngine, PolicyRegistry, PolicyWatcher, RegistryPolicy, Role,
+    EngineConfig, PolicyEngine, PolicyRegistry, PolicyWatcher, RegistryAdmission, RegistryKvHints,
+    RegistryPolicy, Role,
 };
 
-/// `[policies]`: Wasm routing policies, hot-reloaded from a directory.
+/// `[policies]`: Wasm policies for every decision point, hot-reloaded from a directory.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PoliciesConfig {
@@ -25,8 +29,17 @@ pub struct PoliciesConfig {
     /// The routing policy: a file in `dir` (`<name>` or `<name>.wasm`), a built-in component
     /// name, or `native:<name>`. Default: `native:` + `router.policy`.
     pub router: Option<String>,
-    /// A policy run in shadow mode beside the active one (decisions compared, never applied).
+    /// A routing policy run in shadow mode beside the active one (decisions compared, never
+    /// applied).
     pub shadow: Option<String>,
+    /// The admission policy (world `admission`): a file in `dir`, a built-in component
+    /// (`thunder-agent`, `continuum`, `autellix`; its native twin answers when it fails), or
+    /// `native:<name>` (the native twin alone, which also places programs on workers). A file
+    /// `dir/<name>.wasm` written later replaces it. Default: `[admission] policy`, natively.
+    pub admission: Option<String>,
+    /// The KV-hint policy (world `kv-hints`), in the same forms as `admission`. Default: native
+    /// `no-hints`.
+    pub kv_hints: Option<String>,
     /// Bearer token of the `/admin/policies` API; absent: the API refuses every call.
     pub admin_token: Option<String>,
     /// How long the directory must be quiet before a change is reloaded. Default: 250 ms.
@@ -35,10 +48,67 @@ pub struct PoliciesConfig {
     /// Longest a policy call may run before the native policy answers instead. Default: 5 ms.
     #[serde(with = "humantime_serde")]
     pub deadline: Duration,
+    /// Longest a policy's first instance may take to start (instantiation and first call, where
+    /// a language runtime such as componentize-py's CPython initializes), at load. Default:
+    /// 50 ms.
+    #[serde(with = "humantime_serde")]
+    pub startup_deadline: Duration,
     /// Memory cap of each policy instance. Default: 16 MiB.
     pub max_memory_bytes: usize,
-    /// Per-model routing policy (same forms as `router`), overriding `router` for that model.
-    pub models: BTreeMap<String, String>,
+    /// Memory caps for single policies, by the name in their metadata, replacing
+    /// `max_memory_bytes` for that policy only (e.g. `"least-load-python" = 33554432`: a
+    /// componentize-py guest starts at 12.3 MiB and grows ~40 bytes per call). Default: none.
+    pub max_memory_bytes_per_policy: BTreeMap<String, usize>,
+    /// Per-model policies, overriding the ones above for that model: a routing policy name, or
+    /// a table `{ router = "...", admission = "...", kv_hints = "..." }`.
+    pub models: BTreeMap<String, ModelPolicies>,
+}
+
+/// The policies of one model (`[policies.models]`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum ModelPolicies {
+    /// `model = "name"`: the routing policy only.
+    Router(String),
+    /// `model = { router = ..., admission = ..., kv_hints = ... }`; absent keys keep the
+    /// section-wide setting.
+    Table(ModelPolicyTable),
+}
+
+impl ModelPolicies {
+    /// The table form (a bare name is the router).
+    fn table(&self) -> ModelPolicyTable {
+        match self {
+            Self::Router(router) => ModelPolicyTable {
+                router: Some(router.clone()),
+                ..ModelPolicyTable::default()
+            },
+            Self::Table(table) => table.clone(),
+        }
+    }
+}
+
+/// `[policies.models]` entry in table form.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelPolicyTable {
+    /// Routing policy for this model.
+    pub router: Option<String>,
+    /// Admission policy for this model.
+    pub admission: Option<String>,
+    /// KV-hint policy for this model.
+    pub kv_hints: Option<String>,
+}
+
+/// The policies that apply to one model, each `None` when not configured (native default).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SelectedPolicies {
+    /// Routing policy name.
+    pub router: Option<String>,
+    /// Admission policy name.
+    pub admission: Option<String>,
+    /// KV-hint policy name.
+    pub kv_hints: Option<String>,
 }
 
 impl Default for PoliciesConfig {
@@ -48,12 +118,64 @@ impl Default for PoliciesConfig {
             dir: None,
             router: None,
             shadow: None,
+            admission: None,
+            kv_hints: None,
             admin_token: None,
             debounce: Duration::from_millis(250),
             deadline: engine.deadline,
+            startup_deadline: engine.startup_deadline,
             max_memory_bytes: engine.max_memory_bytes,
+            max_memory_bytes_per_policy: BTreeMap::new(),
             models: BTreeMap::new(),
         }
+    }
+}
+
+impl PoliciesConfig {
+    /// What applies to `model`: its `[policies.models]` entry, else the section-wide names.
+    pub fn for_model(&self, model: &str) -> SelectedPolicies {
+        let table = self
+            .models
+            .get(model)
+            .map(ModelPolicies::table)
+            .unwrap_or_default();
+        SelectedPolicies {
+            router: table.router.or_else(|| self.router.clone()),
+            admission: table.admission.or_else(|| self.admission.clone()),
+            kv_hints: table.kv_hints.or_else(|| self.kv_hints.clone()),
+        }
+    }
+
+    /// Refuse empty names (the field named), before anything is loaded.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let empty = |name: &Option<String>| name.as_deref().is_some_and(|n| n.trim().is_empty());
+        for (field, name) in [
+            ("router", &self.router),
+            ("shadow", &self.shadow),
+            ("admission", &self.admission),
+            ("kv_hints", &self.kv_hints),
+        ] {
+            if empty(name) {
+                return Err(ConfigError::Invalid(format!(
+                    "policies.{field} is empty: name a policy or leave it out"
+                )));
+            }
+        }
+        for (model, policies) in &self.models {
+            let table = policies.table();
+            for (field, name) in [
+                ("router", &table.router),
+                ("admission", &table.admission),
+                ("kv_hints", &table.kv_hints),
+            ] {
+                if empty(name) {
+                    return Err(ConfigError::Invalid(format!(
+                        "policies.models.{model:?}.{field} is empty"
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -62,13 +184,17 @@ impl Default for PoliciesConfig {
 pub(crate) struct PolicyRuntime {
     pub(crate) registry: Arc<PolicyRegistry>,
     pub(crate) admin_token: Option<String>,
+    /// What `[policies]` names for the served model (`None`: nothing, so the native default or
+    /// the caller's own native policy).
+    pub(crate) selected: SelectedPolicies,
     /// Reloads stop when this is dropped (with the gateway).
     _watcher: Option<PolicyWatcher>,
 }
 
 impl PolicyRuntime {
-    /// Build the engine, load the configured router (and shadow) for `model`, watch the
-    /// directory. `native` is `router.policy`, used when `[policies]` names no router.
+    /// Build the engine, load the configured router (and shadow), admission and KV-hint
+    /// policies for `model`, watch the directory. `native` is `router.policy`, used when
+    /// `[policies]` names no router.
     pub(crate) fn start(
         config: &PoliciesConfig,
         native: &str,
@@ -77,9 +203,12 @@ impl PolicyRuntime {
         let invalid = |what: &str, e: &dyn std::fmt::Display| {
             ConfigError::Invalid(format!("policies.{what}: {e}"))
         };
+        config.validate()?;
         let engine = PolicyEngine::new(EngineConfig {
             deadline: config.deadline,
+            startup_deadline: config.startup_deadline,
             max_memory_bytes: config.max_memory_bytes,
+            max_memory_bytes_per_policy: config.max_memory_bytes_per_policy.clone(),
             ..EngineConfig::default()
         })
         .map_err(|e| invalid("engine", &e))?;
@@ -97,19 +226,22 @@ impl PolicyRuntime {
             switchyard_policy_artifacts::builtin(),
             model,
         );
-        let router = config
-            .models
-            .get(model)
-            .or(config.router.as_ref())
-            .cloned()
+        let selected = config.for_model(model);
+        let router = selected
+            .router
+            .clone()
             .unwrap_or_else(|| format!("native:{native}"));
-        registry
-            .load_named(Role::Router, &router)
-            .map_err(|e| invalid("router", &format!("{router}: {e}")))?;
-        if let Some(shadow) = &config.shadow {
-            registry
-                .load_named(Role::Shadow, shadow)
-                .map_err(|e| invalid("shadow", &format!("{shadow}: {e}")))?;
+        for (role, field, name) in [
+            (Role::Router, "router", Some(router)),
+            (Role::Shadow, "shadow", config.shadow.clone()),
+            (Role::Admission, "admission", selected.admission.clone()),
+            (Role::KvHints, "kv_hints", selected.kv_hints.clone()),
+        ] {
+            if let Some(name) = name {
+                registry
+                    .load_named(role, &name)
+                    .map_err(|e| invalid(field, &format!("{name}: {e}")))?;
+            }
         }
         let watcher = match &config.dir {
             Some(_) => Some(
@@ -121,6 +253,7 @@ impl PolicyRuntime {
         Ok(Self {
             registry,
             admin_token: config.admin_token.clone(),
+            selected,
             _watcher: watcher,
         })
     }
@@ -128,6 +261,58 @@ impl PolicyRuntime {
     /// The routing policy to give the core router.
     pub(crate) fn policy(&self) -> RegistryPolicy {
         self.registry.policy()
+    }
+
+    /// The admission policy: always the active one of `[policies] admission` (a component, or
+    /// the native policy it names; a failing component is answered by its native namesake).
+    #[allow(
+        dead_code,
+        reason = "the request path calls it once admission is wired in"
+    )]
+    pub(crate) fn admission(&self) -> RegistryAdmission {
+        self.registry.admission()
+    }
+
+    /// The KV-hint policy: always the active one of `[policies] kv_hints`.
+    #[allow(
+        dead_code,
+        reason = "the request path calls it once KV hints are wired in"
+    )]
+    pub(crate) fn kv_hints(&self) -> RegistryKvHints {
+        self.registry.kv_hints()
+    }
+}
+
+/// The admission policy for the request path: the registry's (hot-swapped, see
+/// [`PolicyRuntime::admission`]) when `[policies]` names one for this model, else `native` (the
+/// `[admission]` section's policy, or `admit-all`).
+#[allow(
+    dead_code,
+    reason = "the request path calls it once admission is wired in"
+)]
+pub(crate) fn admission_policy(
+    policies: Option<&PolicyRuntime>,
+    native: Box<dyn AdmissionPolicy>,
+) -> Box<dyn AdmissionPolicy> {
+    match policies {
+        Some(runtime) if runtime.selected.admission.is_some() => Box::new(runtime.admission()),
+        _ => native,
+    }
+}
+
+/// The KV-hint policy for the request path: the registry's when `[policies]` names one for this
+/// model, else `native`.
+#[allow(
+    dead_code,
+    reason = "the request path calls it once KV hints are wired in"
+)]
+pub(crate) fn kv_hint_policy(
+    policies: Option<&PolicyRuntime>,
+    native: Box<dyn KvHintPolicy>,
+) -> Box<dyn KvHintPolicy> {
+    match policies {
+        Some(runtime) if runtime.selected.kv_hints.is_some() => Box::new(runtime.kv_hints()),
+        _ => native,
     }
 }
 
@@ -140,18 +325,19 @@ pub(crate) struct PolicyMetrics {
 
 impl Collector for PolicyMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        // The active policy of each role; the versions kept for rollback answer nothing.
         let rows: Vec<_> = self
             .registry
             .list()
             .into_iter()
-            .filter(|row| row.role == "router" || row.role == "shadow")
+            .filter(|row| !row.role.starts_with("previous-"))
             .collect();
         let labels = |row: &switchyard_policy_host::PolicyInfo| {
             vec![("policy", row.name.clone()), ("role", row.role.clone())]
         };
         let mut calls = encoder.encode_descriptor(
             "policy_calls",
-            "Routing decisions asked of the policy",
+            "Decisions asked of the policy (routing, admission or KV hints, by role)",
             None,
             MetricType::Counter,
         )?;
@@ -182,5 +368,146 @@ impl Collector for PolicyMetrics {
                 .encode(disagreements.encode_family(&labels(row))?)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_core::admission::{AdmissionAction, AdmissionView, Arrival};
+    use switchyard_core::kv_hints::NoHints;
+
+    fn parse(text: &str) -> PoliciesConfig {
+        toml::from_str(text).unwrap()
+    }
+
+    /// A native admission policy the registry's handle cannot be mistaken for.
+    #[derive(Debug)]
+    struct NoAdmission;
+
+    impl AdmissionPolicy for NoAdmission {
+        fn name(&self) -> &str {
+            "test-native"
+        }
+
+        fn tick(&mut self, _view: &AdmissionView, _now: Duration) -> Vec<AdmissionAction> {
+            Vec::new()
+        }
+
+        fn arrival(
+            &mut self,
+            _view: &AdmissionView,
+            _arrival: &Arrival<'_>,
+            _now: Duration,
+        ) -> Vec<AdmissionAction> {
+            Vec::new()
+        }
+    }
+
+    #[test]
+    fn each_model_gets_its_own_policies_or_the_sections() {
+        let config = parse(
+            r#"
+            router = "kv-cost"
+            admission = "thunder-agent"
+            kv_hints = "no-hints"
+            [models]
+            small = "round-robin"
+            agentic = { admission = "continuum", kv_hints = "retain.wasm" }
+            [max_memory_bytes_per_policy]
+            "least-load-python" = 33554432
+            "#,
+        );
+        assert_eq!(
+            config.max_memory_bytes_per_policy.get("least-load-python"),
+            Some(&(32 << 20))
+        );
+        assert_eq!(
+            config.for_model("small"),
+            SelectedPolicies {
+                router: Some("round-robin".into()),
+                admission: Some("thunder-agent".into()),
+                kv_hints: Some("no-hints".into()),
+            }
+        );
+        assert_eq!(
+            config.for_model("agentic"),
+            SelectedPolicies {
+                router: Some("kv-cost".into()),
+                admission: Some("continuum".into()),
+                kv_hints: Some("retain.wasm".into()),
+            }
+        );
+        assert_eq!(
+            config.for_model("other").admission.as_deref(),
+            Some("thunder-agent")
+        );
+        assert_eq!(
+            PoliciesConfig::default().for_model("m"),
+            SelectedPolicies::default()
+        );
+    }
+
+    #[test]
+    fn mistakes_name_the_field() {
+        for (text, needle) in [
+            ("admission = \"\"", "policies.admission is empty"),
+            (
+                "[models]\nm = { kv_hints = \" \" }",
+                "policies.models.\"m\".kv_hints",
+            ),
+        ] {
+            let err = parse(text).validate().unwrap_err().to_string();
+            assert!(err.contains(needle), "{text}: {err}");
+        }
+        assert!(toml::from_str::<PoliciesConfig>("[models]\nm = { admision = \"x\" }").is_err());
+        let unknown = parse("admission = \"no-such-admission\"");
+        let err = PolicyRuntime::start(&unknown, "kv-cost", "m")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("policies.admission: no-such-admission"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_admission_handle_follows_the_registry() {
+        let config = parse("admission = \"native:admit-all\"\nkv_hints = \"no-hints\"");
+        let runtime = PolicyRuntime::start(&config, "kv-cost", "m").unwrap();
+        let roles: Vec<(String, String)> = runtime
+            .registry
+            .list()
+            .into_iter()
+            .map(|row| (row.role, row.source))
+            .collect();
+        assert_eq!(
+            roles,
+            [
+                ("router".to_string(), "native:kv-cost".to_string()),
+                ("admission".into(), "native:admit-all".into()),
+                ("kv-hints".into(), "native:no-hints".into()),
+            ]
+        );
+        let view = AdmissionView::default();
+        let native = || Box::new(NoAdmission) as Box<dyn AdmissionPolicy>;
+        let mut admission = admission_policy(Some(&runtime), native());
+        assert_eq!(admission.name(), "policy-registry");
+        assert!(admission.tick(&view, Duration::ZERO).is_empty());
+        let calls =
+            |runtime: &PolicyRuntime| runtime.registry.info(Role::Admission).unwrap().stats.calls;
+        assert_eq!(calls(&runtime), 1);
+        let hints = kv_hint_policy(Some(&runtime), Box::new(NoHints));
+        assert_eq!(hints.name(), "policy-registry");
+        // Without `[policies]`, or without an admission policy named there: the caller's own.
+        assert_eq!(admission_policy(None, native()).name(), "test-native");
+        let routing_only =
+            PolicyRuntime::start(&parse("router = \"round-robin\""), "kv-cost", "m").unwrap();
+        let mut fallback = admission_policy(Some(&routing_only), native());
+        assert_eq!(fallback.name(), "test-native");
+        fallback.tick(&view, Duration::ZERO);
+        assert_eq!(calls(&routing_only), 0);
+        let hints = kv_hint_policy(Some(&routing_only), Box::new(NoHints));
+        assert_eq!(hints.name(), "no-hints");
     }
 }

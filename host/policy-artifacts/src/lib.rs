@@ -1,6 +1,7 @@
-//! The built-in Switchyard policies as WebAssembly components (`switchyard:policy@1.0.0`,
-//! world `router`), built from `policies/` for `wasm32-wasip2` by this crate's build script,
-//! so the gateway can load them with no extra step.
+//! The built-in Switchyard policies as WebAssembly components (`switchyard:policy@1.0.0`),
+//! built from `policies/` for `wasm32-wasip2` by this crate's build script, so the gateway can
+//! load them with no extra step: five routers (world `router`) and the Wasm twins of the native
+//! admission policies (world `admission`).
 
 /// The default KV-aware cost policy (agentic-serving.md section 3).
 pub const KV_COST: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kv-cost.wasm"));
@@ -14,18 +15,39 @@ pub const SESSION_AFFINITY: &[u8] =
 /// Thompson sampling over workers on observed TTFT.
 pub const BANDIT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/bandit.wasm"));
 
-static BUILTIN: [(&str, &[u8]); 5] = [
+/// ThunderAgent's program-aware admission (twin of the native `thunder-agent`).
+pub const THUNDER_AGENT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/thunder-agent.wasm"));
+/// Continuum's TTL retention for tool calls (twin of the native `continuum`).
+pub const CONTINUUM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/continuum.wasm"));
+/// Autellix's least-attained-service priorities (twin of the native `autellix`).
+pub const AUTELLIX: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/autellix.wasm"));
+
+/// Routers first, then admission policies: [`builtin_for`] hands out the two halves.
+static BUILTIN: [(&str, &[u8]); 8] = [
     ("kv-cost", KV_COST),
     ("round-robin", ROUND_ROBIN),
     ("least-load", LEAST_LOAD),
     ("session-affinity", SESSION_AFFINITY),
     ("bandit", BANDIT),
+    ("thunder-agent", THUNDER_AGENT),
+    ("continuum", CONTINUUM),
+    ("autellix", AUTELLIX),
 ];
+const ROUTERS: usize = 5;
 
-/// Every built-in policy as `(name, component bytes)`; the name is also the one its
-/// `metadata()` reports.
+/// Every built-in policy as `(name, component bytes)`, of every world; the name is also the one
+/// its `metadata()` reports, and no two worlds share a name.
 pub fn builtin() -> &'static [(&'static str, &'static [u8])] {
     &BUILTIN
+}
+
+/// The built-in policies of `world` (`router`, `admission`); empty for any other world.
+pub fn builtin_for(world: &str) -> &'static [(&'static str, &'static [u8])] {
+    match world {
+        "router" => &BUILTIN[..ROUTERS],
+        "admission" => &BUILTIN[ROUTERS..],
+        _ => &[],
+    }
 }
 
 /// The built-in policy called `name`, if there is one.
@@ -38,7 +60,7 @@ pub fn find(name: &str) -> Option<&'static [u8]> {
 
 #[cfg(test)]
 mod tests {
-    use super::{builtin, find};
+    use super::{builtin, builtin_for, find};
 
     /// A component (not a core module): `\0asm`, then the component-model layer and version.
     const COMPONENT_HEADER: [u8; 8] = [0x00, 0x61, 0x73, 0x6d, 0x0d, 0x00, 0x01, 0x00];
@@ -57,8 +79,21 @@ mod tests {
     #[test]
     fn names_are_unique_and_found() {
         let names: Vec<_> = builtin().iter().map(|(n, _)| *n).collect();
+        let mut unique = names.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), names.len(), "{names:?}");
+        for name in names {
+            assert!(find(name).is_some());
+        }
+        assert!(find("no-such-policy").is_none());
+    }
+
+    #[test]
+    fn every_builtin_belongs_to_exactly_one_world() {
+        let names = |world| -> Vec<&str> { builtin_for(world).iter().map(|(n, _)| *n).collect() };
         assert_eq!(
-            names,
+            names("router"),
             [
                 "kv-cost",
                 "round-robin",
@@ -67,9 +102,14 @@ mod tests {
                 "bandit"
             ]
         );
-        for name in names {
-            assert!(find(name).is_some());
-        }
-        assert!(find("no-such-policy").is_none());
+        assert_eq!(
+            names("admission"),
+            ["thunder-agent", "continuum", "autellix"]
+        );
+        assert!(names("kv-hints").is_empty());
+        assert_eq!(
+            builtin_for("router").len() + builtin_for("admission").len(),
+            builtin().len()
+        );
     }
 }

@@ -4,17 +4,22 @@
 use crate::bindings::admission::{
     Action, ActionKind as WitActionKind, Incoming, SessionPhase as WitPhase, Sessions, Utilization,
 };
-use crate::component::AdmissionComponent;
+use crate::component::{AdmissionComponent, Metadata};
 use crate::convert;
+use crate::engine::PolicyEngine;
 use crate::error::PolicyError;
 use crate::guest::Guest;
+use crate::router::CANARY_TOKENS;
+use crate::slot::Kind;
 use crate::stats::PolicyStats;
 use std::sync::Arc;
 use std::time::Duration;
 use switchyard_core::admission::{
-    ActionKind, AdmissionAction, AdmissionPolicy, AdmissionView, AdmitAll, Arrival, SessionPhase,
-    native_admission,
+    ActionKind, AdmissionAction, AdmissionPolicy, AdmissionView, AdmitAll, Arrival,
+    RankUtilization, SessionPhase, SessionView, native_admission,
 };
+use switchyard_core::router::PolicyRequest;
+use switchyard_core::worker::Rank;
 
 /// An admission policy running in a Wasm component.
 ///
@@ -147,8 +152,62 @@ fn ask_arrival(
     checked(raw, view, Some(arrival))
 }
 
+// Columns the WIT records lack travel as `extensions` (wit/README.md, "Trial signals in use"):
+// one CSV row per column, one field per row of the record.
+
+/// Sessions: each session's last rank (`worker.dp-rank`), empty for a new program.
+const RANK_EXTENSION: &str = "switchyard.rank";
+/// Sessions: `1` if paused by an admission action (also while it still finishes a running
+/// request), else `0`.
+const PAUSED_EXTENSION: &str = "switchyard.paused";
+/// Sessions: milliseconds paused.
+const PAUSED_FOR_EXTENSION: &str = "switchyard.paused-for-ms";
+/// Sessions: attained service (summed run time of finished requests), milliseconds.
+const SERVICE_EXTENSION: &str = "switchyard.service-ms";
+/// Sessions: the tool the last turn called; empty when it ended without one.
+const TOOL_EXTENSION: &str = "switchyard.tool";
+/// Utilization: each rank's KV capacity in tokens, empty where unknown.
+const KV_CAPACITY_EXTENSION: &str = "switchyard.kv-capacity-tokens";
+
+/// A column as one extension: one CSV field per row, in the record's order, empty where
+/// unknown, quoted (`"` doubled) when empty or holding `,` or `"`; no entry at all when every
+/// value is unknown (or there are no rows).
+fn column(key: &str, values: impl Iterator<Item = Option<String>>) -> Option<(String, String)> {
+    let values: Vec<Option<String>> = values.collect();
+    if values.iter().all(Option::is_none) {
+        return None;
+    }
+    let fields: Vec<String> = values
+        .into_iter()
+        .map(|value| match value {
+            None => String::new(),
+            Some(v) if v.is_empty() || v.contains([',', '"']) => {
+                format!("\"{}\"", v.replace('"', "\"\""))
+            }
+            Some(v) => v,
+        })
+        .collect();
+    Some((key.to_string(), fields.join(",")))
+}
+
 fn sessions(view: &AdmissionView) -> Sessions {
     let s = &view.sessions;
+    let millis = |d: Duration| Some(convert::millis(d).to_string());
+    let extensions = [
+        column(
+            RANK_EXTENSION,
+            s.iter()
+                .map(|s| s.rank.map(|r| format!("{}.{}", r.worker.0, r.dp_rank))),
+        ),
+        column(
+            PAUSED_EXTENSION,
+            s.iter()
+                .map(|s| Some(if s.paused { "1" } else { "0" }.to_string())),
+        ),
+        column(PAUSED_FOR_EXTENSION, s.iter().map(|s| millis(s.paused_for))),
+        column(SERVICE_EXTENSION, s.iter().map(|s| millis(s.service))),
+        column(TOOL_EXTENSION, s.iter().map(|s| s.tool.clone())),
+    ];
     Sessions {
         session_ids: s.iter().map(|s| s.session_id.clone()).collect(),
         parent_session_ids: s.iter().map(|s| s.parent_session_id.clone()).collect(),
@@ -159,7 +218,7 @@ fn sessions(view: &AdmissionView) -> Sessions {
         context_tokens: s.iter().map(|s| s.context_tokens).collect(),
         age_ms: s.iter().map(|s| convert::millis(s.age)).collect(),
         idle_ms: s.iter().map(|s| convert::millis(s.idle)).collect(),
-        extensions: Vec::new(),
+        extensions: extensions.into_iter().flatten().collect(),
     }
 }
 
@@ -182,7 +241,13 @@ fn utilization(view: &AdmissionView) -> Utilization {
         active_requests: w.iter().map(|w| w.active_requests).collect(),
         queue_depth: w.iter().map(|w| w.queue_depth).collect(),
         healthy: w.iter().map(|w| w.healthy).collect(),
-        extensions: Vec::new(),
+        extensions: column(
+            KV_CAPACITY_EXTENSION,
+            w.iter()
+                .map(|w| (w.kv_capacity_tokens > 0).then(|| w.kv_capacity_tokens.to_string())),
+        )
+        .into_iter()
+        .collect(),
     }
 }
 
@@ -212,5 +277,198 @@ fn checked(
             "action for unknown session `{unknown}`"
         ))),
         None => Ok(actions),
+    }
+}
+
+/// The `admission` world, for the registry.
+#[derive(Debug)]
+pub(crate) struct AdmissionKind;
+
+impl Kind for AdmissionKind {
+    const WORLD: &'static str = "admission";
+    const DEFAULT_NATIVE: &'static str = "admit-all";
+    type Policy = dyn AdmissionPolicy;
+
+    fn native(name: &str) -> Option<Box<Self::Policy>> {
+        native_admission(name)
+    }
+
+    fn policy_name(policy: &Self::Policy) -> &str {
+        policy.name()
+    }
+
+    fn load(
+        engine: &PolicyEngine,
+        bytes: &[u8],
+        stats: Arc<PolicyStats>,
+        model: &str,
+    ) -> Result<(Metadata, Box<Self::Policy>), PolicyError> {
+        let component = engine.load_admission(bytes)?;
+        canary(&component)?;
+        let metadata = component.metadata().clone();
+        let mut admission = WasmAdmission::new(component, stats);
+        admission.set_model(model);
+        // The instance that will answer starts now, off the request path.
+        admission
+            .guest
+            .warm_up()
+            .map_err(|e| PolicyError::Canary(format!("warm-up: {e}")))?;
+        Ok((metadata, Box::new(admission)))
+    }
+}
+
+/// Run a fresh instance's `tick` and `arrival` on sample views (3, then 8 sessions `s0`.. in
+/// every phase, on 4 ranks); any failure or action for a session not in the view rejects the
+/// load.
+fn canary(component: &AdmissionComponent) -> Result<(), PolicyError> {
+    let mut trial = WasmAdmission::new(component.clone(), Arc::new(PolicyStats::default()));
+    let phases = [
+        SessionPhase::Queued,
+        SessionPhase::Running,
+        SessionPhase::ToolCall,
+        SessionPhase::Paused,
+        SessionPhase::Idle,
+    ];
+    for sessions in [3_u32, 8] {
+        let view = AdmissionView {
+            sessions: (0..sessions)
+                .map(|s| {
+                    let phase = phases[s as usize % phases.len()];
+                    SessionView {
+                        session_id: format!("s{s}"),
+                        parent_session_id: (s % 3 == 2).then(|| "s0".to_string()),
+                        phase,
+                        priority: 0,
+                        active_requests: s % 2,
+                        queued_requests: s % 3,
+                        context_tokens: u64::from(s) * 4096,
+                        age: Duration::from_secs(u64::from(s) * 10),
+                        idle: Duration::from_millis(u64::from(s) * 250),
+                        rank: Some(Rank::new(s % 4, 0)),
+                        paused: phase == SessionPhase::Paused,
+                        paused_for: Duration::ZERO,
+                        service: Duration::from_secs(u64::from(s)),
+                        tool: None,
+                    }
+                })
+                .collect(),
+            workers: (0..4)
+                .map(|w| RankUtilization {
+                    rank: Rank::new(w, 0),
+                    kv_usage: 0.2 * w as f32,
+                    active_requests: w * 3,
+                    queue_depth: w,
+                    healthy: w != 3,
+                    kv_capacity_tokens: 1 << 20,
+                })
+                .collect(),
+        };
+        let now = Duration::from_secs(60);
+        trial
+            .try_tick(&view, now)
+            .map_err(|e| PolicyError::Canary(format!("tick on {sessions} sessions: {e}")))?;
+        let arrival = Arrival {
+            request: PolicyRequest {
+                tokens: CANARY_TOKENS,
+                blocks: CANARY_TOKENS.div_ceil(16),
+                block_size: 16,
+                session_id: Some("s1"),
+                ..PolicyRequest::default()
+            },
+            waited: Duration::ZERO,
+        };
+        trial
+            .try_arrival(&view, &arrival, now)
+            .map_err(|e| PolicyError::Canary(format!("arrival on {sessions} sessions: {e}")))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session(id: &str, rank: Option<Rank>) -> SessionView {
+        SessionView {
+            session_id: id.into(),
+            parent_session_id: None,
+            phase: SessionPhase::Running,
+            priority: 0,
+            active_requests: 1,
+            queued_requests: 0,
+            context_tokens: 10,
+            age: Duration::ZERO,
+            idle: Duration::ZERO,
+            rank,
+            paused: false,
+            paused_for: Duration::ZERO,
+            service: Duration::ZERO,
+            tool: None,
+        }
+    }
+
+    fn rank(worker: u32, kv_capacity_tokens: u64) -> RankUtilization {
+        RankUtilization {
+            rank: Rank::new(worker, 1),
+            kv_usage: 0.5,
+            active_requests: 0,
+            queue_depth: 0,
+            healthy: true,
+            kv_capacity_tokens,
+        }
+    }
+
+    fn extension<'a>(extensions: &'a [(String, String)], key: &str) -> Option<&'a str> {
+        extensions
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn columns_the_records_lack_travel_as_extensions() {
+        let mut a = session("a", Some(Rank::new(3, 1)));
+        a.paused = true;
+        a.paused_for = Duration::from_micros(1_500_900);
+        a.service = Duration::from_secs(42);
+        a.tool = Some("grep, then \"sed\"".into());
+        let mut b = session("b", None);
+        b.tool = Some(String::new());
+        let view = AdmissionView {
+            sessions: vec![a, b, session("c", None)],
+            workers: vec![rank(0, 0), rank(1, 4096)],
+        };
+        let ext = sessions(&view).extensions;
+        let expected = [
+            (RANK_EXTENSION, "3.1,,"),
+            (PAUSED_EXTENSION, "1,0,0"),
+            // Milliseconds, truncated like every other duration crossing the boundary.
+            (PAUSED_FOR_EXTENSION, "1500,0,0"),
+            (SERVICE_EXTENSION, "42000,0,0"),
+            (TOOL_EXTENSION, r#""grep, then ""sed""","","#),
+        ];
+        assert_eq!(ext.len(), expected.len());
+        for (key, value) in expected {
+            assert_eq!(extension(&ext, key), Some(value), "{key}");
+        }
+        assert_eq!(
+            extension(&utilization(&view).extensions, KV_CAPACITY_EXTENSION),
+            Some(",4096")
+        );
+    }
+
+    #[test]
+    fn all_unknown_columns_are_left_out() {
+        let view = AdmissionView {
+            sessions: vec![session("b", None)],
+            workers: vec![rank(0, 0)],
+        };
+        let ext = sessions(&view).extensions;
+        assert_eq!(extension(&ext, RANK_EXTENSION), None);
+        assert_eq!(extension(&ext, TOOL_EXTENSION), None);
+        // Always-known signals still travel.
+        assert_eq!(extension(&ext, PAUSED_EXTENSION), Some("0"));
+        assert!(utilization(&view).extensions.is_empty());
+        assert!(sessions(&AdmissionView::default()).extensions.is_empty());
     }
 }

@@ -134,7 +134,8 @@ impl<W: World> Loaded<W> {
             metadata: Metadata::default(),
             hash,
         };
-        let (mut store, instance) = loaded.instantiate()?;
+        // Instantiation and this first call run under the startup deadline.
+        let (mut store, instance) = loaded.instantiate(true)?;
         let raw = instance
             .metadata(&mut store)
             .map_err(|e| PolicyError::from_call(&e, store.data()))?;
@@ -150,14 +151,11 @@ impl<W: World> Loaded<W> {
         &self.engine
     }
 
-    /// A fresh instance in a fresh store.
-    pub(crate) fn instantiate(&self) -> Result<(Store<HostState>, W), PolicyError> {
-        let name: Arc<str> = if self.metadata.name.is_empty() {
-            Arc::from("(loading)")
-        } else {
-            Arc::from(self.metadata.name.as_str())
-        };
-        let mut store = self.engine.new_store(name);
+    /// A fresh instance in a fresh store; `startup`: under the startup deadline (see
+    /// [`PolicyEngine::new_store`]).
+    pub(crate) fn instantiate(&self, startup: bool) -> Result<(Store<HostState>, W), PolicyError> {
+        let name = Some(self.metadata.name.as_str()).filter(|n| !n.is_empty());
+        let mut store = self.engine.new_store(name, startup);
         match W::instantiate(&self.pre, &mut store) {
             Ok(instance) => Ok((store, instance)),
             Err(e) => Err(PolicyError::from_call(&e, store.data())),

@@ -8,7 +8,8 @@ pub(crate) use crate::component::{
 };
 use crate::component::{Loaded, World};
 use crate::error::PolicyError;
-use std::collections::HashMap;
+use crate::wasi::{self, WasiState};
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -41,6 +42,14 @@ pub struct EngineConfig {
     /// a whole number of `epoch_tick`s. Use a few milliseconds: routing decisions take
     /// microseconds, and the call runs under the router's lock. Default: 5 ms.
     pub deadline: Duration,
+    /// Longest the start of a policy's first instance may take: instantiation plus its first
+    /// call, where language runtimes initialize (componentize-py's CPython reads its
+    /// environment and seeds `random`, and its 12 MiB memory image is mapped). Applies at load
+    /// (the metadata check, the canary's first call, the warm-up of the instance that will
+    /// answer); an instance rebuilt after a failure starts under the ordinary `deadline`, so a
+    /// broken guest never costs more than that on the request path. A value below `deadline`
+    /// counts as `deadline`. Default: 50 ms.
+    pub startup_deadline: Duration,
     /// How often the ticker thread advances the engine's epoch; the deadline's resolution.
     /// Shorter ticks bound a runaway call more tightly at the cost of a busier thread.
     /// Default: 1 ms.
@@ -49,14 +58,23 @@ pub struct EngineConfig {
     /// `wasm32-wasip2` guests declare about 1.1 MiB at start. A guest growing past it fails
     /// its call with [`PolicyError::OutOfMemory`]. Default: 16 MiB.
     pub max_memory_bytes: usize,
+    /// Memory caps for single policies, by the name their metadata reports, replacing
+    /// `max_memory_bytes` for that policy only: for a guest whose language runtime needs more
+    /// (componentize-py's CPython starts at 12.3 MiB and its runtime keeps ~40 bytes per call,
+    /// so under 16 MiB it is rebuilt about every 100,000 decisions). A load runs under the
+    /// largest cap configured until the metadata names the policy. Each must be at least 2 MiB.
+    /// Default: none.
+    pub max_memory_bytes_per_policy: BTreeMap<String, usize>,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             deadline: Duration::from_millis(5),
+            startup_deadline: Duration::from_millis(50),
             epoch_tick: Duration::from_millis(1),
             max_memory_bytes: 16 << 20,
+            max_memory_bytes_per_policy: BTreeMap::new(),
         }
     }
 }
@@ -70,17 +88,39 @@ impl EngineConfig {
                 self.deadline, self.epoch_tick
             )));
         }
-        if self.max_memory_bytes < 2 << 20 {
-            return Err(PolicyError::Engine(format!(
-                "max_memory_bytes {} is below 2 MiB (Rust guests start at ~1.1 MiB)",
-                self.max_memory_bytes
-            )));
+        let caps = std::iter::once(("max_memory_bytes".to_string(), self.max_memory_bytes)).chain(
+            self.max_memory_bytes_per_policy
+                .iter()
+                .map(|(policy, cap)| (format!("max_memory_bytes_per_policy[{policy:?}]"), *cap)),
+        );
+        for (field, cap) in caps {
+            if cap < 2 << 20 {
+                return Err(PolicyError::Engine(format!(
+                    "{field} {cap} is below 2 MiB (Rust guests start at ~1.1 MiB)"
+                )));
+            }
         }
         Ok(())
     }
 
-    fn deadline_ticks(&self) -> u64 {
-        self.deadline
+    /// The memory cap of `policy`; `None` while loading, when its name is not known yet.
+    fn memory_cap(&self, policy: Option<&str>) -> usize {
+        match policy {
+            Some(name) => self
+                .max_memory_bytes_per_policy
+                .get(name)
+                .copied()
+                .unwrap_or(self.max_memory_bytes),
+            None => self
+                .max_memory_bytes_per_policy
+                .values()
+                .copied()
+                .fold(self.max_memory_bytes, usize::max),
+        }
+    }
+
+    fn ticks(&self, limit: Duration) -> u64 {
+        limit
             .as_nanos()
             .div_ceil(self.epoch_tick.as_nanos())
             .try_into()
@@ -136,11 +176,12 @@ impl ResourceLimiter for MemoryCap {
     }
 }
 
-/// What a guest's store carries: its memory cap and its name for log lines.
+/// What a guest's store carries: its memory cap, its name for log lines and its WASI state.
 #[derive(Debug)]
 pub(crate) struct HostState {
     pub(crate) limiter: MemoryCap,
-    policy: Arc<str>,
+    pub(crate) policy: Arc<str>,
+    pub(crate) wasi: WasiState,
 }
 
 /// The `types` interface has types only: nothing to provide.
@@ -256,9 +297,10 @@ impl PolicyEngine {
         Loaded::new(self.clone(), pre, hash)
     }
 
-    /// Pre-link `component`. Guests get no WASI; but Rust's `std` (and other toolchains) import
-    /// some WASI interfaces that a policy never calls. Those imports, and only those, are
-    /// satisfied by functions that trap, so a call to one is contained like any other trap.
+    /// Pre-link `component`. Toolchains import WASI interfaces (Rust's `std` some that a policy
+    /// never calls, componentize-py's CPython many): the deterministic subset of
+    /// [`crate::wasi`] is answered, and every other WASI import is satisfied by a function that
+    /// traps, so a call to one is contained like any other trap.
     fn link(&self, component: &Component) -> Result<InstancePre<HostState>, PolicyError> {
         let err = match self.inner.linker.instantiate_pre(component) {
             Ok(pre) => return Ok(pre),
@@ -273,8 +315,8 @@ impl PolicyEngine {
             return Err(classify_link_error(&err));
         }
         let mut linker = self.inner.linker.clone();
-        linker
-            .define_unknown_imports_as_traps(component)
+        wasi::add_to_linker(&mut linker, engine, component)
+            .and_then(|()| linker.define_unknown_imports_as_traps(component))
             .and_then(|()| linker.instantiate_pre(component))
             .map_err(|e| classify_link_error(&e))
     }
@@ -305,23 +347,38 @@ impl PolicyEngine {
         Ok(component)
     }
 
-    pub(crate) fn new_store(&self, policy: Arc<str>) -> Store<HostState> {
+    /// A store for one instance of `policy` (`None` while loading, before its metadata names
+    /// it). `startup`: its instantiation and first call get the startup deadline (a guest's
+    /// first instance), else the ordinary one.
+    pub(crate) fn new_store(&self, policy: Option<&str>, startup: bool) -> Store<HostState> {
         let state = HostState {
             limiter: MemoryCap {
-                max_memory_bytes: self.inner.config.max_memory_bytes,
+                max_memory_bytes: self.inner.config.memory_cap(policy),
                 denied: false,
             },
-            policy,
+            policy: Arc::from(policy.unwrap_or("(loading)")),
+            wasi: WasiState::default(),
         };
         let mut store = Store::new(&self.inner.engine, state);
         store.limiter(|state| &mut state.limiter);
-        store.set_epoch_deadline(self.inner.config.deadline_ticks());
+        let config = &self.inner.config;
+        let limit = if startup {
+            config.startup_deadline.max(config.deadline)
+        } else {
+            config.deadline
+        };
+        store.set_epoch_deadline(config.ticks(limit));
         store
     }
 
-    /// Re-arm the deadline before a call.
-    pub(crate) fn arm_deadline(&self, store: &mut Store<HostState>) {
-        store.set_epoch_deadline(self.inner.config.deadline_ticks());
+    /// Arm the deadline (and reset the guest's output budget) before a call. `keep_startup`: the
+    /// first call of a startup store keeps the allowance it shares with its instantiation.
+    pub(crate) fn arm_deadline(&self, store: &mut Store<HostState>, keep_startup: bool) {
+        if !keep_startup {
+            let config = &self.inner.config;
+            store.set_epoch_deadline(config.ticks(config.deadline));
+        }
+        store.data_mut().wasi.start_call();
     }
 }
 

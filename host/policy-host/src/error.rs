@@ -72,10 +72,15 @@ impl PolicyError {
                 cap_bytes: state.limiter.max_memory_bytes,
             };
         }
-        match err.downcast_ref::<Trap>() {
-            Some(Trap::Interrupt) => Self::Deadline,
-            Some(trap) => Self::Trap(trap.to_string()),
-            None => Self::Trap(format!("{err:#}")),
+        let trap = match err.downcast_ref::<Trap>() {
+            Some(Trap::Interrupt) => return Self::Deadline,
+            Some(trap) => trap.to_string(),
+            None => format!("{err:#}"),
+        };
+        // What the guest printed to stderr before failing (e.g. a Python traceback) says why.
+        match state.wasi.stderr_tail() {
+            "" => Self::Trap(trap),
+            stderr => Self::Trap(format!("{trap}; guest stderr: {stderr}")),
         }
     }
 }

@@ -23,6 +23,8 @@ const LOG_BURST: Duration = Duration::from_secs(10);
 pub(crate) struct Guest<H: ComponentHandle> {
     component: H,
     live: Option<(Store<HostState>, H::World)>,
+    /// Whether an instance was ever created (later ones get no startup allowance).
+    started: bool,
     stats: Arc<PolicyStats>,
     consecutive_failures: u32,
     skip_until: Option<Instant>,
@@ -46,6 +48,7 @@ impl<H: ComponentHandle> Guest<H> {
         Self {
             component,
             live: None,
+            started: false,
             stats,
             consecutive_failures: 0,
             skip_until: None,
@@ -67,18 +70,25 @@ impl<H: ComponentHandle> Guest<H> {
         &self.component.loaded().metadata().name
     }
 
-    /// Run `f` on the live instance (instantiating it first if needed) under the deadline. On
-    /// failure the store is dropped and the error classified.
+    /// Run `f` on the live instance (instantiating it first if needed) under the deadline (the
+    /// startup deadline for the first instance's instantiation and first call). On failure the
+    /// store is dropped and the error classified.
     pub(crate) fn call<R>(
         &mut self,
         f: impl FnOnce(&H::World, &mut Store<HostState>) -> wasmtime::Result<R>,
     ) -> Result<R, PolicyError> {
         let loaded = self.component.loaded();
+        // Only the guest's first instance gets the startup allowance; a rebuild after a failure
+        // runs on the request path.
+        let startup = self.live.is_none() && !self.started;
         let (store, instance) = match &mut self.live {
             Some(live) => live,
-            None => self.live.insert(loaded.instantiate()?),
+            None => {
+                self.started = true;
+                self.live.insert(loaded.instantiate(startup)?)
+            }
         };
-        loaded.engine().arm_deadline(store);
+        loaded.engine().arm_deadline(store, startup);
         match f(instance, store) {
             Ok(value) => Ok(value),
             Err(e) => {
@@ -87,6 +97,13 @@ impl<H: ComponentHandle> Guest<H> {
                 Err(err)
             }
         }
+    }
+
+    /// Start the first instance now, off the request path, by asking its metadata (which
+    /// also runs a language runtime's lazy initialization).
+    pub(crate) fn warm_up(&mut self) -> Result<(), PolicyError> {
+        self.call(|instance, store| instance.metadata(store))
+            .map(drop)
     }
 
     /// One decision: `attempt` asks the guest (through [`Guest::call`]) and checks its answer.

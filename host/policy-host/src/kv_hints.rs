@@ -5,16 +5,18 @@ use crate::bindings::kv_hints::{
     Compaction, EventKind, Hint, HintKind as WitHintKind, IndexState as WitIndexState,
     LifecycleEvent as WitEvent, Residency, Tier, TierUsage, ToolCall,
 };
-use crate::component::KvHintsComponent;
+use crate::component::{KvHintsComponent, Metadata};
 use crate::convert;
+use crate::engine::PolicyEngine;
 use crate::error::PolicyError;
 use crate::guest::Guest;
+use crate::slot::Kind;
 use crate::stats::PolicyStats;
 use std::sync::Arc;
 use std::time::Duration;
 use switchyard_core::kv_hints::{
     HintKind, HintTier, IndexState, KvHint, KvHintPolicy, LifecycleEvent, LifecycleKind, NoHints,
-    check_hints, native_kv_hints,
+    RankUsage, SessionResidency, check_hints, native_kv_hints,
 };
 use switchyard_core::worker::Rank;
 
@@ -180,4 +182,97 @@ fn tier(t: Tier) -> HintTier {
         Tier::Disk => HintTier::Disk,
         Tier::Shared => HintTier::Shared,
     }
+}
+
+/// The `kv-hints` world, for the registry.
+#[derive(Debug)]
+pub(crate) struct KvHintsKind;
+
+impl Kind for KvHintsKind {
+    const WORLD: &'static str = "kv-hints";
+    const DEFAULT_NATIVE: &'static str = "no-hints";
+    type Policy = dyn KvHintPolicy;
+
+    fn native(name: &str) -> Option<Box<Self::Policy>> {
+        native_kv_hints(name)
+    }
+
+    fn policy_name(policy: &Self::Policy) -> &str {
+        policy.name()
+    }
+
+    fn load(
+        engine: &PolicyEngine,
+        bytes: &[u8],
+        stats: Arc<PolicyStats>,
+        _model: &str,
+    ) -> Result<(Metadata, Box<Self::Policy>), PolicyError> {
+        let component = engine.load_kv_hints(bytes)?;
+        canary(&component)?;
+        let metadata = component.metadata().clone();
+        let mut hints = WasmKvHints::new(component, stats);
+        // The instance that will answer starts now, off the request path.
+        hints
+            .guest
+            .warm_up()
+            .map_err(|e| PolicyError::Canary(format!("warm-up: {e}")))?;
+        Ok((metadata, Box::new(hints)))
+    }
+}
+
+/// Run a fresh instance on sample inputs (8 resident sessions `s0`.. on 4 ranks, first with no
+/// event, then with one of every kind); any failure or impossible hint rejects the load.
+fn canary(component: &KvHintsComponent) -> Result<(), PolicyError> {
+    let mut trial = WasmKvHints::new(component.clone(), Arc::new(PolicyStats::default()));
+    let at = Duration::from_secs(60);
+    let kinds = [
+        LifecycleKind::TurnEndWithToolCall {
+            tool_name: Some("bash".into()),
+            context_tokens: 30_000,
+        },
+        LifecycleKind::SubagentSpawn("s8".into()),
+        LifecycleKind::SubagentEnd("s8".into()),
+        LifecycleKind::Compaction {
+            tokens_before: 90_000,
+            tokens_after: 20_000,
+        },
+        LifecycleKind::ThinkingStart,
+        LifecycleKind::ThinkingEnd(512),
+        LifecycleKind::SessionEnd,
+    ];
+    let events: Vec<LifecycleEvent> = kinds
+        .into_iter()
+        .enumerate()
+        .map(|(i, kind)| LifecycleEvent {
+            session_id: format!("s{}", i % 8),
+            at,
+            kind,
+        })
+        .collect();
+    let index = IndexState {
+        residency: (0..8_u32)
+            .map(|s| SessionResidency {
+                session_id: format!("s{s}"),
+                rank: Rank::new(s % 4, 0),
+                device_blocks: s * 64,
+                host_blocks: s * 16,
+                disk_blocks: s,
+            })
+            .collect(),
+        usage: (0..4_u32)
+            .map(|w| RankUsage {
+                rank: Rank::new(w, 0),
+                device_used_blocks: u64::from(w) * 1000,
+                device_capacity_blocks: 4096,
+                host_used_blocks: u64::from(w) * 100,
+                host_capacity_blocks: 16_384,
+            })
+            .collect(),
+    };
+    for events in [&[][..], &events[..]] {
+        trial.try_on_events(events, &index, at).map_err(|e| {
+            PolicyError::Canary(format!("on-events with {} events: {e}", events.len()))
+        })?;
+    }
+    Ok(())
 }

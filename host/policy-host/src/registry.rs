@@ -1,34 +1,34 @@
-//! [`PolicyRegistry`]: the active and shadow routing policies, loaded from native code, built-in
-//! components or files, swapped atomically, with the previous version kept for rollback.
+//! [`PolicyRegistry`]: the active policy of every decision point (routing, its shadow,
+//! admission, KV hints), loaded from native code, built-in components or files, swapped
+//! atomically, with the previous version kept for rollback. The per-world work is in
+//! [`crate::slot`]; the handles the gateway calls are in [`crate::handles`].
 
-use crate::engine::{ContentHash, Metadata, PolicyEngine, RouterComponent};
+use crate::admission::AdmissionKind;
+use crate::engine::PolicyEngine;
 use crate::error::PolicyError;
-use crate::router::WasmRouter;
-use crate::stats::{PolicyStats, StatsSnapshot};
-use arc_swap::ArcSwapOption;
+use crate::handles::{RegistryAdmission, RegistryKvHints, RegistryPolicy};
+use crate::kv_hints::KvHintsKind;
+use crate::router::RouterKind;
+use crate::slot::{AnySlot, LoadContext, Slot, lock};
+use crate::stats::StatsSnapshot;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
-use switchyard_core::index::Overlap;
-use switchyard_core::router::{
-    Candidate, KvCost, Outcome, PolicyRequest, RoutingPolicy, Selection, native_policy,
-};
-use switchyard_core::worker::Rank;
-
-/// Prompt tokens of the canary's sample requests.
-pub(crate) const CANARY_TOKENS: u32 = 100;
 
 /// Prefix naming a native policy (`native:kv-cost`).
 const NATIVE_PREFIX: &str = "native:";
 
 /// What a loaded policy does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum Role {
-    /// Its decisions are applied.
+    /// Routes: its decisions are applied (world `router`).
     Router,
-    /// It sees the same inputs; its decisions are only compared with the active one's.
+    /// Sees the router's inputs; its decisions are only compared with the active one's.
     Shadow,
+    /// Decides which sessions may send work now (world `admission`).
+    Admission,
+    /// Advises engines where to keep sessions' KV blocks (world `kv-hints`).
+    KvHints,
 }
 
 /// Where a policy comes from.
@@ -55,7 +55,8 @@ impl std::fmt::Display for PolicySource {
 /// One row of the admin listing.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct PolicyInfo {
-    /// Active router, shadow, or the version kept for rollback (`previous`).
+    /// `router`, `shadow`, `admission`, `kv-hints`, or `previous-<role>` for the version kept
+    /// for rollback.
     pub role: String,
     /// Name (from the component's metadata, or the native policy's).
     pub name: String,
@@ -76,131 +77,66 @@ pub struct PolicyInfo {
     pub load_error: Option<String>,
 }
 
-/// A policy ready to answer.
-#[derive(Debug)]
-struct Loaded {
-    name: String,
-    metadata: Option<Metadata>,
-    hash: Option<ContentHash>,
-    source: PolicySource,
-    stats: Arc<PolicyStats>,
-    /// Native runners do not time themselves; Wasm runners do (they know the fallback path).
-    native: bool,
-    runner: Mutex<Box<dyn RoutingPolicy>>,
-}
-
-impl Loaded {
-    fn native(name: &str) -> Option<Self> {
-        let runner = native_policy(name)?;
-        Some(Self {
-            name: runner.name().to_string(),
-            metadata: None,
-            hash: None,
-            source: PolicySource::Native(name.to_string()),
-            stats: Arc::new(PolicyStats::default()),
-            native: true,
-            runner: Mutex::new(runner),
-        })
-    }
-
-    fn select(&self, request: &PolicyRequest<'_>, candidates: &[Candidate]) -> Selection {
-        let started = Instant::now();
-        let mut runner = self.runner.lock().unwrap_or_else(|e| e.into_inner());
-        let selection = runner.select(request, candidates);
-        if self.native {
-            self.stats.record_call(started.elapsed());
-        }
-        selection
-    }
-
-    fn observe(&self, outcome: &Outcome) {
-        self.runner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .observe(outcome);
-    }
-
-    fn info(&self, role: &str, load_error: Option<String>) -> PolicyInfo {
-        let stats = self.stats.snapshot();
-        let (version, world) = match &self.metadata {
-            Some(m) => (m.version.clone(), m.world.clone()),
-            None => ("native".into(), "router".into()),
-        };
-        PolicyInfo {
-            role: role.into(),
-            name: self.name.clone(),
-            version,
-            world,
-            content_hash: self.hash.map(|h| h.to_string()),
-            source: self.source.to_string(),
-            fallbacks_total: stats.fallbacks_total(),
-            stats,
-            load_error,
-        }
+fn role_name(role: Role) -> &'static str {
+    match role {
+        Role::Router => "router",
+        Role::Shadow => "shadow",
+        Role::Admission => "admission",
+        Role::KvHints => "kv-hints",
     }
 }
 
-#[derive(Debug, Default)]
-struct Slot {
-    current: ArcSwapOption<Loaded>,
-    previous: Mutex<Option<Arc<Loaded>>>,
-    /// File whose changes reload this slot.
-    watched: Mutex<Option<PathBuf>>,
-    load_error: Mutex<Option<String>>,
-}
+/// Every role, in listing order.
+const ROLES: [Role; 4] = [Role::Router, Role::Shadow, Role::Admission, Role::KvHints];
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Plain values: a panic elsewhere cannot leave them inconsistent.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// The active and shadow routing policies. Loads (from the watcher or the admin API) compile,
-/// check and canary a component off the request path, then swap it in atomically; requests in
-/// flight finish on the version they started with.
+/// The active policies of every decision point (the router, its shadow, admission and KV
+/// hints). Loads (from the watcher or the admin API) compile, check and canary a component off
+/// the request path, then swap it in atomically; calls in flight finish on the version they
+/// started with.
 #[derive(Debug)]
 pub struct PolicyRegistry {
-    engine: PolicyEngine,
+    ctx: LoadContext,
     dir: Option<PathBuf>,
-    builtins: Vec<(String, Arc<[u8]>)>,
-    model: String,
-    router: Slot,
-    shadow: Slot,
+    pub(crate) router: Slot<RouterKind>,
+    pub(crate) shadow: Slot<RouterKind>,
+    pub(crate) admission: Slot<AdmissionKind>,
+    pub(crate) kv_hints: Slot<KvHintsKind>,
     /// One load at a time, so two reloads of one slot cannot interleave their swaps.
     loading: Mutex<()>,
 }
 
 impl PolicyRegistry {
-    /// A registry whose active router is native `kv-cost` until something is loaded.
-    /// `dir`: where policy files live (names resolve to `dir/<name>.wasm`); `builtins`: named
-    /// component bytes compiled into the binary; `model`: what guests see in `request.model`.
+    /// A registry running the native defaults (`kv-cost` routing, `admit-all` admission,
+    /// `no-hints`) until something is loaded. `dir`: where policy files live (names resolve to
+    /// `dir/<name>.wasm`); `builtins`: named component bytes compiled into the binary; `model`:
+    /// what guests see as the model name.
     pub fn new(
         engine: PolicyEngine,
         dir: Option<PathBuf>,
         builtins: &[(&str, &[u8])],
         model: impl Into<String>,
     ) -> Arc<Self> {
-        let registry = Self {
-            engine,
+        Arc::new(Self {
+            ctx: LoadContext {
+                engine,
+                builtins: builtins
+                    .iter()
+                    .map(|(name, bytes)| ((*name).to_string(), Arc::from(*bytes)))
+                    .collect(),
+                model: model.into(),
+            },
             dir,
-            builtins: builtins
-                .iter()
-                .map(|(name, bytes)| ((*name).to_string(), Arc::from(*bytes)))
-                .collect(),
-            model: model.into(),
-            router: Slot::default(),
-            shadow: Slot::default(),
+            router: Slot::with_default(),
+            shadow: Slot::empty(),
+            admission: Slot::with_default(),
+            kv_hints: Slot::with_default(),
             loading: Mutex::new(()),
-        };
-        registry
-            .router
-            .current
-            .store(Loaded::native("kv-cost").map(Arc::new));
-        Arc::new(registry)
+        })
     }
 
     /// The engine components are compiled with.
     pub fn engine(&self) -> &PolicyEngine {
-        &self.engine
+        &self.ctx.engine
     }
 
     /// The directory policy names resolve in, if any.
@@ -208,13 +144,26 @@ impl PolicyRegistry {
         self.dir.as_deref()
     }
 
-    /// Where `name` comes from: `native:<name>`, a path ending in `.wasm`, `dir/<name>.wasm`
-    /// if that file exists, else a built-in component.
+    /// Where `name` comes from as a routing policy; see [`PolicyRegistry::resolve_for`].
     pub fn resolve(&self, name: &str) -> Result<PolicySource, PolicyError> {
+        self.resolve_for(Role::Router, name)
+    }
+
+    /// Where `name` comes from for `role`: `native:<name>`, a path ending in `.wasm`,
+    /// `dir/<name>.wasm` if that file exists, a built-in component, else a native policy of the
+    /// role's world called `name` (`admit-all`). The built-ins are shared by every world, so a
+    /// bare `thunder-agent` is the admission component and `native:thunder-agent` its native
+    /// twin, as `kv-cost` and `native:kv-cost` are for routing.
+    pub fn resolve_for(&self, role: Role, name: &str) -> Result<PolicySource, PolicyError> {
+        let slot = self.slot(role);
         if let Some(native) = name.strip_prefix(NATIVE_PREFIX) {
-            return match native_policy(native) {
-                Some(_) => Ok(PolicySource::Native(native.to_string())),
-                None => Err(PolicyError::Io(format!("no native policy `{native}`"))),
+            return if slot.has_native(native) {
+                Ok(PolicySource::Native(native.to_string()))
+            } else {
+                Err(PolicyError::Io(format!(
+                    "no native {} policy `{native}`",
+                    slot.world()
+                )))
             };
         }
         if name.ends_with(".wasm") {
@@ -227,11 +176,16 @@ impl PolicyRegistry {
         if let Some(file) = self.dir_file(name).filter(|f| f.is_file()) {
             return Ok(PolicySource::File(file));
         }
-        if self.builtins.iter().any(|(n, _)| n == name) {
+        if self.ctx.builtins.iter().any(|(n, _)| n == name) {
             return Ok(PolicySource::Builtin(name.to_string()));
         }
+        if slot.has_native(name) {
+            return Ok(PolicySource::Native(name.to_string()));
+        }
         Err(PolicyError::Io(format!(
-            "no policy `{name}`: not `native:<name>`, not a file in the policy directory, not built in"
+            "no {} policy `{name}`: not `native:<name>`, not a file in the policy directory, \
+             not built in, not native",
+            slot.world()
         )))
     }
 
@@ -241,17 +195,18 @@ impl PolicyRegistry {
             .map(|dir| dir.join(format!("{name}.wasm")))
     }
 
-    /// Resolve `name` and load it as `role`. A name that is not native also watches
-    /// `dir/<name>.wasm`, so a file written there later replaces a built-in.
+    /// Resolve `name` for `role` and load it. Unless it was named `native:<name>`, the role
+    /// also watches `dir/<name>.wasm`, so a file written there later replaces a built-in or a
+    /// native policy.
     pub fn load_named(&self, role: Role, name: &str) -> Result<PolicyInfo, PolicyError> {
-        let source = self.resolve(name)?;
+        let source = self.resolve_for(role, name)?;
         let watched = match &source {
-            PolicySource::Native(_) => None,
             PolicySource::File(path) => Some(path.clone()),
-            PolicySource::Builtin(name) => self.dir_file(name),
+            PolicySource::Native(_) if name.starts_with(NATIVE_PREFIX) => None,
+            PolicySource::Native(native) | PolicySource::Builtin(native) => self.dir_file(native),
         };
         let info = self.load(role, source)?;
-        *lock(&self.slot(role).watched) = watched;
+        self.slot(role).watch(watched);
         Ok(info)
     }
 
@@ -259,81 +214,18 @@ impl PolicyRegistry {
     /// and the error (naming the source) is kept for the listing.
     pub fn load(&self, role: Role, source: PolicySource) -> Result<PolicyInfo, PolicyError> {
         let _loading = lock(&self.loading);
-        let slot = self.slot(role);
-        let result = self.build(role, &source);
-        match result {
-            Ok(Some(loaded)) => {
-                let loaded = Arc::new(loaded);
-                let info = loaded.info(role_name(role), None);
-                if let PolicySource::File(path) = &source {
-                    *lock(&slot.watched) = Some(path.clone());
-                }
-                let previous = slot.current.swap(Some(loaded));
-                *lock(&slot.previous) = previous;
-                *lock(&slot.load_error) = None;
-                tracing::info!(role = role_name(role), policy = %info.name, version = %info.version, %source, "policy loaded");
-                Ok(info)
-            }
-            Ok(None) => self
-                .info(role)
-                .ok_or_else(|| PolicyError::Io("no policy in this role".into())),
-            Err(err) => {
-                let message = format!("{source}: {err}");
-                tracing::warn!(role = role_name(role), error = %message, "policy not loaded; the current one stays");
-                *lock(&slot.load_error) = Some(message);
-                Err(err)
-            }
-        }
-    }
-
-    /// A ready policy, or `None` when `source` holds the bytes already running.
-    fn build(&self, role: Role, source: &PolicySource) -> Result<Option<Loaded>, PolicyError> {
-        let bytes: Arc<[u8]> = match source {
-            PolicySource::Native(name) => {
-                return Loaded::native(name)
-                    .map(Some)
-                    .ok_or_else(|| PolicyError::Io(format!("no native policy `{name}`")));
-            }
-            PolicySource::Builtin(name) => self
-                .builtins
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, bytes)| bytes.clone())
-                .ok_or_else(|| PolicyError::Io(format!("no built-in policy `{name}`")))?,
-            PolicySource::File(path) => std::fs::read(path)
-                .map_err(|e| PolicyError::Io(e.to_string()))?
-                .into(),
-        };
-        let hash = ContentHash::of(&bytes);
-        let current = self.slot(role).current.load();
-        if current.as_ref().is_some_and(|c| c.hash == Some(hash)) {
-            return Ok(None);
-        }
-        let component = self.engine.load_router(&bytes)?;
-        canary(&component)?;
-        let stats = Arc::new(PolicyStats::default());
-        let mut runner = WasmRouter::new(component.clone(), stats.clone());
-        runner.set_model(self.model.clone());
-        Ok(Some(Loaded {
-            name: component.metadata().name.clone(),
-            metadata: Some(component.metadata().clone()),
-            hash: Some(hash),
-            source: source.clone(),
-            stats,
-            native: false,
-            runner: Mutex::new(Box::new(runner)),
-        }))
+        self.slot(role).load(&self.ctx, role_name(role), &source)
     }
 
     /// Reload `role` whenever `path` changes (it need not exist yet).
     pub fn watch(&self, role: Role, path: PathBuf) {
-        *lock(&self.slot(role).watched) = Some(path);
+        self.slot(role).watch(Some(path));
     }
 
     /// A file in the watched directory changed: reload every role watching it.
     pub fn file_changed(&self, path: &Path) {
-        for role in [Role::Router, Role::Shadow] {
-            let watched = lock(&self.slot(role).watched).clone();
+        for role in ROLES {
+            let watched = self.slot(role).watched();
             if watched.is_some_and(|w| same_file(&w, path)) && path.is_file() {
                 // Errors are logged and listed by `load`.
                 let _ = self.load(role, PolicySource::File(path.to_path_buf()));
@@ -341,77 +233,59 @@ impl PolicyRegistry {
         }
     }
 
-    /// Unload the policy named `name` (by metadata name or source): a shadow is dropped, an
-    /// active router is replaced by its native counterpart (else native `kv-cost`).
+    /// Unload the policy named `name` (by metadata name or source): a shadow is dropped, any
+    /// other role falls back to its native namesake, else its world's native default
+    /// (`kv-cost`, `admit-all`, `no-hints`).
     pub fn unload(&self, name: &str) -> Result<Role, PolicyError> {
         let _loading = lock(&self.loading);
-        let matches = |l: &Loaded| l.name == name || l.source.to_string() == name;
-        if self.shadow.current.load().as_deref().is_some_and(matches) {
-            let previous = self.shadow.current.swap(None);
-            *lock(&self.shadow.previous) = previous;
-            *lock(&self.shadow.watched) = None;
-            return Ok(Role::Shadow);
-        }
-        if self.router.current.load().as_deref().is_some_and(matches) {
-            let native = Loaded::native(name)
-                .or_else(|| Loaded::native("kv-cost"))
-                .map(Arc::new);
-            let previous = self.router.current.swap(native);
-            *lock(&self.router.previous) = previous;
-            *lock(&self.router.watched) = None;
-            return Ok(Role::Router);
-        }
-        Err(PolicyError::Io(format!("no loaded policy named `{name}`")))
+        [Role::Shadow, Role::Router, Role::Admission, Role::KvHints]
+            .into_iter()
+            .find(|role| self.slot(*role).unload(name, *role != Role::Shadow))
+            .ok_or_else(|| PolicyError::Io(format!("no loaded policy named `{name}`")))
     }
 
     /// Put the previous version of `role` back (and keep the current one as previous).
     pub fn rollback(&self, role: Role) -> Result<PolicyInfo, PolicyError> {
         let _loading = lock(&self.loading);
-        let slot = self.slot(role);
-        let previous = lock(&slot.previous)
-            .take()
-            .ok_or_else(|| PolicyError::Io("no previous version to roll back to".into()))?;
-        let info = previous.info(role_name(role), None);
-        let replaced = slot.current.swap(Some(previous));
-        *lock(&slot.previous) = replaced;
-        Ok(info)
+        self.slot(role).rollback(role_name(role))
     }
 
     /// The policy in `role`, if any.
     pub fn info(&self, role: Role) -> Option<PolicyInfo> {
-        let slot = self.slot(role);
-        let error = lock(&slot.load_error).clone();
-        slot.current
-            .load()
-            .as_ref()
-            .map(|l| l.info(role_name(role), error))
+        self.slot(role).info(role_name(role))
     }
 
-    /// Every loaded policy: the active router, the shadow, and the versions kept for rollback.
+    /// Every loaded policy: the active router, the shadow, admission and KV hints, then the
+    /// versions kept for rollback.
     pub fn list(&self) -> Vec<PolicyInfo> {
-        let mut rows: Vec<PolicyInfo> = [Role::Router, Role::Shadow]
+        let active = ROLES.into_iter().filter_map(|role| self.info(role));
+        let previous = ROLES
             .into_iter()
-            .filter_map(|role| self.info(role))
-            .collect();
-        for role in [Role::Router, Role::Shadow] {
-            if let Some(previous) = lock(&self.slot(role).previous).as_ref() {
-                rows.push(previous.info(&format!("previous-{}", role_name(role)), None));
-            }
-        }
-        rows
+            .filter_map(|role| self.slot(role).previous_info(role_name(role)));
+        active.chain(previous).collect()
     }
 
     /// The routing policy to give the core router: it always asks whatever is active now.
     pub fn policy(self: &Arc<Self>) -> RegistryPolicy {
-        RegistryPolicy {
-            registry: self.clone(),
-        }
+        RegistryPolicy::new(self.clone())
     }
 
-    fn slot(&self, role: Role) -> &Slot {
+    /// The admission policy for the gateway: it always asks whatever is active now.
+    pub fn admission(self: &Arc<Self>) -> RegistryAdmission {
+        RegistryAdmission::new(self.clone())
+    }
+
+    /// The KV-hint policy for the gateway: it always asks whatever is active now.
+    pub fn kv_hints(self: &Arc<Self>) -> RegistryKvHints {
+        RegistryKvHints::new(self.clone())
+    }
+
+    fn slot(&self, role: Role) -> &dyn AnySlot {
         match role {
             Role::Router => &self.router,
             Role::Shadow => &self.shadow,
+            Role::Admission => &self.admission,
+            Role::KvHints => &self.kv_hints,
         }
     }
 }
@@ -423,103 +297,4 @@ fn same_file(a: &Path, b: &Path) -> bool {
             (std::fs::canonicalize(a), std::fs::canonicalize(b)),
             (Ok(a), Ok(b)) if a == b
         )
-}
-
-fn role_name(role: Role) -> &'static str {
-    match role {
-        Role::Router => "router",
-        Role::Shadow => "shadow",
-    }
-}
-
-/// Run a fresh instance on sample inputs (1, 8 and 64 workers); any failure rejects the load.
-fn canary(component: &RouterComponent) -> Result<(), PolicyError> {
-    let mut trial = WasmRouter::new(component.clone(), Arc::new(PolicyStats::default()));
-    for workers in [1_u32, 8, 64] {
-        let candidates: Vec<Candidate> = (0..workers)
-            .map(|w| Candidate {
-                rank: Rank::new(w / 2, w % 2),
-                overlap: Overlap {
-                    device: w % 5,
-                    host: w % 3,
-                    disk: w % 2,
-                },
-                indexed_blocks: u64::from(w) * 100,
-                active_prefill_tokens: u64::from((w * 37) % 500),
-                active_decode_blocks: u64::from((w * 11) % 40),
-                active_requests: w % 7,
-            })
-            .collect();
-        let request = PolicyRequest {
-            tokens: CANARY_TOKENS,
-            blocks: CANARY_TOKENS.div_ceil(16),
-            block_size: 16,
-            session_id: Some("canary"),
-            osl: Some(64),
-            ..PolicyRequest::default()
-        };
-        trial
-            .try_select(&request, &candidates)
-            .map_err(|e| PolicyError::Canary(format!("route on {workers} workers: {e}")))?;
-        trial
-            .queue_key(&request)
-            .map_err(|e| PolicyError::Canary(format!("queue-key: {e}")))?;
-    }
-    Ok(())
-}
-
-/// The registry as the core router's policy: each call goes to the active policy, and to the
-/// shadow if one is loaded (its answer is compared, never applied).
-#[derive(Debug, Clone)]
-pub struct RegistryPolicy {
-    registry: Arc<PolicyRegistry>,
-}
-
-impl RoutingPolicy for RegistryPolicy {
-    fn name(&self) -> &str {
-        "policy-registry"
-    }
-
-    fn select(&mut self, request: &PolicyRequest<'_>, candidates: &[Candidate]) -> Selection {
-        let active = self.registry.router.current.load_full();
-        let selection = match &active {
-            Some(active) => active.select(request, candidates),
-            None => KvCost.select(request, candidates),
-        };
-        if let Some(shadow) = self.registry.shadow.current.load_full() {
-            let counterfactual = shadow.select(request, candidates);
-            let ours = intended(&selection);
-            let theirs = intended(&counterfactual);
-            let delta = match (ours, theirs) {
-                (Some(a), Some(b)) if a < candidates.len() && b < candidates.len() => {
-                    KvCost::cost(request, &candidates[b]) - KvCost::cost(request, &candidates[a])
-                }
-                _ => 0.0,
-            };
-            shadow.stats.record_shadow(ours != theirs, delta);
-        }
-        selection
-    }
-
-    fn observe(&mut self, outcome: &Outcome) {
-        if let Some(active) = self.registry.router.current.load_full() {
-            active.observe(outcome);
-        }
-        if let Some(shadow) = self.registry.shadow.current.load_full() {
-            shadow.observe(outcome);
-        }
-    }
-}
-
-/// The candidate a selection means at temperature 0: the pick, or the cheapest (first on ties).
-fn intended(selection: &Selection) -> Option<usize> {
-    match selection {
-        Selection::Pick(i) => Some(*i),
-        Selection::Costs(costs) => costs
-            .iter()
-            .enumerate()
-            .min_by(|a, b| a.1.total_cmp(b.1))
-            .map(|(i, _)| i),
-        Selection::Reject(_) => None,
-    }
 }

@@ -2,15 +2,19 @@
 //! native policy of the same name answering whenever the guest cannot.
 
 use crate::bindings;
-use crate::component::RouterComponent;
+use crate::component::{Metadata, RouterComponent};
 use crate::convert;
+use crate::engine::PolicyEngine;
 use crate::error::PolicyError;
 use crate::guest::Guest;
+use crate::slot::Kind;
 use crate::stats::PolicyStats;
 use std::sync::Arc;
+use switchyard_core::index::Overlap;
 use switchyard_core::router::{
     Candidate, KvCost, Outcome, PolicyRequest, RoutingPolicy, Selection, native_policy,
 };
+use switchyard_core::worker::Rank;
 
 /// A routing policy running in a Wasm component.
 ///
@@ -138,4 +142,80 @@ impl RoutingPolicy for WasmRouter {
                 .record_fallback(err.reason(), Some(detail));
         }
     }
+}
+
+/// Prompt tokens of the canary's sample requests.
+pub(crate) const CANARY_TOKENS: u32 = 100;
+
+/// The `router` world, for the registry.
+#[derive(Debug)]
+pub(crate) struct RouterKind;
+
+impl Kind for RouterKind {
+    const WORLD: &'static str = "router";
+    const DEFAULT_NATIVE: &'static str = "kv-cost";
+    type Policy = dyn RoutingPolicy;
+
+    fn native(name: &str) -> Option<Box<Self::Policy>> {
+        native_policy(name)
+    }
+
+    fn policy_name(policy: &Self::Policy) -> &str {
+        policy.name()
+    }
+
+    fn load(
+        engine: &PolicyEngine,
+        bytes: &[u8],
+        stats: Arc<PolicyStats>,
+        model: &str,
+    ) -> Result<(Metadata, Box<Self::Policy>), PolicyError> {
+        let component = engine.load_router(bytes)?;
+        canary(&component)?;
+        let metadata = component.metadata().clone();
+        let mut router = WasmRouter::new(component, stats);
+        router.set_model(model);
+        // The instance that will answer starts now, off the request path.
+        router
+            .guest
+            .warm_up()
+            .map_err(|e| PolicyError::Canary(format!("warm-up: {e}")))?;
+        Ok((metadata, Box::new(router)))
+    }
+}
+
+/// Run a fresh instance on sample inputs (1, 8 and 64 workers); any failure rejects the load.
+fn canary(component: &RouterComponent) -> Result<(), PolicyError> {
+    let mut trial = WasmRouter::new(component.clone(), Arc::new(PolicyStats::default()));
+    for workers in [1_u32, 8, 64] {
+        let candidates: Vec<Candidate> = (0..workers)
+            .map(|w| Candidate {
+                rank: Rank::new(w / 2, w % 2),
+                overlap: Overlap {
+                    device: w % 5,
+                    host: w % 3,
+                    disk: w % 2,
+                },
+                indexed_blocks: u64::from(w) * 100,
+                active_prefill_tokens: u64::from((w * 37) % 500),
+                active_decode_blocks: u64::from((w * 11) % 40),
+                active_requests: w % 7,
+            })
+            .collect();
+        let request = PolicyRequest {
+            tokens: CANARY_TOKENS,
+            blocks: CANARY_TOKENS.div_ceil(16),
+            block_size: 16,
+            session_id: Some("canary"),
+            osl: Some(64),
+            ..PolicyRequest::default()
+        };
+        trial
+            .try_select(&request, &candidates)
+            .map_err(|e| PolicyError::Canary(format!("route on {workers} workers: {e}")))?;
+        trial
+            .queue_key(&request)
+            .map_err(|e| PolicyError::Canary(format!("queue-key: {e}")))?;
+    }
+    Ok(())
 }

@@ -46,7 +46,7 @@ pub mod route {
 pub fn unless_canary(body: &str) -> String {
     format!(
         "(if (i32.ne (i32.load offset=8 (local.get 0)) (i32.const {})) (then {body})) {}",
-        crate::registry::CANARY_TOKENS,
+        crate::router::CANARY_TOKENS,
         route::PICK_FIRST
     )
 }
@@ -230,6 +230,7 @@ pub fn admission_component() -> Vec<u8> {
     )
 }
 
+pub mod wasi;
 pub mod worlds;
 
 /// Assemble fixture WAT; the fixtures are constants, so a failure is a bug in this module.

@@ -52,10 +52,15 @@ fn session(id: &str) -> SessionView {
         context_tokens: 30_000,
         age: Duration::from_secs(60),
         idle: Duration::from_secs(2),
+        rank: None,
+        paused: false,
+        paused_for: Duration::ZERO,
+        service: Duration::ZERO,
+        tool: None,
     }
 }
 
-fn view(ids: &[&str]) -> AdmissionView {
+pub(crate) fn view(ids: &[&str]) -> AdmissionView {
     AdmissionView {
         sessions: ids.iter().map(|id| session(id)).collect(),
         workers: vec![RankUtilization {
@@ -64,6 +69,7 @@ fn view(ids: &[&str]) -> AdmissionView {
             active_requests: 12,
             queue_depth: 3,
             healthy: true,
+            kv_capacity_tokens: 0,
         }],
     }
 }

@@ -119,11 +119,8 @@ fn js_guest_conforms() {
 }
 
 /// componentize-py's runtime calls WASI on its first export call (`wasi:cli/environment`, then
-/// `wasi:random` to seed `random`), and the host answers every WASI import with a trap, so the
-/// Python guest loads but fails its metadata call. Runs once the host grants those (see
-/// examples/README.md).
+/// `wasi:random` to seed `random`): the host's deterministic WASI subset answers them.
 #[test]
-#[ignore = "the host traps the WASI calls componentize-py's runtime makes (environment, random)"]
 fn python_guest_conforms() {
     example_conforms("python");
 }

@@ -36,7 +36,7 @@ impl KvHintPolicy for RetainEveryone {
     }
 }
 
-fn events() -> Vec<LifecycleEvent> {
+pub(crate) fn events() -> Vec<LifecycleEvent> {
     vec![
         LifecycleEvent {
             session_id: "s1".into(),
@@ -54,7 +54,7 @@ fn events() -> Vec<LifecycleEvent> {
     ]
 }
 
-fn index(rank: Rank) -> IndexState {
+pub(crate) fn index(rank: Rank) -> IndexState {
     IndexState {
         residency: vec![SessionResidency {
             session_id: "s1".into(),

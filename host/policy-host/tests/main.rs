@@ -3,9 +3,12 @@
 #![allow(clippy::unwrap_used, reason = "a test fails by panicking")]
 
 mod admission;
+mod admission_builtins;
 mod builtins;
 mod examples;
 mod kv_hints;
+mod wasi;
+mod worlds;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,6 +49,13 @@ fn assert_wrong_world<T: std::fmt::Debug>(loaded: Result<T, PolicyError>, mentio
         matches!(&err, PolicyError::WrongWorld(m) if m.contains(mentions)),
         "{err}"
     );
+}
+
+/// Write like cargo or an editor: a temporary file renamed into place.
+fn install(dir: &std::path::Path, name: &str, bytes: &[u8]) {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    std::fs::write(&tmp, bytes).unwrap();
+    std::fs::rename(tmp, dir.join(name)).unwrap();
 }
 
 fn candidates(n: u32) -> Vec<Candidate> {
@@ -158,6 +168,60 @@ mod load {
             PolicyEngine::new(tiny),
             Err(PolicyError::Engine(_))
         ));
+        let tiny_for_one = EngineConfig {
+            max_memory_bytes_per_policy: [("p".to_string(), 1 << 20)].into(),
+            ..EngineConfig::default()
+        };
+        let err = PolicyEngine::new(tiny_for_one).unwrap_err().to_string();
+        assert!(err.contains("max_memory_bytes_per_policy[\"p\"]"), "{err}");
+    }
+
+    #[test]
+    fn a_per_policy_memory_cap_applies_to_that_policy_only() {
+        let engine = PolicyEngine::new(EngineConfig {
+            max_memory_bytes_per_policy: [("roomy".to_string(), 128 << 20)].into(),
+            ..EngineConfig::default()
+        })
+        .unwrap();
+        let named = |name| Meta {
+            name,
+            ..ROUTER_META
+        };
+        // Growing by 64 MiB: within the roomy policy's cap, past everyone else's 16 MiB.
+        for (name, out_of_memory) in [("roomy", None), ("test-router", Some(&1))] {
+            let component = Router {
+                meta: named(name),
+                route: when_poisoned(GROW),
+                ..Router::default()
+            };
+            let loaded = engine.load_router(&component.bytes()).unwrap();
+            let mut router = WasmRouter::new(loaded, Arc::new(PolicyStats::default()));
+            router.select(&request(POISON_TOKENS), &candidates(2));
+            let stats = router.stats().snapshot();
+            assert_eq!(
+                stats.fallbacks.get("out_of_memory"),
+                out_of_memory,
+                "{name}"
+            );
+        }
+        // A policy that starts above the default cap runs under its own; the load itself runs
+        // under the largest cap, so only the cramped one's instances then fail.
+        for (name, out_of_memory) in [("roomy", None), ("cramped", Some(&1))] {
+            let large = Router {
+                meta: named(name),
+                pages: 1024,
+                ..Router::default()
+            };
+            let loaded = engine.load_router(&large.bytes()).unwrap();
+            let mut router = WasmRouter::new(loaded, Arc::new(PolicyStats::default()));
+            router.select(&request(100), &candidates(2));
+            let stats = router.stats().snapshot();
+            assert_eq!(
+                stats.fallbacks.get("out_of_memory"),
+                out_of_memory,
+                "{name}"
+            );
+        }
     }
 }
 
@@ -264,13 +328,6 @@ mod registry {
             ..Router::default()
         }
         .bytes()
-    }
-
-    /// Write like cargo or an editor: a temporary file renamed into place.
-    fn install(dir: &std::path::Path, name: &str, bytes: &[u8]) {
-        let tmp = dir.join(format!(".{name}.tmp"));
-        std::fs::write(&tmp, bytes).unwrap();
-        std::fs::rename(tmp, dir.join(name)).unwrap();
     }
 
     fn active_name(registry: &PolicyRegistry) -> String {

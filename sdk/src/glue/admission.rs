@@ -2,7 +2,7 @@
 
 use super::admission_world::switchyard::policy::admission_types as wit;
 use super::common;
-use super::router_world::switchyard::policy::types::PolicyMetadata as WitMetadata;
+pub use super::router_world::switchyard::policy::types::PolicyMetadata as WitMetadata;
 use crate::admission::{
     Action, ActionKind, AdmissionPolicy, Incoming, SessionPhase, Sessions, Utilization,
 };

@@ -2,7 +2,7 @@
 
 use super::common;
 use super::kv_hints_world::switchyard::policy::kv_hint_types as wit;
-use super::router_world::switchyard::policy::types::PolicyMetadata as WitMetadata;
+pub use super::router_world::switchyard::policy::types::PolicyMetadata as WitMetadata;
 use crate::kv_hints::{
     Compaction, EventKind, Hint, HintKind, IndexState, KvHintPolicy, LifecycleEvent, Residency,
     Tier, TierUsage, ToolCall,
