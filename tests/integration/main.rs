@@ -9,5 +9,6 @@ mod frontends;
 mod llama;
 mod policy_reload;
 mod routing;
+mod scheduling;
 mod support;
 mod trace;

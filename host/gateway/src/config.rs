@@ -4,6 +4,12 @@ use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use switchyard_core::admission::{
+    AdmissionConfig, AdmissionPolicy, NATIVE_ADMISSION, ThunderAgent, ThunderAgentConfig,
+    native_admission,
+};
+use switchyard_core::programs::ProgramConfig;
+use switchyard_core::router::queue::{QueueConfig, QueueOrder};
 use switchyard_core::router::{CostWeights, RouterConfig};
 
 /// The file as written (`switchyard.toml`); every field but `workers` has a default.
@@ -22,6 +28,12 @@ pub struct RawConfig {
     /// Client API state: the Responses API's store and per-session tokenization.
     #[serde(default)]
     pub frontend: FrontendConfig,
+    /// Session-aware admission (programs, pauses, holds).
+    #[serde(default)]
+    pub admission: AdmissionSettings,
+    /// The router queue: when requests wait for a worker with room.
+    #[serde(default)]
+    pub queue: QueueSettings,
     /// Engines behind the gateway; none means the embedded default (in-process mock engines).
     #[serde(default)]
     pub workers: Vec<WorkerConfig>,
@@ -88,6 +100,140 @@ impl ModelConfig {
     /// The tool-call parser of `tokens` mode.
     pub fn tool_parser(&self) -> &str {
         self.tool_parser.as_deref().unwrap_or("hermes")
+    }
+}
+
+/// The router queue (`[queue]`): requests wait in the gateway only while every worker they may go
+/// to is over a threshold. No threshold (the default): nothing ever waits.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct QueueSettings {
+    /// Order of waiting requests: `fcfs` (priority is a head start), `lcfs`, `wspt` (weighted
+    /// shortest uncached prefill first). The active routing policy's `queue-key` overrides it.
+    /// Default: `fcfs`.
+    pub order: String,
+    /// A worker is saturated with more uncached prompt tokens than this in prefill (e.g. a few
+    /// times the engine's max batched tokens; too low a value starves the engines).
+    pub max_prefill_tokens: Option<u64>,
+    /// A worker is saturated with this many requests in flight.
+    pub max_requests: Option<u32>,
+    /// Most requests waiting; more are refused with 429. Default: 1,024.
+    pub capacity: usize,
+    /// `Retry-After` of the 429 sent to `x-switchyard-do-not-queue` callers. Default: 1 s.
+    #[serde(with = "humantime_serde")]
+    pub retry_after: Duration,
+}
+
+impl Default for QueueSettings {
+    fn default() -> Self {
+        let core = QueueConfig::default();
+        Self {
+            order: core.order.name().into(),
+            max_prefill_tokens: core.max_prefill_tokens,
+            max_requests: core.max_requests,
+            capacity: core.capacity,
+            retry_after: core.retry_after,
+        }
+    }
+}
+
+impl QueueSettings {
+    /// The core queue's settings.
+    pub fn core(&self) -> Result<QueueConfig, ConfigError> {
+        let order = QueueOrder::ALL
+            .into_iter()
+            .find(|o| o.name() == self.order)
+            .ok_or_else(|| {
+                ConfigError::Invalid(format!(
+                    "queue.order: unknown order {:?} (known: fcfs, lcfs, wspt)",
+                    self.order
+                ))
+            })?;
+        Ok(QueueConfig {
+            order,
+            max_prefill_tokens: self.max_prefill_tokens,
+            max_requests: self.max_requests,
+            capacity: self.capacity,
+            retry_after: self.retry_after,
+            ..QueueConfig::default()
+        })
+    }
+}
+
+/// Session-aware admission (`[admission]`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdmissionSettings {
+    /// The admission policy: `none` (request-level, the default), `thunder-agent`, `continuum`,
+    /// `autellix`.
+    pub policy: String,
+    /// How often the policy reviews programs and held requests are offered again. Default: 5 s.
+    #[serde(with = "humantime_serde")]
+    pub tick_interval: Duration,
+    /// Longest a request is held; then it is released and its program resumed. Default: 30 min.
+    #[serde(with = "humantime_serde")]
+    pub max_hold: Duration,
+    /// A program idle this long is forgotten. Default: 10 min.
+    #[serde(with = "humantime_serde")]
+    pub program_idle: Duration,
+    /// ThunderAgent: pause programs when a worker's utilization reaches this. Default: 0.95.
+    pub pause_threshold: f64,
+    /// ThunderAgent: pause until utilization is down to this. Default: 0.80.
+    pub pause_target: f64,
+    /// ThunderAgent: resume only at `pause_threshold - resume_hysteresis` or below. Default: 0.10.
+    pub resume_hysteresis: f64,
+    /// ThunderAgent: weight of a program's tokens while its tool runs. Default: 1.0.
+    pub acting_weight: f64,
+}
+
+impl Default for AdmissionSettings {
+    fn default() -> Self {
+        let core = AdmissionConfig::default();
+        let thunder = ThunderAgentConfig::default();
+        Self {
+            policy: "none".into(),
+            tick_interval: core.tick_interval,
+            max_hold: core.max_hold,
+            program_idle: core.programs.idle_expiry,
+            pause_threshold: thunder.pause_threshold,
+            pause_target: thunder.pause_target,
+            resume_hysteresis: thunder.resume_hysteresis,
+            acting_weight: thunder.acting_weight,
+        }
+    }
+}
+
+impl AdmissionSettings {
+    /// The controller's settings.
+    pub fn controller(&self) -> AdmissionConfig {
+        AdmissionConfig {
+            tick_interval: self.tick_interval,
+            max_hold: self.max_hold,
+            programs: ProgramConfig {
+                idle_expiry: self.program_idle,
+            },
+        }
+    }
+
+    /// The native policy these settings name, with their parameters.
+    pub fn native_policy(&self) -> Result<Box<dyn AdmissionPolicy>, ConfigError> {
+        if self.policy == "thunder-agent" {
+            return Ok(Box::new(ThunderAgent::new(ThunderAgentConfig {
+                tick_interval: self.tick_interval,
+                pause_threshold: self.pause_threshold,
+                pause_target: self.pause_target,
+                resume_hysteresis: self.resume_hysteresis,
+                acting_weight: self.acting_weight,
+                ..ThunderAgentConfig::default()
+            })));
+        }
+        native_admission(&self.policy).ok_or_else(|| {
+            ConfigError::Invalid(format!(
+                "admission.policy: unknown policy {:?} (known: {})",
+                self.policy,
+                NATIVE_ADMISSION.join(", ")
+            ))
+        })
     }
 }
 
@@ -203,6 +349,9 @@ pub struct WorkerConfig {
     /// Data-parallel ranks. Default: 1.
     #[serde(default = "one")]
     pub dp_size: u32,
+    /// KV cache capacity of each rank in tokens (GPU blocks x block size), for admission's
+    /// utilization; absent: unknown (utilization-based admission cannot pause on this worker).
+    pub kv_capacity_tokens: Option<u64>,
     /// KV block size in tokens. Default: 16.
     #[serde(default = "sixteen")]
     pub block_size: u32,
@@ -280,6 +429,10 @@ pub struct Config {
     pub router: RouterConfig,
     /// Client API state.
     pub frontend: FrontendConfig,
+    /// Session-aware admission.
+    pub admission: AdmissionSettings,
+    /// The router queue.
+    pub queue: QueueSettings,
     /// Routing policy name.
     pub policy: String,
     /// Attempts per request.
@@ -384,6 +537,8 @@ impl TryFrom<RawConfig> for Config {
         if let Some(policies) = &raw.policies {
             policies.validate()?;
         }
+        raw.admission.native_policy()?;
+        raw.queue.core()?;
         // Unknown parser names fail here, not on the first request.
         switchyard_parsers::OutputParser::new(
             raw.model.reasoning_parser.as_deref(),
@@ -407,6 +562,8 @@ impl TryFrom<RawConfig> for Config {
                 ..RouterConfig::default()
             },
             frontend: raw.frontend,
+            admission: raw.admission,
+            queue: raw.queue,
             policy: raw.router.policy,
             max_attempts: raw.router.max_attempts.max(1),
             server: raw.server,

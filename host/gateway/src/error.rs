@@ -30,9 +30,15 @@ pub enum GatewayError {
     /// No worker can take the request now.
     #[error("no healthy worker available")]
     NoHealthyWorker,
-    /// The routing policy refused the request.
+    /// The routing policy refused the request, or the router queue is full.
     #[error("{0}")]
     Rejected(String),
+    /// Every worker is saturated and the request asked not to wait.
+    #[error("every worker is saturated; retry in {}s", retry_after.as_secs().max(1))]
+    Busy {
+        /// When to try again.
+        retry_after: std::time::Duration,
+    },
     /// Every attempt to reach an engine failed before it answered.
     #[error("upstream unavailable: {0}")]
     Upstream(String),
@@ -64,7 +70,7 @@ impl GatewayError {
             Self::UnknownModel(_) | Self::NoSuchEndpoint(_) => StatusCode::NOT_FOUND,
             Self::NoHealthyWorker => StatusCode::SERVICE_UNAVAILABLE,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
-            Self::Rejected(_) => StatusCode::TOO_MANY_REQUESTS,
+            Self::Rejected(_) | Self::Busy { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::Upstream(_) => StatusCode::BAD_GATEWAY,
             Self::Engine { status, .. } => *status,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -83,6 +89,7 @@ impl GatewayError {
             Self::NoHealthyWorker => "no_healthy_worker",
             Self::Unauthorized => "unauthorized",
             Self::Rejected(_) => "rejected",
+            Self::Busy { .. } => "busy",
             Self::Upstream(_) => "upstream",
             Self::Engine { .. } => "engine_error",
             Self::Internal(_) => "internal",
@@ -97,7 +104,7 @@ impl GatewayError {
             Self::TooLarge { .. } => ErrorKind::RequestTooLarge,
             Self::UnknownModel(_) | Self::NoSuchEndpoint(_) => ErrorKind::NotFound,
             Self::NoHealthyWorker => ErrorKind::Overloaded,
-            Self::Rejected(_) => ErrorKind::RateLimited,
+            Self::Rejected(_) | Self::Busy { .. } => ErrorKind::RateLimited,
             Self::Upstream(_) => ErrorKind::Upstream,
             Self::Engine { .. } => ErrorKind::Upstream,
             Self::Internal(_) => ErrorKind::Internal,
@@ -130,11 +137,16 @@ impl GatewayError {
     pub fn into_api_response(self, api: Api) -> Response {
         let status = self.status();
         let body = api.error_body(&self.to_api_error());
+        let retry_after = match &self {
+            Self::NoHealthyWorker | Self::Rejected(_) => Some(1),
+            Self::Busy { retry_after } => Some(retry_after.as_secs().max(1)),
+            _ => None,
+        };
         let mut response = (status, axum::Json(body)).into_response();
-        if matches!(self, Self::NoHealthyWorker | Self::Rejected(_)) {
+        if let Some(secs) = retry_after {
             response
                 .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         response
     }
@@ -159,5 +171,16 @@ impl IntoResponse for GatewayError {
     /// OpenAI's error shape, for the paths that are not a client API (admin, tool events).
     fn into_response(self) -> Response {
         self.into_api_response(Api::ChatCompletions)
+    }
+}
+
+impl From<switchyard_core::router::RouteError> for GatewayError {
+    fn from(error: switchyard_core::router::RouteError) -> Self {
+        use switchyard_core::router::RouteError;
+        match error {
+            RouteError::NoHealthyWorker => Self::NoHealthyWorker,
+            RouteError::Rejected { reason } => Self::Rejected(reason),
+            e @ RouteError::BadSelection { .. } => Self::Internal(e.to_string()),
+        }
     }
 }

@@ -24,6 +24,7 @@
 #![forbid(unsafe_code)]
 
 mod admin;
+mod admission;
 pub mod agent;
 pub mod config;
 pub mod error;
@@ -32,6 +33,7 @@ pub mod index;
 pub mod metrics;
 pub mod policies;
 pub mod proxy;
+mod queue;
 pub mod server;
 pub mod sse;
 pub mod trace;

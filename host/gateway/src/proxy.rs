@@ -4,9 +4,11 @@
 //! that disconnects (its response future or stream dropped) releases the load and, by dropping the
 //! upstream request, cancels it at the engine. The same `Drop` writes the request's trace line.
 
+use crate::admission::Admission;
 use crate::agent::AgentContext;
 use crate::error::GatewayError;
 use crate::metrics::RequestLabels;
+use crate::queue::Routed;
 use crate::server::Shared;
 use crate::trace::{RequestDraft, RequestFacts, WorkerRef};
 use axum::body::Body;
@@ -15,8 +17,9 @@ use axum::response::Response;
 use bytes::Bytes;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
+use switchyard_core::admission::AdmissionRequest;
 use switchyard_core::hash::SequenceHash;
-use switchyard_core::router::{Decision, RequestId, RouteError, RouteRequest};
+use switchyard_core::router::{Decision, PolicyRequest, RequestId, RouteRequest};
 use switchyard_core::worker::Rank;
 use switchyard_frontend::{Api, ReplyMeta};
 
@@ -45,7 +48,12 @@ pub async fn handle(shared: Arc<Shared>, api: Api, headers: &HeaderMap, body: Bo
         wall: SystemTime::now(),
     };
     let agent = AgentContext::from_headers(headers);
-    match proxy(&shared, api, body, agent, received).await {
+    // Callers that prefer to back off get a 429 instead of waiting in the router queue.
+    let do_not_queue = headers
+        .get("x-switchyard-do-not-queue")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
+    match proxy(&shared, api, body, (agent, do_not_queue), received).await {
         Ok(response) => response,
         Err(err) => {
             shared.metrics.reject(err.reason());
@@ -70,7 +78,7 @@ async fn proxy(
     shared: &Arc<Shared>,
     api: Api,
     body: Body,
-    agent: AgentContext,
+    (agent, do_not_queue): (AgentContext, bool),
     received: Received,
 ) -> Result<Response, GatewayError> {
     let bytes = read_body(body, shared.config.server.max_body_bytes).await?;
@@ -78,6 +86,24 @@ async fn proxy(
     let hashes = shared.hasher.sequence(&turn.tokens);
     let id = RequestId(shared.next_request_id());
     let hints = turn.request.hints();
+    // A paused program's request waits here, before routing, until admission lets it go.
+    let (release, ticket) = Admission::admit(
+        shared,
+        AdmissionRequest {
+            id,
+            request: PolicyRequest {
+                tokens: turn.tokens.len() as u32,
+                session_id: agent.session_id.as_deref(),
+                parent_session_id: agent.parent_session_id.as_deref(),
+                priority: hints.priority.unwrap_or(0),
+                osl: turn.request.expected_output_tokens(),
+                ..PolicyRequest::default()
+            },
+            session_final: agent.session_final,
+        },
+    )
+    .await;
+    let mut ticket = Some(ticket);
     let mut excluded: Vec<Rank> = Vec::new();
     let mut last_failure = String::new();
     for attempt in 0..shared.config.max_attempts {
@@ -88,21 +114,23 @@ async fn proxy(
             exclude: &excluded,
             session_id: agent.session_id.as_deref(),
             parent_session_id: agent.parent_session_id.as_deref(),
-            priority: hints.priority.unwrap_or(0),
+            priority: release.priority,
+            // Admission's placement holds unless that worker already failed this request.
+            pinned_rank: release.rank.filter(|r| !excluded.contains(r)),
             ..RouteRequest::default()
         };
-        let decision = match shared.route(id, &request) {
+        let decision = match shared.route(id, &request, do_not_queue) {
+            Ok(Routed::Now(decision)) => Ok(decision),
+            Ok(Routed::Later(waiting)) => waiting.decision().await,
+            Err(e) => Err(e),
+        };
+        let decision = match decision {
             Ok(d) => d,
-            Err(RouteError::NoHealthyWorker) => {
-                if attempt > 0 {
-                    tracing::warn!(%last_failure, "every worker failed or is unhealthy");
-                }
+            Err(GatewayError::NoHealthyWorker) if attempt > 0 => {
+                tracing::warn!(%last_failure, "every worker failed or is unhealthy");
                 return Err(GatewayError::NoHealthyWorker);
             }
-            Err(RouteError::Rejected { reason }) => return Err(GatewayError::Rejected(reason)),
-            Err(e @ RouteError::BadSelection { .. }) => {
-                return Err(GatewayError::Internal(e.to_string()));
-            }
+            Err(e) => return Err(e),
         };
         let routed = Instant::now();
         tracing::debug!(
@@ -122,7 +150,10 @@ async fn proxy(
             agent.session_id.clone(),
             received.at,
         );
-        match send(shared, &turn, &decision).await {
+        if let Some(ticket) = &ticket {
+            ticket.started(decision.rank);
+        }
+        match send(shared, &turn, &decision, release.priority).await {
             Ok((upstream, parse)) => {
                 let request_id = shared.request_id(id);
                 let parsers = (
@@ -134,6 +165,7 @@ async fn proxy(
                     .map_err(|e| GatewayError::Internal(e.to_string()))?;
                 let meta = reply_meta(shared, &turn, request_id, received);
                 let routed_at = (received, routed);
+                booking.admission = ticket.take();
                 booking.trace =
                     trace_draft(shared, id, agent, routed_at, &decision, &mut turn, hashes);
                 return respond(upstream, turn, decoder, meta, booking).await;
@@ -223,9 +255,10 @@ async fn send(
     shared: &Arc<Shared>,
     turn: &Turn,
     decision: &Decision,
+    priority: i32,
 ) -> Result<(reqwest::Response, bool), reqwest::Error> {
     let upstream = &shared.workers[decision.rank.worker.0 as usize];
-    let (path, body, pin) = engine::request(turn, upstream);
+    let (path, body, pin) = engine::request(turn, upstream, priority);
     shared.metrics.pin(pin);
     let parse = path == "/v1/completions" && turn.request.conversation().is_some();
     let response = upstream

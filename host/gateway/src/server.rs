@@ -1,5 +1,6 @@
 //! Assembling the gateway: shared state, background tasks and the HTTP routes.
 
+use crate::admission::{Admission, AdmissionCollector};
 use crate::agent::AgentContext;
 use crate::config::{Config, rank_endpoint};
 use crate::error::GatewayError;
@@ -8,6 +9,7 @@ use crate::index::{IndexReader, spawn_index_writer};
 use crate::metrics::{Metrics, worker_label};
 use crate::policies::{PolicyMetrics, PolicyRuntime};
 use crate::proxy::{count_tokens, handle, read_body};
+use crate::queue::{Queue, Routed};
 use crate::trace::{TraceSink, parse_tool_events};
 use crate::upstream::{Upstream, health_loop};
 use axum::Router as HttpRouter;
@@ -16,13 +18,15 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::ListenerExt;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use switchyard_core::admission::RankUtilization;
 use switchyard_core::hash::BlockHasher;
 use switchyard_core::router::{
-    Decision, Outcome, RequestId, RouteError, RouteRequest, Router, RoutingPolicy, native_policy,
+    Outcome, RequestId, RouteRequest, Router, RoutingPolicy, native_policy,
 };
 use switchyard_core::worker::Rank;
 use switchyard_frontend::{Api, ResponseStore};
@@ -45,6 +49,10 @@ pub struct Shared {
     pub(crate) trace: Option<TraceSink>,
     /// Wasm routing policies, when `[policies]` is configured.
     pub(crate) policies: Option<PolicyRuntime>,
+    /// Session-aware admission: programs, pauses, held requests.
+    pub(crate) admission: Admission,
+    /// Requests waiting for a worker with room.
+    pub(crate) queue: Queue,
     /// Each live session's last prompt, so its next turn tokenizes only what it added.
     pub(crate) sessions: SessionCache,
     /// Responses API answers kept for `previous_response_id`.
@@ -73,7 +81,35 @@ impl Shared {
         self.responses.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn now(&self) -> Duration {
+    /// Every rank's load and capacity, as admission policies see them.
+    pub(crate) fn utilization(&self) -> Vec<RankUtilization> {
+        let router = self.router();
+        router
+            .ranks()
+            .map(|(rank, healthy)| {
+                let load = router.load(rank);
+                let capacity = self.config.workers[rank.worker.0 as usize]
+                    .kv_capacity_tokens
+                    .unwrap_or(0);
+                let used = load.decode_blocks * u64::from(self.config.router.block_size);
+                RankUtilization {
+                    rank,
+                    kv_usage: if capacity == 0 {
+                        0.0
+                    } else {
+                        (used as f64 / capacity as f64).min(1.0) as f32
+                    },
+                    active_requests: load.requests,
+                    queue_depth: 0,
+                    healthy,
+                    kv_capacity_tokens: capacity,
+                }
+            })
+            .collect()
+    }
+
+    /// The router's and admission's clock: time since the gateway started.
+    pub(crate) fn now(&self) -> Duration {
         self.epoch.elapsed()
     }
 
@@ -83,15 +119,29 @@ impl Shared {
         self.router.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(crate) fn route(
+    /// Run `f` on the router with the index and the clock (the router's lock held: keep it short).
+    pub(crate) fn with_router<T>(
         &self,
-        id: RequestId,
-        request: &RouteRequest<'_>,
-    ) -> Result<Decision, RouteError> {
+        f: impl FnOnce(&mut Router, &switchyard_core::index::KvIndex, Duration) -> T,
+    ) -> T {
         let now = self.now();
         let mut router = self.router();
-        self.index
-            .read(|index| router.route(id, request, index, now))
+        self.index.read(|index| f(&mut router, index, now))
+    }
+
+    /// Route `request` now, or queue it while every worker it may go to is saturated.
+    pub(crate) fn route(
+        self: &Arc<Self>,
+        id: RequestId,
+        request: &RouteRequest<'_>,
+        do_not_queue: bool,
+    ) -> Result<Routed, GatewayError> {
+        if !self.queue.is_enabled() {
+            let decision =
+                self.with_router(|router, index, now| router.route(id, request, index, now));
+            return Ok(Routed::Now(decision?));
+        }
+        Queue::submit(self, id, request, do_not_queue)
     }
 
     /// Requests booked on `rank` (the trace's queue depth until engines report queues).
@@ -101,6 +151,7 @@ impl Shared {
 
     pub(crate) fn first_token(&self, id: RequestId) {
         self.router().first_token(id);
+        Queue::drain(self);
     }
 
     /// Tell the routing policy how a request it placed went.
@@ -111,6 +162,7 @@ impl Shared {
     pub(crate) fn finish(&self, id: RequestId) {
         let now = self.now();
         self.router().finish(id, now);
+        Queue::drain(self);
     }
 
     /// The worker refused a connection: skip all its ranks until its health check passes.
@@ -277,6 +329,13 @@ pub async fn start(
     let shared = Arc::new(Shared {
         hasher: BlockHasher::new(config.router.block_size as usize),
         workers: Arc::new(workers),
+        queue: Queue::new(config.queue.core()?),
+        admission: Admission::new(
+            config.admission.controller(),
+            // A Wasm or native policy named in `[policies] admission` (hot-swapped by the
+            // registry), else `[admission] policy`.
+            crate::policies::admission_policy(policies.as_ref(), config.admission.native_policy()?),
+        ),
         sessions: SessionCache::new(config.frontend.session_cache()),
         responses: Mutex::new(ResponseStore::new(
             config.frontend.response_store_entries,
@@ -302,6 +361,13 @@ pub async fn start(
     });
 
     tasks.spawn(expire_sessions(shared.clone(), shutdown.clone()));
+    tasks.spawn(crate::admission::run_ticker(
+        shared.clone(),
+        shutdown.clone(),
+    ));
+    shared
+        .metrics
+        .register_collector(Box::new(AdmissionCollector(Arc::downgrade(&shared))));
     tasks.spawn(health_loop(
         shared.workers.clone(),
         shared.router.clone(),
@@ -321,6 +387,10 @@ pub async fn start(
     let app = routes(shared);
     let stop = shutdown.clone();
     tasks.spawn(async move {
+        // Token-sized SSE writes must not wait for delayed ACKs (Nagle's algorithm).
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         let served = axum::serve(listener, app)
             .with_graceful_shutdown(stop.cancelled_owned())
             .await;

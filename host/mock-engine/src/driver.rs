@@ -236,6 +236,8 @@ impl Driver {
                     () = shutdown.cancelled() => return,
                 }
             }
+            // Gauges first: a client that reads a token and then the metrics sees this step.
+            self.stats.send_replace(self.model.stats());
             self.deliver(step).await;
         }
     }

@@ -31,6 +31,7 @@ mod metrics;
 mod respond;
 mod script;
 
+use axum::serve::ListenerExt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::ops::Range;
 use std::sync::Arc;
@@ -239,6 +240,10 @@ pub async fn spawn(
         reasoning_parser: config.reasoning_parser,
     }));
     let server = tokio::spawn(async move {
+        // Token-sized SSE writes must not wait for delayed ACKs (Nagle's algorithm).
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         axum::serve(listener, app)
             .with_graceful_shutdown(shutdown.cancelled_owned())
             .await

@@ -31,13 +31,15 @@ pub(crate) async fn start(
 
 /// How the gateway reaches one embedded engine.
 pub(crate) fn worker_config(engine: &MockEngineHandle) -> WorkerConfig {
+    let defaults = MockEngineConfig::default();
     WorkerConfig {
         url: engine.base_url(),
         kind: EngineKind::Mock,
         kv_events: engine.kv_events_endpoint().map(str::to_string),
         replay: engine.replay_endpoint().map(str::to_string),
         dp_size: 1,
-        block_size: MockEngineConfig::default().block_size as u32,
+        kv_capacity_tokens: Some((defaults.num_blocks * defaults.block_size) as u64),
+        block_size: defaults.block_size as u32,
         // The embedded engines share the gateway's tokenizer: send them exact token ids.
         upstream: UpstreamMode::Tokens,
     }

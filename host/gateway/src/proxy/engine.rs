@@ -28,8 +28,12 @@ pub(crate) enum Pin {
     Unsupported,
 }
 
-/// The path and body for `upstream`.
-pub(crate) fn request(turn: &Turn, upstream: &Upstream) -> (&'static str, Value, Pin) {
+/// The path and body for `upstream`; `priority` is the request's after admission's adjustments.
+pub(crate) fn request(
+    turn: &Turn,
+    upstream: &Upstream,
+    priority: i32,
+) -> (&'static str, Value, Pin) {
     let (path, mut body) = match (&turn.request, upstream.mode) {
         (Request::Completion(completion), _) => {
             ("/v1/completions", to_completion_request(completion))
@@ -49,7 +53,7 @@ pub(crate) fn request(turn: &Turn, upstream: &Upstream) -> (&'static str, Value,
             token_request(&responses.conversation, &turn.tokens),
         ),
     };
-    if let Some(priority) = turn.request.hints().priority {
+    if turn.request.hints().priority.is_some() || priority != 0 {
         set_priority(&mut body, upstream.kind, priority);
     }
     let pin = match turn.request.cache_control() {

@@ -5,6 +5,7 @@
 use super::engine::ReplyDecoder;
 use super::prepare::{Request, Turn};
 use super::speculative::Speculation;
+use crate::admission::Ticket;
 use crate::error::GatewayError;
 use crate::metrics::{EndpointLabels, RequestLabels, worker_label};
 use crate::server::Shared;
@@ -18,6 +19,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use switchyard_core::programs::{TurnEnd, Usage as ProgramUsage};
 use switchyard_core::router::{Decision, Outcome, RequestId};
 use switchyard_core::worker::Rank;
 use switchyard_frontend::{
@@ -298,6 +300,8 @@ pub(super) struct Booking {
     finish: Finish,
     /// Set once the request is sent, when tracing is on.
     pub(super) trace: Option<Box<RequestDraft>>,
+    /// The request's place in admission, told how it ended.
+    pub(super) admission: Option<Ticket>,
 }
 
 impl Booking {
@@ -333,6 +337,7 @@ impl Booking {
             completed: false,
             finish: Finish::default(),
             trace: None,
+            admission: None,
         }
     }
 
@@ -377,6 +382,17 @@ fn clamp_u32(n: u64) -> u32 {
 impl Drop for Booking {
     fn drop(&mut self) {
         self.shared.finish(self.id);
+        if let Some(ticket) = self.admission.take() {
+            // The program's state follows how its turn ended: a tool call makes it ACTING.
+            ticket.finished(&TurnEnd {
+                usage: self.usage.map(|u| ProgramUsage {
+                    prompt_tokens: clamp_u32(u.prompt_tokens),
+                    completion_tokens: clamp_u32(u.completion_tokens),
+                }),
+                tool_call: !self.finish.tool_calls.is_empty(),
+                tool_name: self.finish.tool_calls.last().map(|c| c.name.clone()),
+            });
+        }
         if !self.answered {
             return; // failed attempts and engine errors are counted by `handle`
         }
