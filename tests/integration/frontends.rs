@@ -35,10 +35,15 @@ fn has_sdks(python: &Path) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-/// A python3 that can import `openai` and `anthropic`, installed into `target/pyenv` once.
+/// A python3 that can import `openai` and `anthropic`: the system's (CI installs them), else a
+/// venv at `target/pyenv` where they are installed once.
 fn python() -> &'static Path {
     static PYTHON: OnceLock<PathBuf> = OnceLock::new();
     PYTHON.get_or_init(|| {
+        let system = PathBuf::from("python3");
+        if has_sdks(&system) {
+            return system;
+        }
         let venv = workspace().join("target/pyenv");
         let python = venv.join("bin/python");
         if !has_sdks(&python) {
