@@ -121,12 +121,7 @@ fn tool_call(node: &Node<'_, '_>) -> Result<Block, ApiError> {
     function.object()?;
     let arguments = match function.get("arguments") {
         None => String::from("{}"),
-        Some(args) => match args.value {
-            Value::String(s) => s.clone(),
-            // Hugging Face style: arguments as an object.
-            Value::Object(_) => args.value.to_string(),
-            _ => return Err(args.expected("a JSON string")),
-        },
+        Some(args) => fields::arguments(&args)?,
     };
     Ok(Block::ToolCall {
         id: node.required("id")?.str()?.to_owned(),

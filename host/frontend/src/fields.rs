@@ -217,6 +217,15 @@ pub(crate) fn non_empty_text(text: &str) -> Vec<Block> {
 }
 
 /// A tool definition: `node` holds `name`, `description` and the schema under `schema_key`.
+/// Tool-call arguments: JSON text, or (Hugging Face style) a JSON object, kept as its text.
+pub(crate) fn arguments(node: &Node<'_, '_>) -> Result<String, ApiError> {
+    match node.value {
+        Value::String(s) => Ok(s.clone()),
+        Value::Object(_) => Ok(node.value.to_string()),
+        _ => Err(node.expected("a JSON string")),
+    }
+}
+
 pub(crate) fn tool(node: &Node<'_, '_>, schema_key: &str) -> Result<Tool, ApiError> {
     node.object()?;
     let name = node.required("name")?.str()?;

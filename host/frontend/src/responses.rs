@@ -261,12 +261,7 @@ fn joined_texts(item: &Node<'_, '_>, key: &str, kind: &str) -> Result<String, Ap
 }
 
 fn function_call(item: &Node<'_, '_>) -> Result<Block, ApiError> {
-    let args = item.required("arguments")?;
-    let arguments = match args.value {
-        Value::String(s) => s.clone(),
-        Value::Object(_) => args.value.to_string(),
-        _ => return Err(args.expected("a JSON string")),
-    };
+    let arguments = fields::arguments(&item.required("arguments")?)?;
     Ok(Block::ToolCall {
         id: item.required("call_id")?.str()?.to_owned(),
         name: item.required("name")?.str()?.to_owned(),
