@@ -24,7 +24,8 @@ const POLICIES: [&str; 8] = [
 fn main() {
     let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));
     let root = manifest_dir.join("../..");
-    for watched in ["policies", "sdk", "wit"] {
+    // The admission built-ins compile the core's native policies: a core change rebuilds them.
+    for watched in ["policies", "sdk", "wit", "host/core"] {
         println!("cargo:rerun-if-changed={}", root.join(watched).display());
     }
     println!("cargo:rerun-if-env-changed=CARGO_TARGET_DIR");

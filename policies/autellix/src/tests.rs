@@ -1,88 +1,64 @@
-//! The native twin's scenarios, through the SDK's inputs (the service extension column).
+//! The adapter: ticks and arrivals through the SDK harness answer what the core policy answers
+//! (driven in lockstep on the same view), with the priorities it applied kept across calls.
 
 use super::*;
+use admission_adapter::{actions, arrival, view};
+use std::time::Duration;
+use switchyard_core::admission::AdmissionPolicy as _;
 use switchyard_policy_sdk::testing::AdmissionHarness;
-use switchyard_policy_sdk::{Request, SessionPhase};
+use switchyard_policy_sdk::{
+    Action, ActionKind, Incoming, Request, SessionPhase, SessionView, Sessions, Utilization,
+};
 
-fn secs(s: f64) -> Duration {
-    Duration::from_secs_f64(s)
-}
-
-fn served(id: &str, service_ms: u64) -> SessionView {
-    SessionView {
-        session_id: id.into(),
-        phase: SessionPhase::ToolCall,
-        context_tokens: 1_000,
-        service_ms,
-        ..SessionView::default()
-    }
-}
-
-fn deltas(actions: &[Action]) -> Vec<(String, i32)> {
-    actions
+fn sessions(served_ms: &[(&str, u64)]) -> Sessions {
+    served_ms
         .iter()
-        .map(|a| match a.kind {
-            ActionKind::AdjustPriority(d) => (a.session_id.clone(), d),
-            ref other => panic!("unexpected {other:?}"),
+        .map(|&(id, service_ms)| SessionView {
+            session_id: id.into(),
+            phase: SessionPhase::ToolCall,
+            context_tokens: 1_000,
+            service_ms,
+            ..SessionView::default()
         })
         .collect()
 }
 
-fn sessions(rows: &[SessionView]) -> Sessions {
-    rows.iter().cloned().collect()
-}
-
 #[test]
-fn levels_grow_geometrically_and_stop_at_the_last() {
-    let a = Autellix::default();
-    assert_eq!(a.level(secs(0.0)), 0);
-    assert_eq!(a.level(secs(1.9)), 0);
-    assert_eq!(a.level(secs(2.0)), 1);
-    assert_eq!(a.level(secs(3.9)), 1);
-    assert_eq!(a.level(secs(4.0)), 2);
-    assert_eq!(a.level(secs(100_000.0)), 7);
-}
-
-#[test]
-fn least_attained_service_gets_the_highest_priority() {
-    let mut a = AdmissionHarness::new(Autellix::default());
+fn ticks_are_the_core_policys_and_keep_its_state() {
+    let mut component = AdmissionHarness::new(Component::default());
+    let mut core = Spec::policy();
     let workers = Utilization::default();
-    let view = sessions(&[
-        served("long", 10_000),
-        served("new", 0),
-        served("mid", 3_000),
-    ]);
-    assert_eq!(
-        deltas(&a.tick(0, &view, &workers)),
-        [("long".to_owned(), -180), ("mid".to_owned(), -60)]
-    );
-    assert!(a.tick(0, &view, &workers).is_empty());
-    let later = sessions(&[
-        served("long", 10_000),
-        served("new", 0),
-        served("mid", 5_000),
-    ]);
+    let early = sessions(&[("long", 10_000), ("new", 0), ("mid", 3_000)]);
+    let later = sessions(&[("long", 10_000), ("new", 2_500)]);
+    let mut answers = Vec::new();
+    for (now_ms, view_now) in [(0, &early), (1_000, &early), (2_000, &later)] {
+        let got = component.tick(now_ms, view_now, &workers);
+        let native = actions(core.tick(&view(view_now, &workers), Duration::from_millis(now_ms)));
+        assert_eq!(got, native, "tick at {now_ms} ms");
+        answers.push(got);
+    }
+    let adjust = |id: &str, delta| Action::new(id, ActionKind::AdjustPriority(delta));
+    assert_eq!(answers[0], [adjust("long", -180), adjust("mid", -60)]);
+    // Applied priorities are remembered: nothing to move again.
+    assert!(answers[1].is_empty());
+    assert_eq!(answers[2], [adjust("new", -60)]);
+}
+
+#[test]
+fn an_arrival_is_the_core_policys() {
+    let mut component = AdmissionHarness::new(Component::default());
+    let mut core = Spec::policy();
+    let (view_now, workers) = (sessions(&[("a", 4_500)]), Utilization::default());
     let incoming = Incoming {
-        request: Request::new(16, 16).with_session("new"),
+        request: Request::new(16, 16).with_session("a"),
         waited_ms: 0,
     };
-    assert_eq!(
-        deltas(&a.arrival(0, &incoming, &later, &workers)),
-        [("mid".to_owned(), -60)]
-    );
-}
-
-#[test]
-fn a_program_that_left_and_came_back_starts_from_nothing_applied() {
-    let mut a = AdmissionHarness::new(Autellix::default());
-    let workers = Utilization::default();
-    assert_eq!(
-        deltas(&a.tick(0, &sessions(&[served("p", 2_000)]), &workers)),
-        [("p".to_owned(), -60)]
-    );
-    assert!(a.tick(0, &sessions(&[served("q", 0)]), &workers).is_empty());
-    assert_eq!(
-        deltas(&a.tick(0, &sessions(&[served("p", 2_000)]), &workers)),
-        [("p".to_owned(), -60)]
-    );
+    let got = component.arrival(0, &incoming, &view_now, &workers);
+    let native = actions(core.arrival(
+        &view(&view_now, &workers),
+        &arrival(&incoming),
+        Duration::ZERO,
+    ));
+    assert_eq!(got, native);
+    assert_eq!(got, [Action::new("a", ActionKind::AdjustPriority(-120))]);
 }
