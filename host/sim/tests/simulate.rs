@@ -11,36 +11,60 @@ use switchyard_sim::{SimConfig, Simulation};
 
 const BLOCK: u32 = 16;
 
-/// `agents` conversations of `turns` turns; each turn appends 4 blocks to the shared history on
-/// top of a 32-block system prompt private to the agent.
-fn multi_turn(agents: u64, turns: u64, gap: Duration) -> Workload {
-    let sessions = (0..agents)
-        .map(|a| {
-            let mut history: Vec<u64> = (0..32).map(|b| a * 1_000_000 + b).collect();
-            let requests = (0..turns)
-                .map(|t| {
-                    history.extend((0..4).map(|b| a * 1_000_000 + 1_000 + t * 10 + b));
-                    TraceRequest {
-                        gap: if t == 0 { Duration::ZERO } else { gap },
-                        hash_ids: history.clone(),
-                        input_tokens: history.len() as u32 * BLOCK,
-                        output_tokens: 20,
-                    }
-                })
-                .collect();
-            Session {
-                id: format!("agent-{a}"),
-                parent: None,
-                start: Duration::from_millis(a * 37),
-                spawn: None,
-                requests,
-            }
-        })
-        .collect();
-    Workload {
-        block_size: BLOCK,
-        sessions,
+/// `agents` conversations of `turns` turns: each agent's private prompt of `prompt_blocks`
+/// blocks, and each turn appends `turn_blocks` blocks to the agent's history.
+struct Agents {
+    prompt_blocks: u64,
+    turn_blocks: u64,
+    output_tokens: u32,
+    /// Between agents' starts.
+    stagger: Duration,
+}
+
+impl Agents {
+    fn workload(&self, agents: u64, turns: u64, gap: Duration) -> Workload {
+        let sessions = (0..agents)
+            .map(|a| {
+                let mut history: Vec<u64> =
+                    (0..self.prompt_blocks).map(|b| a * 1_000_000 + b).collect();
+                let requests = (0..turns)
+                    .map(|t| {
+                        history.extend(
+                            (0..self.turn_blocks).map(|b| a * 1_000_000 + 1_000 + t * 10 + b),
+                        );
+                        TraceRequest {
+                            gap: if t == 0 { Duration::ZERO } else { gap },
+                            hash_ids: history.clone(),
+                            input_tokens: history.len() as u32 * BLOCK,
+                            output_tokens: self.output_tokens,
+                        }
+                    })
+                    .collect();
+                Session {
+                    id: format!("agent-{a}"),
+                    parent: None,
+                    start: self.stagger * a as u32,
+                    spawn: None,
+                    requests,
+                }
+            })
+            .collect();
+        Workload {
+            block_size: BLOCK,
+            sessions,
+        }
     }
+}
+
+/// 32-block private prompts, 4 blocks a turn.
+fn multi_turn(agents: u64, turns: u64, gap: Duration) -> Workload {
+    Agents {
+        prompt_blocks: 32,
+        turn_blocks: 4,
+        output_tokens: 20,
+        stagger: Duration::from_millis(37),
+    }
+    .workload(agents, turns, gap)
 }
 
 fn config(policy: &str) -> SimConfig {
@@ -225,33 +249,13 @@ fn every_placement_is_the_routers_decision() {
 /// `agents` agents of `turns` turns over private, growing contexts (64 blocks, then 8 more a
 /// turn), with `gap` of tool time between turns: together far more KV than `config_small` has.
 fn overflowing(agents: u64, turns: u64, gap: Duration) -> Workload {
-    let sessions = (0..agents)
-        .map(|a| {
-            let mut history: Vec<u64> = (0..64).map(|b| a * 1_000_000 + b).collect();
-            let requests = (0..turns)
-                .map(|t| {
-                    history.extend((0..8).map(|b| a * 1_000_000 + 1_000 + t * 10 + b));
-                    TraceRequest {
-                        gap: if t == 0 { Duration::ZERO } else { gap },
-                        hash_ids: history.clone(),
-                        input_tokens: history.len() as u32 * BLOCK,
-                        output_tokens: 32,
-                    }
-                })
-                .collect();
-            Session {
-                id: format!("agent-{a}"),
-                parent: None,
-                start: Duration::from_millis(a * 50),
-                spawn: None,
-                requests,
-            }
-        })
-        .collect();
-    Workload {
-        block_size: BLOCK,
-        sessions,
+    Agents {
+        prompt_blocks: 64,
+        turn_blocks: 8,
+        output_tokens: 32,
+        stagger: Duration::from_millis(50),
     }
+    .workload(agents, turns, gap)
 }
 
 /// Two workers of 640 blocks: room for about six of the agents' contexts each.
