@@ -265,10 +265,6 @@ impl PolicyRuntime {
 
     /// The admission policy: always the active one of `[policies] admission` (a component, or
     /// the native policy it names; a failing component is answered by its native namesake).
-    #[allow(
-        dead_code,
-        reason = "the request path calls it once admission is wired in"
-    )]
     pub(crate) fn admission(&self) -> RegistryAdmission {
         self.registry.admission()
     }
@@ -276,7 +272,7 @@ impl PolicyRuntime {
     /// The KV-hint policy: always the active one of `[policies] kv_hints`.
     #[allow(
         dead_code,
-        reason = "the request path calls it once KV hints are wired in"
+        reason = "hints are consumed by the KV block manager, which is not built yet"
     )]
     pub(crate) fn kv_hints(&self) -> RegistryKvHints {
         self.registry.kv_hints()
@@ -286,10 +282,6 @@ impl PolicyRuntime {
 /// The admission policy for the request path: the registry's (hot-swapped, see
 /// [`PolicyRuntime::admission`]) when `[policies]` names one for this model, else `native` (the
 /// `[admission]` section's policy, or `admit-all`).
-#[allow(
-    dead_code,
-    reason = "the request path calls it once admission is wired in"
-)]
 pub(crate) fn admission_policy(
     policies: Option<&PolicyRuntime>,
     native: Box<dyn AdmissionPolicy>,
@@ -304,7 +296,7 @@ pub(crate) fn admission_policy(
 /// model, else `native`.
 #[allow(
     dead_code,
-    reason = "the request path calls it once KV hints are wired in"
+    reason = "hints are consumed by the KV block manager, which is not built yet"
 )]
 pub(crate) fn kv_hint_policy(
     policies: Option<&PolicyRuntime>,
