@@ -4,7 +4,7 @@
 //! in each, usage, the Responses store, and that one conversation is the same tokens through all
 //! three.
 
-use crate::support::{Gateway, MockEngine, client, get_text};
+use crate::support::{Gateway, MockEngine, client, get_text, metric_sum};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -172,4 +172,63 @@ async fn malformed_requests_get_400s_in_their_own_apis_shape() {
     assert_eq!(garbage.status(), 400);
     let error: Value = garbage.json().await.unwrap();
     assert_eq!(error["error"]["type"], "invalid_request_error");
+}
+
+/// `nvext.agent_hints.speculative_prefill` warms the next turn: once the answer ends, the history
+/// plus the answer is sent ahead to the same worker, so the next turn finds all of it cached.
+/// `nvext.cache_control` reaches the mock engine as a pin.
+#[tokio::test]
+async fn agent_hints_warm_the_next_turn_and_pin_the_prefix() {
+    let engine = MockEngine::start(200.0, 4096);
+    let config = Gateway::config_for(&[&engine], "kv-cost").replace(
+        "kind = \"mock\"\n",
+        "kind = \"mock\"\nupstream = \"tokens\"\n",
+    );
+    let gateway = Gateway::start(&config);
+    let answer: String = (0..60).map(|i| format!("step {i} done. ")).collect();
+    let first = vec![json!({"role": "user", "content": format!("Plan it. [[mock:say {answer}]]")})];
+    let chat = |messages: &Vec<Value>, nvext: Value| {
+        client()
+            .post(format!("{}/v1/chat/completions", gateway.url))
+            .header("x-dynamo-session-id", "warm-1")
+            .json(&json!({"model": "smollm2-135m-instruct", "max_tokens": 400,
+                          "messages": messages, "nvext": nvext}))
+            .send()
+    };
+    let nvext = json!({"agent_hints": {"speculative_prefill": true},
+                       "cache_control": {"type": "ephemeral", "ttl": "1h"}});
+    let reply: Value = chat(&first, nvext).await.unwrap().json().await.unwrap();
+    let content = reply["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(content, answer);
+    let sent = crate::support::eventually(20, async || {
+        let metrics = get_text(&format!("{}/metrics", gateway.url)).await;
+        metric_sum(
+            &metrics,
+            "switchyard_speculative_prefills_total{outcome=\"sent\"}",
+        ) == 1.0
+    })
+    .await;
+    assert!(sent, "the speculative prefill was not sent");
+    let metrics = get_text(&format!("{}/metrics", gateway.url)).await;
+    assert_eq!(
+        metric_sum(&metrics, "switchyard_cache_pins_total{outcome=\"sent\"}"),
+        1.0
+    );
+    // The next turn: the answer, then the user's reply. Everything up to the end of the answer
+    // (its closing template tokens included) was computed ahead.
+    let mut next = first.clone();
+    next.push(json!({"role": "assistant", "content": content}));
+    next.push(json!({"role": "user", "content": "Go on."}));
+    let reply: Value = chat(&next, json!({})).await.unwrap().json().await.unwrap();
+    let prompt = reply["usage"]["prompt_tokens"].as_u64().unwrap();
+    let cached = reply["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    // Only the new user turn (and the partial block before it) is left to compute.
+    assert!(prompt - cached <= 32, "cached {cached} of {prompt}");
+    // The engine served three requests: the turn, the prefill sent ahead, the next turn.
+    assert_eq!(engine.metric("vllm:request_success_total").await, 3.0);
 }

@@ -221,8 +221,9 @@ async fn completions(
     generate(&state, Kind::Completion, prompts, &request.common).await
 }
 
-/// Prompt tokens searched for [`script`] directives: they end the prompt.
-const SCRIPT_WINDOW_TOKENS: usize = 256;
+/// Prompt tokens searched for [`script`] directives (they end the prompt; a scripted answer
+/// is at most about this long).
+const SCRIPT_WINDOW_TOKENS: usize = 4096;
 
 /// What to answer `prompt` with: a script if its last message asks for one.
 fn output(state: &AppState, prompt: &[u32]) -> Result<Output, ApiError> {
