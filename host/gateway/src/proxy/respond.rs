@@ -35,12 +35,6 @@ pub(super) async fn respond(
     meta: ReplyMeta,
     mut booking: Booking,
 ) -> Result<Response, GatewayError> {
-    let speculation = match turn.request.conversation() {
-        Some(conversation) if turn.request.hints().speculative_prefill => {
-            Some(Speculation::new(conversation.clone(), booking.rank))
-        }
-        _ => None,
-    };
     let status = upstream.status();
     if !status.is_success() {
         let content_type = upstream.headers().get(header::CONTENT_TYPE).cloned();
@@ -53,6 +47,12 @@ pub(super) async fn respond(
     }
     let worker = HeaderValue::from_str(&booking.rank.to_string()).ok();
     booking.answered = true;
+    let speculation = match turn.request.conversation() {
+        Some(conversation) if turn.request.hints().speculative_prefill => {
+            Some(Speculation::new(conversation.clone(), booking.rank))
+        }
+        _ => None,
+    };
     let (stream, _) = turn.request.streaming();
     let api = turn.api;
     let responses = match turn.request {
