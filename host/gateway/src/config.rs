@@ -599,6 +599,33 @@ mod tests {
         )
     }
 
+    /// The annotated example users copy stays valid as the configuration grows.
+    #[test]
+    fn the_annotated_example_is_valid() {
+        let c = parse(include_str!("../../../examples/switchyard.toml")).unwrap();
+        assert_eq!(c.workers.len(), 3);
+        assert_eq!(c.workers[0].upstream, UpstreamMode::Tokens);
+        assert_eq!(c.workers[1].upstream, UpstreamMode::Chat);
+        assert_eq!(c.admission.policy, "thunder-agent");
+        assert_eq!(c.queue.max_prefill_tokens, Some(32768));
+        assert_eq!(c.model.tool_parser(), "hermes");
+    }
+
+    #[test]
+    fn bad_admission_queue_and_parser_names_are_refused() {
+        let workers = "[[workers]]\nurl = \"http://127.0.0.1:9000\"\n";
+        for (section, field) in [
+            ("[admission]\npolicy = \"fifo\"\n", "admission.policy"),
+            ("[queue]\norder = \"random\"\n", "queue.order"),
+            ("[model]\ntool_parser = \"nope\"\n", "tool-call parser"),
+        ] {
+            let err = parse(&format!("{section}{workers}"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(field), "{err}");
+        }
+    }
+
     #[test]
     fn minimal_file_gets_defaults() {
         let c = parse("[[workers]]\nurl = \"http://127.0.0.1:9000\"\n").unwrap();
