@@ -309,10 +309,7 @@ impl Kind for AdmissionKind {
         let mut admission = WasmAdmission::new(component, stats);
         admission.set_model(model);
         // The instance that will answer starts now, off the request path.
-        admission
-            .guest
-            .warm_up()
-            .map_err(|e| PolicyError::Canary(format!("warm-up: {e}")))?;
+        admission.guest.warm_up()?;
         Ok((metadata, Box::new(admission)))
     }
 }

@@ -100,10 +100,11 @@ impl<H: ComponentHandle> Guest<H> {
     }
 
     /// Start the first instance now, off the request path, by asking its metadata (which
-    /// also runs a language runtime's lazy initialization).
+    /// also runs a language runtime's lazy initialization). A failure rejects the load.
     pub(crate) fn warm_up(&mut self) -> Result<(), PolicyError> {
         self.call(|instance, store| instance.metadata(store))
             .map(drop)
+            .map_err(|e| PolicyError::Canary(format!("warm-up: {e}")))
     }
 
     /// One decision: `attempt` asks the guest (through [`Guest::call`]) and checks its answer.

@@ -212,10 +212,7 @@ impl Kind for KvHintsKind {
         let metadata = component.metadata().clone();
         let mut hints = WasmKvHints::new(component, stats);
         // The instance that will answer starts now, off the request path.
-        hints
-            .guest
-            .warm_up()
-            .map_err(|e| PolicyError::Canary(format!("warm-up: {e}")))?;
+        hints.guest.warm_up()?;
         Ok((metadata, Box::new(hints)))
     }
 }

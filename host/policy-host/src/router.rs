@@ -176,10 +176,7 @@ impl Kind for RouterKind {
         let mut router = WasmRouter::new(component, stats);
         router.set_model(model);
         // The instance that will answer starts now, off the request path.
-        router
-            .guest
-            .warm_up()
-            .map_err(|e| PolicyError::Canary(format!("warm-up: {e}")))?;
+        router.guest.warm_up()?;
         Ok((metadata, Box::new(router)))
     }
 }
