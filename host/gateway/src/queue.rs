@@ -16,6 +16,8 @@ use tokio::sync::oneshot;
 /// The queue and the requests waiting in it.
 #[derive(Debug)]
 pub(crate) struct Queue {
+    /// A threshold is configured (fixed at start: read without the lock on every request).
+    enabled: bool,
     inner: Mutex<Inner>,
 }
 
@@ -43,6 +45,7 @@ pub(crate) struct Waiting {
 impl Queue {
     pub(crate) fn new(config: QueueConfig) -> Self {
         Self {
+            enabled: config.is_enabled(),
             inner: Mutex::new(Inner {
                 queue: RouterQueue::new(config),
                 waiting: HashMap::new(),
@@ -56,7 +59,7 @@ impl Queue {
 
     /// Whether requests can wait at all (a threshold is configured).
     pub(crate) fn is_enabled(&self) -> bool {
-        self.lock().queue.config().is_enabled()
+        self.enabled
     }
 
     /// Requests waiting now, and the queue's counters.
@@ -103,6 +106,9 @@ impl Queue {
 
     /// Load dropped: route what waits, best first, while workers have room.
     pub(crate) fn drain(shared: &Shared) {
+        if !shared.queue.enabled {
+            return; // nothing ever waits
+        }
         shared.with_router(|router, index, now| {
             let mut inner = shared.queue.lock();
             if inner.queue.is_empty() {
