@@ -66,7 +66,11 @@ impl Admission {
             id,
             ended: false,
         };
-        let workers = shared.utilization();
+        // A request without a session is no program: admitted at once, no view needed.
+        let workers = match request.request.session_id {
+            Some(_) => shared.utilization(),
+            None => Vec::new(),
+        };
         let (tx, rx) = oneshot::channel();
         let admitted = {
             let mut inner = shared.admission.lock();
