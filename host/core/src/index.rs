@@ -176,6 +176,12 @@ impl KvIndex {
 
     /// How far each rank holds the prefix named by `hashes` (a request's sequence hashes).
     pub fn find_matches(&self, hashes: &[SequenceHash]) -> Matches {
+        self.find_matches_iter(hashes.iter().copied())
+    }
+
+    /// [`find_matches`](Self::find_matches) over hashes produced on demand: the walk stops at the
+    /// first block no rank holds, so a caller that chains hashes lazily computes only those.
+    pub fn find_matches_iter(&self, hashes: impl IntoIterator<Item = SequenceHash>) -> Matches {
         // Per matching rank: (slot, still on device, still on device or host, still anywhere, depths).
         struct Run {
             slot: u32,
@@ -183,8 +189,8 @@ impl KvIndex {
             depth: [u32; 3],
         }
         let mut runs: SmallVec<[Run; 16]> = SmallVec::new();
-        for (i, hash) in hashes.iter().enumerate() {
-            let Some(owners) = self.nodes.get(hash) else {
+        for (i, hash) in hashes.into_iter().enumerate() {
+            let Some(owners) = self.nodes.get(&hash) else {
                 break;
             };
             if i == 0 {

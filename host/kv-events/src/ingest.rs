@@ -8,7 +8,7 @@
 use crate::wire::{EngineHash, KvEvent, decode_batch};
 use std::collections::HashMap;
 use std::ops::Range;
-use switchyard_core::hash::{BlockHasher, SequenceHash};
+use switchyard_core::hash::{BlockHasher, LocalBlockHash, SequenceHash};
 use switchyard_core::index::IndexOp;
 use switchyard_core::worker::{Rank, Tier};
 
@@ -179,6 +179,59 @@ impl Ingestor {
     /// What was applied and skipped so far.
     pub fn stats(&self) -> &IngestStats {
         &self.stats
+    }
+
+    /// A store whose blocks the transport already hashed one by one (Dynamo's `RouterEvent`
+    /// carries each block's local hash as `tokens_hash` instead of its tokens): chain them from
+    /// the parent's own hash. No sequence tracking; the caller's transport orders events.
+    pub fn store_locals(
+        &mut self,
+        parent: Option<EngineHash>,
+        blocks: &[(EngineHash, LocalBlockHash)],
+        tier: Tier,
+    ) -> Option<IndexOp> {
+        let mut prev = match parent {
+            None => None,
+            Some(engine) => match self.blocks.get(&engine) {
+                Some(block) => Some(block.hash),
+                None => {
+                    self.stats.skipped_unknown_parent += 1;
+                    return None;
+                }
+            },
+        };
+        let mut stored = Vec::with_capacity(blocks.len());
+        for &(engine, local) in blocks {
+            let hash = self.hasher.chain(prev, local);
+            prev = Some(hash);
+            let block = self.blocks.entry(engine).or_insert(Block {
+                hash,
+                copies: [0; 3],
+            });
+            stored.extend(add_copy(block, tier));
+        }
+        self.stats.stored_blocks += stored.len() as u64;
+        (!stored.is_empty()).then_some(IndexOp::Store {
+            rank: self.rank,
+            tier,
+            blocks: stored,
+        })
+    }
+
+    /// A removal from a transport without sequence numbers (see [`store_locals`](Self::store_locals)).
+    pub fn remove_blocks(&mut self, engine_hashes: &[EngineHash], tier: Tier) -> Option<IndexOp> {
+        let blocks = self.remove(engine_hashes, tier);
+        self.stats.removed_blocks += blocks.len() as u64;
+        (!blocks.is_empty()).then_some(IndexOp::Remove {
+            rank: self.rank,
+            tier,
+            blocks,
+        })
+    }
+
+    /// Everything of this rank dropped, from a transport without sequence numbers.
+    pub fn clear_all(&mut self) -> IndexOp {
+        self.clear()
     }
 
     fn apply(&mut self, payload: &[u8], out: &mut Ingested) {
