@@ -1,0 +1,281 @@
+//! G3: blocks in one slot file under a directory. Each slot is a record: a 32-byte header
+//! (magic, version, sequence hash, payload length, XXH3 checksum of hash and payload) and the
+//! payload, at a fixed, page-aligned stride. A torn, corrupt or truncated record is a miss and
+//! is counted; it is never served. Space is accounted per written slot; when the disk (or the
+//! configured byte budget) is full, writes are skipped until a probe write succeeds.
+
+use std::fs::{File, OpenOptions};
+use std::io::{ErrorKind, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::error::StorageError;
+use crate::storage::BlockStore;
+use crate::types::{BlockId, SequenceHash};
+
+const MAGIC: [u8; 4] = *b"SYKV";
+const VERSION: u16 = 1;
+const HEADER_BYTES: usize = 32;
+const ALIGN: usize = 4096;
+/// While full, one write in this many is attempted to see whether space came back.
+const FULL_PROBE_EVERY: u64 = 64;
+const FILE_NAME: &str = "blocks.kvb";
+
+/// The disk tier's own counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DiskCounters {
+    /// Blocks written.
+    pub writes: u64,
+    /// Blocks read and verified.
+    pub reads: u64,
+    /// Reads whose record failed its checksum or was truncated.
+    pub checksum_failures: u64,
+    /// Writes skipped because the disk was full.
+    pub writes_skipped_full: u64,
+}
+
+/// The G3 store.
+#[derive(Debug)]
+pub struct DiskStore {
+    path: PathBuf,
+    file: File,
+    block_bytes: usize,
+    stride: u64,
+    capacity_blocks: usize,
+    max_bytes: Option<u64>,
+    written: Vec<bool>,
+    used_bytes: u64,
+    full: bool,
+    skipped_since_full: u64,
+    counters: DiskCounters,
+}
+
+impl DiskStore {
+    /// A store of `capacity_blocks` blocks of `block_bytes` in `dir` (created if missing; an
+    /// old slot file is discarded, since the logic starts empty). `max_bytes` caps the space
+    /// used below what the disk has.
+    pub fn open(
+        dir: &Path,
+        capacity_blocks: usize,
+        block_bytes: usize,
+        max_bytes: Option<u64>,
+    ) -> Result<DiskStore, StorageError> {
+        if block_bytes == 0 || capacity_blocks == 0 {
+            return Err(StorageError::WrongBlockSize {
+                expected: block_bytes,
+                got: 0,
+            });
+        }
+        std::fs::create_dir_all(dir)?;
+        let path = dir.join(FILE_NAME);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)?;
+        let stride = (HEADER_BYTES + block_bytes).div_ceil(ALIGN) * ALIGN;
+        Ok(DiskStore {
+            path,
+            file,
+            block_bytes,
+            stride: stride as u64,
+            capacity_blocks,
+            max_bytes,
+            written: vec![false; capacity_blocks],
+            used_bytes: 0,
+            full: false,
+            skipped_since_full: 0,
+            counters: DiskCounters::default(),
+        })
+    }
+
+    /// The slot file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Bytes of written records.
+    pub fn used_bytes(&self) -> u64 {
+        self.used_bytes
+    }
+
+    /// Whether writes are being skipped.
+    pub fn is_full(&self) -> bool {
+        self.full
+    }
+
+    /// Counters since open.
+    pub fn counters(&self) -> DiskCounters {
+        self.counters
+    }
+
+    /// Where `slot`'s record starts in the file.
+    pub fn record_offset(&self, slot: BlockId) -> u64 {
+        slot.0 as u64 * self.stride
+    }
+
+    /// Bytes a record occupies on disk.
+    pub fn record_bytes(&self) -> u64 {
+        self.stride
+    }
+
+    fn check_slot(&self, slot: BlockId) -> Result<(), StorageError> {
+        if slot.index() < self.capacity_blocks {
+            Ok(())
+        } else {
+            Err(StorageError::SlotOutOfRange {
+                slot: slot.0,
+                capacity: self.capacity_blocks,
+            })
+        }
+    }
+
+    fn checksum(hash: SequenceHash, payload: &[u8]) -> u64 {
+        let mut hasher = Xxh3::new();
+        hasher.update(&hash.0.to_le_bytes());
+        hasher.update(payload);
+        hasher.digest()
+    }
+
+    fn over_budget(&self, slot: BlockId) -> bool {
+        let extra = if self.written[slot.index()] {
+            0
+        } else {
+            self.stride
+        };
+        self.max_bytes
+            .is_some_and(|max| self.used_bytes + extra > max)
+    }
+
+    fn write_record(
+        &mut self,
+        slot: BlockId,
+        hash: SequenceHash,
+        data: &[u8],
+    ) -> std::io::Result<()> {
+        let mut header = [0u8; HEADER_BYTES];
+        header[0..4].copy_from_slice(&MAGIC);
+        header[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        header[8..16].copy_from_slice(&hash.0.to_le_bytes());
+        header[16..24].copy_from_slice(&(data.len() as u64).to_le_bytes());
+        header[24..32].copy_from_slice(&Self::checksum(hash, data).to_le_bytes());
+        self.file.seek(SeekFrom::Start(self.record_offset(slot)))?;
+        self.file.write_all(&header)?;
+        self.file.write_all(data)
+    }
+}
+
+impl BlockStore for DiskStore {
+    fn block_bytes(&self) -> usize {
+        self.block_bytes
+    }
+
+    fn capacity_blocks(&self) -> usize {
+        self.capacity_blocks
+    }
+
+    fn write_block(
+        &mut self,
+        slot: BlockId,
+        hash: SequenceHash,
+        data: &[u8],
+    ) -> Result<(), StorageError> {
+        self.check_slot(slot)?;
+        if data.len() != self.block_bytes {
+            return Err(StorageError::WrongBlockSize {
+                expected: self.block_bytes,
+                got: data.len(),
+            });
+        }
+        if self.full {
+            self.skipped_since_full += 1;
+            if self.skipped_since_full % FULL_PROBE_EVERY != 0 {
+                self.counters.writes_skipped_full += 1;
+                return Err(StorageError::DiskFull { hash });
+            }
+        }
+        if self.over_budget(slot) {
+            self.full = true;
+            self.counters.writes_skipped_full += 1;
+            return Err(StorageError::DiskFull { hash });
+        }
+        match self.write_record(slot, hash, data) {
+            Ok(()) => {
+                if !self.written[slot.index()] {
+                    self.written[slot.index()] = true;
+                    self.used_bytes += self.stride;
+                }
+                self.full = false;
+                self.skipped_since_full = 0;
+                self.counters.writes += 1;
+                Ok(())
+            }
+            Err(error) if error.kind() == ErrorKind::StorageFull => {
+                // Whatever part landed fails its checksum: a miss, never served.
+                self.full = true;
+                self.counters.writes_skipped_full += 1;
+                Err(StorageError::DiskFull { hash })
+            }
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    fn read_block(
+        &mut self,
+        slot: BlockId,
+        hash: SequenceHash,
+        out: &mut [u8],
+    ) -> Result<(), StorageError> {
+        self.check_slot(slot)?;
+        if out.len() != self.block_bytes {
+            return Err(StorageError::WrongBlockSize {
+                expected: self.block_bytes,
+                got: out.len(),
+            });
+        }
+        if !self.written[slot.index()] {
+            return Err(StorageError::Miss { hash });
+        }
+        let mut header = [0u8; HEADER_BYTES];
+        self.file.seek(SeekFrom::Start(self.record_offset(slot)))?;
+        let read = self
+            .file
+            .read_exact(&mut header)
+            .and_then(|()| self.file.read_exact(out));
+        if let Err(error) = read {
+            if error.kind() == ErrorKind::UnexpectedEof {
+                self.counters.checksum_failures += 1;
+                return Err(StorageError::Corrupt { hash });
+            }
+            return Err(error.into());
+        }
+        let field = |range: std::ops::Range<usize>| {
+            let mut bytes = [0u8; 8];
+            bytes.copy_from_slice(&header[range]);
+            u64::from_le_bytes(bytes)
+        };
+        let version = u16::from_le_bytes([header[4], header[5]]);
+        if header[0..4] != MAGIC || version != VERSION {
+            self.counters.checksum_failures += 1;
+            return Err(StorageError::Corrupt { hash });
+        }
+        if field(8..16) != hash.0 {
+            // The slot was reused for another block: not ours, not corrupt.
+            return Err(StorageError::Miss { hash });
+        }
+        if field(16..24) != self.block_bytes as u64 || field(24..32) != Self::checksum(hash, out)
+        {
+            self.counters.checksum_failures += 1;
+            return Err(StorageError::Corrupt { hash });
+        }
+        self.counters.reads += 1;
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), StorageError> {
+        self.file.flush()?;
+        Ok(())
+    }
+}

@@ -1,0 +1,127 @@
+use std::fs::OpenOptions;
+use std::io::{Seek, SeekFrom, Write};
+
+use super::*;
+
+fn block(fill: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| fill.wrapping_add(i as u8)).collect()
+}
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+#[test]
+fn host_slab_round_trips_and_stale_slots_miss() -> TestResult {
+    let mut slab = HostSlab::new(4, 64)?;
+    slab.write_block(BlockId(2), SequenceHash(9), &block(1, 64))?;
+    let mut out = vec![0; 64];
+    slab.read_block(BlockId(2), SequenceHash(9), &mut out)?;
+    assert_eq!(out, block(1, 64));
+    assert!(slab.read_block(BlockId(2), SequenceHash(8), &mut out).is_err());
+    assert!(matches!(
+        slab.write_block(BlockId(4), SequenceHash(1), &out),
+        Err(StorageError::SlotOutOfRange { .. })
+    ));
+    assert!(matches!(
+        slab.write_block(BlockId(0), SequenceHash(1), &out[..10]),
+        Err(StorageError::WrongBlockSize { .. })
+    ));
+    let mut other = HostSlab::new(4, 64)?;
+    other.copy_from(&slab, &[(BlockId(2), BlockId(0))])?;
+    other.read_block(BlockId(0), SequenceHash(9), &mut out)?;
+    assert_eq!(out, block(1, 64));
+    Ok(())
+}
+
+#[test]
+fn disk_round_trips() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let mut disk = DiskStore::open(dir.path(), 8, 1000, None)?;
+    disk.write_block(BlockId(3), SequenceHash(77), &block(5, 1000))?;
+    let mut out = vec![0; 1000];
+    disk.read_block(BlockId(3), SequenceHash(77), &mut out)?;
+    assert_eq!(out, block(5, 1000));
+    assert_eq!(disk.used_bytes(), disk.record_bytes());
+    // Another hash in that slot, or an unwritten slot: a miss, not a corruption.
+    assert!(matches!(
+        disk.read_block(BlockId(3), SequenceHash(78), &mut out),
+        Err(StorageError::Miss { .. })
+    ));
+    assert!(matches!(
+        disk.read_block(BlockId(4), SequenceHash(77), &mut out),
+        Err(StorageError::Miss { .. })
+    ));
+    assert_eq!(disk.counters().checksum_failures, 0);
+    Ok(())
+}
+
+#[test]
+fn a_corrupt_byte_is_a_counted_miss() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let mut disk = DiskStore::open(dir.path(), 4, 1000, None)?;
+    disk.write_block(BlockId(1), SequenceHash(5), &block(0, 1000))?;
+    disk.write_block(BlockId(2), SequenceHash(6), &block(9, 1000))?;
+    disk.flush()?;
+    let mut file = OpenOptions::new().write(true).open(disk.path())?;
+    file.seek(SeekFrom::Start(disk.record_offset(BlockId(1)) + 32 + 500))?;
+    file.write_all(&[0xFF])?;
+    drop(file);
+    let mut out = vec![0; 1000];
+    assert!(matches!(
+        disk.read_block(BlockId(1), SequenceHash(5), &mut out),
+        Err(StorageError::Corrupt { .. })
+    ));
+    assert_eq!(disk.counters().checksum_failures, 1);
+    // Its neighbour is untouched.
+    disk.read_block(BlockId(2), SequenceHash(6), &mut out)?;
+    assert_eq!(out, block(9, 1000));
+    Ok(())
+}
+
+#[test]
+fn a_truncated_file_is_a_counted_miss() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let mut disk = DiskStore::open(dir.path(), 4, 1000, None)?;
+    disk.write_block(BlockId(2), SequenceHash(5), &block(0, 1000))?;
+    disk.flush()?;
+    let file = OpenOptions::new().write(true).open(disk.path())?;
+    file.set_len(disk.record_offset(BlockId(2)) + 32 + 100)?;
+    drop(file);
+    let mut out = vec![0; 1000];
+    assert!(matches!(
+        disk.read_block(BlockId(2), SequenceHash(5), &mut out),
+        Err(StorageError::Corrupt { .. })
+    ));
+    // Cut inside the header too.
+    let file = OpenOptions::new().write(true).open(disk.path())?;
+    file.set_len(disk.record_offset(BlockId(2)) + 10)?;
+    drop(file);
+    assert!(matches!(
+        disk.read_block(BlockId(2), SequenceHash(5), &mut out),
+        Err(StorageError::Corrupt { .. })
+    ));
+    assert_eq!(disk.counters().checksum_failures, 2);
+    Ok(())
+}
+
+#[test]
+fn disk_full_skips_writes_and_keeps_serving_reads() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let probe = DiskStore::open(dir.path(), 4, 1000, None)?;
+    let record = probe.record_bytes();
+    drop(probe);
+    let mut disk = DiskStore::open(dir.path(), 4, 1000, Some(2 * record))?;
+    disk.write_block(BlockId(0), SequenceHash(1), &block(1, 1000))?;
+    disk.write_block(BlockId(1), SequenceHash(2), &block(2, 1000))?;
+    assert!(matches!(
+        disk.write_block(BlockId(2), SequenceHash(3), &block(3, 1000)),
+        Err(StorageError::DiskFull { .. })
+    ));
+    assert!(disk.is_full());
+    assert!(disk.write_block(BlockId(3), SequenceHash(4), &block(4, 1000)).is_err());
+    assert_eq!(disk.counters().writes_skipped_full, 2);
+    assert!(disk.used_bytes() <= 2 * record);
+    let mut out = vec![0; 1000];
+    disk.read_block(BlockId(1), SequenceHash(2), &mut out)?;
+    assert_eq!(out, block(2, 1000));
+    Ok(())
+}
