@@ -97,7 +97,10 @@ impl ManagerConfig {
         for tier in Tier::LOCAL {
             if let Some(config) = self.tier(tier) {
                 if config.capacity_blocks == 0 {
-                    return Err(invalid("capacity_blocks", format!("tier {tier} has 0 blocks")));
+                    return Err(invalid(
+                        "capacity_blocks",
+                        format!("tier {tier} has 0 blocks"),
+                    ));
                 }
                 if config.pin_budget_blocks > config.capacity_blocks {
                     return Err(invalid(

@@ -18,10 +18,7 @@ pub enum KvbmError {
     },
     /// A configuration value is out of range.
     #[error("invalid configuration: {field}: {reason}")]
-    InvalidConfig {
-        field: &'static str,
-        reason: String,
-    },
+    InvalidConfig { field: &'static str, reason: String },
     /// Not enough reset or evictable blocks for an allocation.
     #[error("tier {tier}: {requested} blocks requested, only {available} could be freed")]
     OutOfBlocks {
@@ -76,6 +73,9 @@ impl StorageError {
     /// Whether this failure means "not served from this tier" (recompute or look lower), as
     /// opposed to a bug in the caller.
     pub fn is_miss(&self) -> bool {
-        matches!(self, StorageError::Miss { .. } | StorageError::Corrupt { .. })
+        matches!(
+            self,
+            StorageError::Miss { .. } | StorageError::Corrupt { .. }
+        )
     }
 }

@@ -40,10 +40,7 @@ impl Ends {
 enum Bucket {
     Ephemeral,
     Untagged,
-    Tagged {
-        priority: u8,
-        expiry: Option<Tick>,
-    },
+    Tagged { priority: u8, expiry: Option<Tick> },
 }
 
 /// The eviction candidates of one pool: inactive, unpinned leaves.

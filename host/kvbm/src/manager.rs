@@ -251,8 +251,7 @@ impl KvBlockManager {
     }
 
     fn pool_or_err(&self, tier: Tier) -> Result<&BlockPool, KvbmError> {
-        self.pool(tier)
-            .ok_or(KvbmError::TierNotConfigured { tier })
+        self.pool(tier).ok_or(KvbmError::TierNotConfigured { tier })
     }
 
     /// `count` G1 blocks to fill (evicting inactive blocks as needed; see [`Self::drain_events`]).
@@ -299,7 +298,11 @@ impl KvBlockManager {
     /// stopping at the first block no tier has. Tiers whose load loses to recompute are skipped.
     pub fn lookup(&mut self, hashes: &[SequenceHash], now: Tick) -> Lookup {
         let mut found = Lookup::default();
-        let bypass = [false, self.is_bypassed(Tier::Host), self.is_bypassed(Tier::Disk)];
+        let bypass = [
+            false,
+            self.is_bypassed(Tier::Host),
+            self.is_bypassed(Tier::Disk),
+        ];
         let mut matched = 0;
         'blocks: for &hash in hashes {
             self.sketch.record(hash);
@@ -335,7 +338,11 @@ impl KvBlockManager {
         self.metrics.matched_tokens += matched * u64::from(self.config.block_size_tokens);
         if let Some(pool) = &self.shared_pool {
             let rest = &hashes[found.local_blocks()..];
-            found.pool_blocks = pool.contains(rest).iter().take_while(|present| **present).count();
+            found.pool_blocks = pool
+                .contains(rest)
+                .iter()
+                .take_while(|present| **present)
+                .count();
         }
         found
     }
@@ -416,7 +423,8 @@ impl KvBlockManager {
             let Some(hash) = self.queues[edge].pop_front() else {
                 break;
             };
-            if dest_pool.contains(hash) || sources.iter().any(|b: &ImmutableBlock| b.hash() == hash) {
+            if dest_pool.contains(hash) || sources.iter().any(|b: &ImmutableBlock| b.hash() == hash)
+            {
                 self.metrics.offload_skipped_present += 1;
                 continue;
             }
@@ -550,7 +558,8 @@ impl KvBlockManager {
         ranges: &[TokenRangeRetention],
         now: Tick,
     ) -> Result<(), KvbmError> {
-        let retentions = block_retentions(ranges, self.config.block_size_tokens, hashes.len(), now)?;
+        let retentions =
+            block_retentions(ranges, self.config.block_size_tokens, hashes.len(), now)?;
         for (hash, retention) in hashes.iter().zip(retentions) {
             self.set_retention(&[*hash], retention, now);
         }

@@ -106,10 +106,19 @@ impl KvbmMetrics {
             ("kvbm_onboard_blocks_h2d", self.onboard_blocks_h2d),
             ("kvbm_onboard_blocks_d2d", self.onboard_blocks_d2d),
             ("kvbm_onboard_bytes_total", self.onboard_bytes),
-            ("kvbm_offload_skipped_present_total", self.offload_skipped_present),
+            (
+                "kvbm_offload_skipped_present_total",
+                self.offload_skipped_present,
+            ),
             ("kvbm_offload_skipped_cold_total", self.offload_skipped_cold),
-            ("kvbm_offload_skipped_ephemeral_total", self.offload_skipped_ephemeral),
-            ("kvbm_offload_skipped_request_cap_total", self.offload_skipped_request_cap),
+            (
+                "kvbm_offload_skipped_ephemeral_total",
+                self.offload_skipped_ephemeral,
+            ),
+            (
+                "kvbm_offload_skipped_request_cap_total",
+                self.offload_skipped_request_cap,
+            ),
             ("kvbm_transfers_failed_total", self.transfers_failed),
             ("kvbm_prefetch_expired_total", self.prefetch_expired),
             ("kvbm_checksum_failures_total", self.checksum_failures),

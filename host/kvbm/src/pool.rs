@@ -521,7 +521,7 @@ impl PoolState {
             SlotState::Registered(r) => {
                 r.refcount == 0
                     && self.is_leaf(r.hash)
-                    && !r.pinned_until.is_some_and(|t| t > self.now)
+                    && r.pinned_until.is_none_or(|t| t <= self.now)
             }
             _ => false,
         };

@@ -217,7 +217,10 @@ mod tests {
         let out = block_retentions(&ranges, 4, 6, Tick(0))?;
         let priorities: Vec<u8> = out.iter().map(|r| r.effective_priority(Tick(0))).collect();
         assert_eq!(priorities, vec![35, 90, 90, 90, 90, 35]);
-        assert_eq!(out[1].effective_priority(Tick(1_000_000_000)), DEFAULT_PRIORITY);
+        assert_eq!(
+            out[1].effective_priority(Tick(1_000_000_000)),
+            DEFAULT_PRIORITY
+        );
         Ok(())
     }
 
@@ -255,7 +258,10 @@ mod tests {
         assert_eq!(Retention::ephemeral().merge(high, now), high);
         assert_eq!(Retention::DEFAULT.merge(high, now), high);
         // Expired claims no longer count.
-        assert_eq!(high.merge(Retention::DEFAULT, Tick(200)), Retention::DEFAULT);
+        assert_eq!(
+            high.merge(Retention::DEFAULT, Tick(200)),
+            Retention::DEFAULT
+        );
         Ok(())
     }
 }

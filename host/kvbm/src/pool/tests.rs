@@ -5,7 +5,12 @@ fn hash(n: u64) -> SequenceHash {
 }
 
 /// Register a chain of `len` blocks starting at hash `first`; returns the handles.
-fn chain(pool: &BlockPool, first: u64, len: u64, now: Tick) -> Result<Vec<ImmutableBlock>, KvbmError> {
+fn chain(
+    pool: &BlockPool,
+    first: u64,
+    len: u64,
+    now: Tick,
+) -> Result<Vec<ImmutableBlock>, KvbmError> {
     let allocation = pool.allocate(len as usize, now)?;
     let mut out = Vec::new();
     let mut parent = None;

@@ -191,7 +191,7 @@ impl BlockStore for DiskStore {
         }
         if self.full {
             self.skipped_since_full += 1;
-            if self.skipped_since_full % FULL_PROBE_EVERY != 0 {
+            if !self.skipped_since_full.is_multiple_of(FULL_PROBE_EVERY) {
                 self.counters.writes_skipped_full += 1;
                 return Err(StorageError::DiskFull { hash });
             }
@@ -265,8 +265,7 @@ impl BlockStore for DiskStore {
             // The slot was reused for another block: not ours, not corrupt.
             return Err(StorageError::Miss { hash });
         }
-        if field(16..24) != self.block_bytes as u64 || field(24..32) != Self::checksum(hash, out)
-        {
+        if field(16..24) != self.block_bytes as u64 || field(24..32) != Self::checksum(hash, out) {
             self.counters.checksum_failures += 1;
             return Err(StorageError::Corrupt { hash });
         }

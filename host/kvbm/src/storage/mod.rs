@@ -199,30 +199,17 @@ pub fn device_store(
     block_bytes: usize,
 ) -> Result<(Box<dyn BlockStore>, DeviceBackend), StorageError> {
     #[cfg(feature = "cuda")]
-    {
-        match cuda::DeviceSlab::open(0, capacity_blocks, block_bytes) {
-            Ok(slab) => return Ok((Box::new(slab), DeviceBackend::Cuda { ordinal: 0 })),
-            Err(error) => {
-                let slab = HostSlab::new(capacity_blocks, block_bytes)?;
-                return Ok((
-                    Box::new(slab),
-                    DeviceBackend::HostFallback {
-                        reason: error.to_string(),
-                    },
-                ));
-            }
-        }
-    }
+    let fallback = match cuda::DeviceSlab::open(0, capacity_blocks, block_bytes) {
+        Ok(slab) => return Ok((Box::new(slab), DeviceBackend::Cuda { ordinal: 0 })),
+        Err(error) => error.to_string(),
+    };
     #[cfg(not(feature = "cuda"))]
-    {
-        let slab = HostSlab::new(capacity_blocks, block_bytes)?;
-        Ok((
-            Box::new(slab),
-            DeviceBackend::HostFallback {
-                reason: "built without the `cuda` feature".into(),
-            },
-        ))
-    }
+    let fallback = String::from("built without the `cuda` feature");
+    let slab = HostSlab::new(capacity_blocks, block_bytes)?;
+    Ok((
+        Box::new(slab),
+        DeviceBackend::HostFallback { reason: fallback },
+    ))
 }
 
 #[cfg(test)]

@@ -16,7 +16,10 @@ fn host_slab_round_trips_and_stale_slots_miss() -> TestResult {
     let mut out = vec![0; 64];
     slab.read_block(BlockId(2), SequenceHash(9), &mut out)?;
     assert_eq!(out, block(1, 64));
-    assert!(slab.read_block(BlockId(2), SequenceHash(8), &mut out).is_err());
+    assert!(
+        slab.read_block(BlockId(2), SequenceHash(8), &mut out)
+            .is_err()
+    );
     assert!(matches!(
         slab.write_block(BlockId(4), SequenceHash(1), &out),
         Err(StorageError::SlotOutOfRange { .. })
@@ -117,7 +120,10 @@ fn disk_full_skips_writes_and_keeps_serving_reads() -> TestResult {
         Err(StorageError::DiskFull { .. })
     ));
     assert!(disk.is_full());
-    assert!(disk.write_block(BlockId(3), SequenceHash(4), &block(4, 1000)).is_err());
+    assert!(
+        disk.write_block(BlockId(3), SequenceHash(4), &block(4, 1000))
+            .is_err()
+    );
     assert_eq!(disk.counters().writes_skipped_full, 2);
     assert!(disk.used_bytes() <= 2 * record);
     let mut out = vec![0; 1000];
