@@ -7,6 +7,12 @@
 //!
 //! A victim is the smaller of the untagged head (default priority) and the tagged minimum.
 //! Only leaves are ever inserted (the pool's job), so a prefix never dies before its suffix.
+//!
+//! Order within a priority is the order blocks became evictable. Each insertion takes a stamp
+//! from one of two counters: the back counter grows (a block just released or touched is the
+//! most recent), the front counter shrinks (a prefix whose last child was just evicted goes next,
+//! so a chain dies tail-first in one run, as vLLM frees a request's blocks). List order is
+//! therefore always stamp order, which keeps the list and the B-tree comparable.
 
 use std::collections::BTreeSet;
 
@@ -54,6 +60,17 @@ pub(crate) struct Candidates {
     tagged: BTreeSet<(u8, u64, u32)>,
     expiries: BTreeSet<(Tick, u32)>,
     len: usize,
+    back: u64,
+    front: u64,
+}
+
+/// Where a newly evictable block enters the order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Position {
+    /// Most recently used: evicted last among its priority.
+    Back,
+    /// Next in line among its priority (a prefix whose suffix was just evicted).
+    Front,
 }
 
 impl Candidates {
@@ -73,6 +90,8 @@ impl Candidates {
             tagged: BTreeSet::new(),
             expiries: BTreeSet::new(),
             len: 0,
+            back: 1 << 63,
+            front: (1 << 63) - 1,
         }
     }
 
@@ -84,8 +103,14 @@ impl Candidates {
         self.bucket.get(id.index()).is_some_and(Option::is_some)
     }
 
-    /// Add `id`, last used at `stamp` (stamps only grow, so list order is LRU order).
-    pub(crate) fn insert(&mut self, id: BlockId, retention: Retention, stamp: u64, now: Tick) {
+    /// Add `id` at `position` of its priority's order.
+    pub(crate) fn insert(
+        &mut self,
+        id: BlockId,
+        retention: Retention,
+        position: Position,
+        now: Tick,
+    ) {
         if self.contains(id) || id.index() >= self.bucket.len() {
             return;
         }
@@ -100,22 +125,40 @@ impl Candidates {
                 expiry: retention.until(),
             }
         };
+        let stamp = match position {
+            Position::Back => {
+                self.back += 1;
+                self.back
+            }
+            Position::Front => {
+                self.front -= 1;
+                self.front
+            }
+        };
         self.stamps[id.index()] = stamp;
-        self.place(id, bucket);
+        self.place(id, bucket, position);
         self.len += 1;
     }
 
-    fn place(&mut self, id: BlockId, bucket: Bucket) {
+    fn place(&mut self, id: BlockId, bucket: Bucket, position: Position) {
         let stamp = self.stamps[id.index()];
-        match bucket {
-            Bucket::Ephemeral => push_back(&mut self.links, &mut self.ephemeral, id.0),
-            Bucket::Untagged => push_back(&mut self.links, &mut self.untagged, id.0),
-            Bucket::Tagged { priority, expiry } => {
+        let list = match bucket {
+            Bucket::Ephemeral => Some(&mut self.ephemeral),
+            Bucket::Untagged => Some(&mut self.untagged),
+            Bucket::Tagged { .. } => None,
+        };
+        match (bucket, list) {
+            (_, Some(ends)) => match position {
+                Position::Back => push_back(&mut self.links, ends, id.0),
+                Position::Front => push_front(&mut self.links, ends, id.0),
+            },
+            (Bucket::Tagged { priority, expiry }, None) => {
                 self.tagged.insert((priority, stamp, id.0));
                 if let Some(expiry) = expiry {
                     self.expiries.insert((expiry, id.0));
                 }
             }
+            (_, None) => {}
         }
         self.bucket[id.index()] = Some(bucket);
     }
@@ -158,6 +201,7 @@ impl Candidates {
                         priority: DEFAULT_PRIORITY,
                         expiry: None,
                     },
+                    Position::Back,
                 );
             }
         }
@@ -204,6 +248,20 @@ fn push_back(links: &mut [Link], ends: &mut Ends, raw: u32) {
     ends.len += 1;
 }
 
+fn push_front(links: &mut [Link], ends: &mut Ends, raw: u32) {
+    links[raw as usize] = Link {
+        prev: NIL,
+        next: ends.head,
+    };
+    if ends.head == NIL {
+        ends.tail = raw;
+    } else {
+        links[ends.head as usize].prev = raw;
+    }
+    ends.head = raw;
+    ends.len += 1;
+}
+
 fn unlink(links: &mut [Link], ends: &mut Ends, raw: u32) {
     let Link { prev, next } = links[raw as usize];
     if prev == NIL {
@@ -235,12 +293,13 @@ mod tests {
     fn ephemeral_then_priority_then_lru() -> Result<(), crate::KvbmError> {
         let mut c = Candidates::new(8);
         let now = Tick(0);
-        c.insert(BlockId(0), Retention::DEFAULT, 1, now);
-        c.insert(BlockId(1), Retention::new(90, None)?, 2, now);
-        c.insert(BlockId(2), Retention::new(10, None)?, 3, now);
-        c.insert(BlockId(3), Retention::ephemeral(), 4, now);
-        c.insert(BlockId(4), Retention::DEFAULT, 5, now);
-        assert_eq!(order(&mut c, now), vec![3, 2, 0, 4, 1]);
+        c.insert(BlockId(0), Retention::DEFAULT, Position::Back, now);
+        c.insert(BlockId(1), Retention::new(90, None)?, Position::Back, now);
+        c.insert(BlockId(2), Retention::new(10, None)?, Position::Back, now);
+        c.insert(BlockId(3), Retention::ephemeral(), Position::Back, now);
+        c.insert(BlockId(4), Retention::DEFAULT, Position::Back, now);
+        c.insert(BlockId(5), Retention::DEFAULT, Position::Front, now);
+        assert_eq!(order(&mut c, now), vec![3, 2, 5, 0, 4, 1]);
         assert_eq!(c.len(), 0);
         Ok(())
     }
@@ -248,8 +307,13 @@ mod tests {
     #[test]
     fn expired_tags_decay_lazily_to_default() -> Result<(), crate::KvbmError> {
         let mut c = Candidates::new(4);
-        c.insert(BlockId(0), Retention::new(90, Some(Tick(100)))?, 1, Tick(0));
-        c.insert(BlockId(1), Retention::DEFAULT, 2, Tick(0));
+        c.insert(
+            BlockId(0),
+            Retention::new(90, Some(Tick(100)))?,
+            Position::Back,
+            Tick(0),
+        );
+        c.insert(BlockId(1), Retention::DEFAULT, Position::Back, Tick(0));
         assert_eq!(c.peek(Tick(50)), Some(BlockId(1)));
         // After the duration block 0 is an older default-priority block: it goes first.
         assert_eq!(order(&mut c, Tick(100)), vec![0, 1]);

@@ -15,7 +15,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use crate::error::KvbmError;
-use crate::eviction::Candidates;
+use crate::eviction::{Candidates, Position};
 use crate::retention::{PinOutcome, Retention};
 use crate::types::{BlockId, SequenceHash, Tick, Tier};
 
@@ -26,7 +26,6 @@ struct Registered {
     refcount: u32,
     retention: Retention,
     pinned_until: Option<Tick>,
-    stamp: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,7 +67,6 @@ struct PoolState {
     candidates: Candidates,
     pins: BTreeSet<(Tick, BlockId)>,
     pin_budget: usize,
-    stamp: u64,
     /// The latest time any caller told us; drops (which take no time) use it.
     now: Tick,
     removed: Vec<SequenceHash>,
@@ -152,7 +150,6 @@ impl BlockPool {
             candidates: Candidates::new(capacity),
             pins: BTreeSet::new(),
             pin_budget,
-            stamp: 0,
             now: Tick(0),
             removed: Vec::new(),
             counters: PoolCounters::default(),
@@ -244,15 +241,12 @@ impl BlockPool {
                 stored: false,
             });
         }
-        state.stamp += 1;
-        let stamp = state.stamp;
         state.slots[id.index()] = SlotState::Registered(Registered {
             hash,
             parent,
             refcount: 1,
             retention,
             pinned_until: None,
-            stamp,
         });
         state.registry.insert(hash, id);
         state.counters.registered += 1;
@@ -323,11 +317,7 @@ impl BlockPool {
         let Some(&id) = state.registry.get(&hash) else {
             return false;
         };
-        state.stamp += 1;
-        let stamp = state.stamp;
-        if let SlotState::Registered(r) = &mut state.slots[id.index()] {
-            r.stamp = stamp;
-        }
+        // Re-entering the order at the back is what makes it the most recent.
         state.candidates.remove(id);
         state.refresh(id);
         true
@@ -343,6 +333,7 @@ impl BlockPool {
         if let SlotState::Registered(r) = &mut state.slots[id.index()] {
             r.retention = retention;
         }
+        // Re-keyed at the back: a retention change counts as a use.
         state.candidates.remove(id);
         state.refresh(id);
         true
@@ -517,6 +508,10 @@ impl PoolState {
 
     /// Put `id` in or out of the eviction candidates to match its state.
     fn refresh(&mut self, id: BlockId) {
+        self.refresh_at(id, Position::Back);
+    }
+
+    fn refresh_at(&mut self, id: BlockId, position: Position) {
         let evictable = match self.slots[id.index()] {
             SlotState::Registered(r) => {
                 r.refcount == 0
@@ -528,7 +523,7 @@ impl PoolState {
         let present = self.candidates.contains(id);
         if evictable && !present {
             if let SlotState::Registered(r) = self.slots[id.index()] {
-                self.candidates.insert(id, r.retention, r.stamp, self.now);
+                self.candidates.insert(id, r.retention, position, self.now);
             }
         } else if !evictable && present {
             self.candidates.remove(id);
@@ -536,21 +531,15 @@ impl PoolState {
     }
 
     fn acquire(&mut self, id: BlockId) {
-        self.stamp += 1;
-        let stamp = self.stamp;
         if let SlotState::Registered(r) = &mut self.slots[id.index()] {
             r.refcount += 1;
-            r.stamp = stamp;
         }
         self.candidates.remove(id);
     }
 
     fn release(&mut self, id: BlockId) {
-        self.stamp += 1;
-        let stamp = self.stamp;
         if let SlotState::Registered(r) = &mut self.slots[id.index()] {
             r.refcount = r.refcount.saturating_sub(1);
-            r.stamp = stamp;
         }
         self.refresh(id);
     }
@@ -600,8 +589,9 @@ impl PoolState {
                 }
             }
             if let Some(&parent_id) = self.registry.get(&parent) {
-                // The parent may have just become a leaf.
-                self.refresh(parent_id);
+                // The parent may have just become a leaf: it goes next, so a chain dies
+                // tail-first in one run.
+                self.refresh_at(parent_id, Position::Front);
             }
         }
         self.removed.push(r.hash);

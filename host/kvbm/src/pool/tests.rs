@@ -123,11 +123,26 @@ fn retention_orders_eviction_and_decays() -> Result<(), KvbmError> {
     drop(chain(&pool, 1, 1, Tick(0))?);
     drop(chain(&pool, 2, 1, Tick(0))?);
     pool.set_retention(hash(1), Retention::new(90, Some(Tick(50)))?, Tick(0));
-    assert_eq!(pool.next_victim(Tick(10)), Some(hash(2)));
-    // Block 1 was released first: once its tag lapses it is the older default block.
+    assert_eq!(pool.evict_one(Tick(10)), Some(hash(2)));
+    drop(chain(&pool, 3, 1, Tick(20))?);
+    assert_eq!(pool.next_victim(Tick(20)), Some(hash(3)));
+    // Once its tag lapses, block 1 is a default block older than block 3: it goes first.
     assert_eq!(pool.next_victim(Tick(50)), Some(hash(1)));
-    pool.set_retention(hash(2), Retention::ephemeral(), Tick(50));
-    assert_eq!(pool.next_victim(Tick(50)), Some(hash(2)));
+    pool.set_retention(hash(3), Retention::ephemeral(), Tick(50));
+    assert_eq!(pool.next_victim(Tick(50)), Some(hash(3)));
+    Ok(())
+}
+
+#[test]
+fn lru_order_and_chains_die_tail_first_in_one_run() -> Result<(), KvbmError> {
+    let pool = BlockPool::new(Tier::Device, 8, 0)?;
+    drop(chain(&pool, 10, 3, Tick(0))?);
+    drop(chain(&pool, 20, 2, Tick(0))?);
+    drop(chain(&pool, 30, 1, Tick(0))?);
+    // A touch makes chain 20's leaf the most recent.
+    assert!(pool.touch(hash(21), Tick(0)));
+    let order: Vec<u64> = std::iter::from_fn(|| pool.evict_one(Tick(1)).map(|h| h.0)).collect();
+    assert_eq!(order, vec![12, 11, 10, 30, 21, 20]);
     Ok(())
 }
 
