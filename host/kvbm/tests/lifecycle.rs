@@ -20,7 +20,7 @@ fn hash_of(chain: u64, depth: u64) -> u64 {
 }
 
 fn parent_of(hash: u64) -> Option<u64> {
-    (hash % 100 > 0).then(|| hash - 1)
+    (!hash.is_multiple_of(100)).then(|| hash - 1)
 }
 
 #[derive(Debug, Clone)]

@@ -160,7 +160,8 @@ impl Harness {
                 match self.manager.allocate(rest.len(), self.now) {
                     Ok(blocks) => {
                         for (block, hash) in blocks.into_iter().zip(rest) {
-                            let parent = (hash.0 % 100 > 0).then(|| SequenceHash(hash.0 - 1));
+                            let parent =
+                                (!hash.0.is_multiple_of(100)).then(|| SequenceHash(hash.0 - 1));
                             let registered = self
                                 .manager
                                 .register(
