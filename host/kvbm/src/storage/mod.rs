@@ -49,6 +49,78 @@ pub trait BlockStore: Debug + Send {
     fn flush(&mut self) -> Result<(), StorageError> {
         Ok(())
     }
+
+    /// Hand block `hash` of `slot` to `use_bytes` without copying it out, for stores whose
+    /// bytes are addressable (a host slab). `None`: not supported, use `read_block`.
+    fn read_in_place(
+        &mut self,
+        _slot: BlockId,
+        _hash: SequenceHash,
+        _use_bytes: &mut dyn FnMut(&[u8]) -> Result<(), StorageError>,
+    ) -> Option<Result<(), StorageError>> {
+        None
+    }
+
+    /// Let `fill` write `slot`'s bytes directly; the slot holds `hash` only if `fill`
+    /// succeeds. `None`: not supported, use `write_block`.
+    fn write_in_place(
+        &mut self,
+        _slot: BlockId,
+        _hash: SequenceHash,
+        _fill: &mut dyn FnMut(&mut [u8]) -> Result<(), StorageError>,
+    ) -> Option<Result<(), StorageError>> {
+        None
+    }
+}
+
+/// One block to copy between two stores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockCopy {
+    /// The block.
+    pub hash: SequenceHash,
+    /// Slot in the source store.
+    pub from: BlockId,
+    /// Slot in the destination store.
+    pub to: BlockId,
+}
+
+/// Copy `copies` from `source` to `dest` with one copy of the bytes where either side is
+/// addressable (straight from the slab into the file, or from the file into the slab), else
+/// through a staging buffer; then flush `dest` once. Returns the result of each copy.
+pub fn copy_between(
+    source: &mut dyn BlockStore,
+    dest: &mut dyn BlockStore,
+    copies: &[BlockCopy],
+) -> Vec<Result<(), StorageError>> {
+    let block_bytes = dest.block_bytes();
+    let mut staging = Vec::new();
+    let mut results: Vec<Result<(), StorageError>> = copies
+        .iter()
+        .map(|copy| {
+            let mut read = |buffer: &mut [u8]| source.read_block(copy.from, copy.hash, buffer);
+            if let Some(result) = dest.write_in_place(copy.to, copy.hash, &mut read) {
+                return result;
+            }
+            let mut write = |bytes: &[u8]| dest.write_block(copy.to, copy.hash, bytes);
+            if let Some(result) = source.read_in_place(copy.from, copy.hash, &mut write) {
+                return result;
+            }
+            staging.resize(block_bytes, 0);
+            source
+                .read_block(copy.from, copy.hash, &mut staging)
+                .and_then(|()| dest.write_block(copy.to, copy.hash, &staging))
+        })
+        .collect();
+    if let Err(error) = dest.flush() {
+        // A failed flush means none of these writes can be trusted.
+        let reason = error.to_string();
+        for result in &mut results {
+            if result.is_ok() {
+                *result = Err(StorageError::Io(std::io::Error::other(reason.clone())));
+            }
+        }
+    }
+    results
 }
 
 /// G4: a pool shared by workers, keyed by sequence hash (the `kv-pool` service implements it
@@ -85,6 +157,32 @@ impl TierStores {
             Tier::Pool => None,
         }
     }
+
+    /// The stores of two different tiers at once.
+    #[allow(
+        clippy::type_complexity,
+        reason = "a pair of the trait objects this module is about"
+    )]
+    pub fn pair_mut(
+        &mut self,
+        source: Tier,
+        dest: Tier,
+    ) -> Option<(
+        &mut (dyn BlockStore + 'static),
+        &mut (dyn BlockStore + 'static),
+    )> {
+        let TierStores { device, host, disk } = self;
+        let (a, b) = match (source, dest) {
+            (Tier::Device, Tier::Host) => (device, host),
+            (Tier::Device, Tier::Disk) => (device, disk),
+            (Tier::Host, Tier::Device) => (host, device),
+            (Tier::Host, Tier::Disk) => (host, disk),
+            (Tier::Disk, Tier::Device) => (disk, device),
+            (Tier::Disk, Tier::Host) => (disk, host),
+            _ => return None,
+        };
+        Some((a.as_deref_mut()?, b.as_deref_mut()?))
+    }
 }
 
 /// What [`perform`] did.
@@ -100,82 +198,45 @@ pub struct Performed {
     pub bytes: u64,
 }
 
-/// Copy every transfer of `batch`: all reads into one staging buffer, then all writes, then
-/// one flush per destination tier.
+/// Copy every transfer of `batch`, grouped by (source tier, destination tier), each group
+/// through [`copy_between`] (one flush per group).
 pub fn perform(batch: &TransferBatch, stores: &mut TierStores) -> Performed {
     let mut performed = Performed::default();
-    let transfers = batch.transfers();
-    let Some(first) = transfers.first() else {
-        return performed;
-    };
-    let block_bytes = match stores.get_mut(first.dest().0) {
-        Some(store) => store.block_bytes(),
-        None => {
-            performed.failed = transfers.iter().map(|t| t.hash()).collect();
-            return performed;
-        }
-    };
-    let mut staging = vec![0u8; block_bytes * transfers.len()];
-    let mut read_ok = vec![false; transfers.len()];
-    for (i, (transfer, chunk)) in transfers
-        .iter()
-        .zip(staging.chunks_exact_mut(block_bytes))
-        .enumerate()
-    {
-        let (tier, slot) = transfer.source();
-        let result = match stores.get_mut(tier) {
-            Some(store) => store.read_block(slot, transfer.hash(), chunk),
-            None => Err(StorageError::Miss {
-                hash: transfer.hash(),
-            }),
+    let mut groups: Vec<((Tier, Tier), Vec<BlockCopy>)> = Vec::new();
+    for transfer in batch.transfers() {
+        let (source_tier, from) = transfer.source();
+        let (dest_tier, to) = transfer.dest();
+        let copy = BlockCopy {
+            hash: transfer.hash(),
+            from,
+            to,
         };
-        match result {
-            Ok(()) => read_ok[i] = true,
-            Err(StorageError::Corrupt { hash }) => performed.corrupt.push((tier, hash)),
-            Err(_) => {}
-        }
-    }
-    let mut dest_tiers = Vec::new();
-    for (i, (transfer, chunk)) in transfers
-        .iter()
-        .zip(staging.chunks_exact(block_bytes))
-        .enumerate()
-    {
-        if !read_ok[i] {
-            performed.failed.push(transfer.hash());
-            continue;
-        }
-        let (tier, slot) = transfer.dest();
-        let result = match stores.get_mut(tier) {
-            Some(store) => store.write_block(slot, transfer.hash(), chunk),
-            None => Err(StorageError::Miss {
-                hash: transfer.hash(),
-            }),
-        };
-        match result {
-            Ok(()) => {
-                performed.bytes += block_bytes as u64;
-                if !dest_tiers.contains(&tier) {
-                    dest_tiers.push(tier);
-                }
-            }
-            Err(error) => {
-                if matches!(error, StorageError::DiskFull { .. }) {
-                    performed.disk_full += 1;
-                }
-                performed.failed.push(transfer.hash());
-            }
-        }
-    }
-    for tier in dest_tiers {
-        if let Some(store) = stores.get_mut(tier)
-            && store.flush().is_err()
+        match groups
+            .iter_mut()
+            .find(|(key, _)| *key == (source_tier, dest_tier))
         {
-            // A failed flush means none of this tier's writes can be trusted.
-            for transfer in transfers.iter().filter(|t| t.dest().0 == tier) {
-                if !performed.failed.contains(&transfer.hash()) {
-                    performed.failed.push(transfer.hash());
-                    performed.bytes = performed.bytes.saturating_sub(block_bytes as u64);
+            Some((_, copies)) => copies.push(copy),
+            None => groups.push(((source_tier, dest_tier), vec![copy])),
+        }
+    }
+    for ((source_tier, dest_tier), copies) in groups {
+        let Some((source, dest)) = stores.pair_mut(source_tier, dest_tier) else {
+            performed.failed.extend(copies.iter().map(|c| c.hash));
+            continue;
+        };
+        let block_bytes = dest.block_bytes() as u64;
+        for (copy, result) in copies.iter().zip(copy_between(source, dest, &copies)) {
+            match result {
+                Ok(()) => performed.bytes += block_bytes,
+                Err(error) => {
+                    match error {
+                        StorageError::Corrupt { hash } => {
+                            performed.corrupt.push((source_tier, hash));
+                        }
+                        StorageError::DiskFull { .. } => performed.disk_full += 1,
+                        _ => {}
+                    }
+                    performed.failed.push(copy.hash);
                 }
             }
         }

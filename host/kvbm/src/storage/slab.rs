@@ -117,4 +117,35 @@ impl BlockStore for HostSlab {
         out.copy_from_slice(&self.bytes[range]);
         Ok(())
     }
+
+    fn read_in_place(
+        &mut self,
+        slot: BlockId,
+        hash: SequenceHash,
+        use_bytes: &mut dyn FnMut(&[u8]) -> Result<(), StorageError>,
+    ) -> Option<Result<(), StorageError>> {
+        let result = self.range(slot).and_then(|range| {
+            if self.holds[slot.index()] != Some(hash) {
+                return Err(StorageError::Miss { hash });
+            }
+            use_bytes(&self.bytes[range])
+        });
+        Some(result)
+    }
+
+    fn write_in_place(
+        &mut self,
+        slot: BlockId,
+        hash: SequenceHash,
+        fill: &mut dyn FnMut(&mut [u8]) -> Result<(), StorageError>,
+    ) -> Option<Result<(), StorageError>> {
+        let result = self.range(slot).and_then(|range| {
+            // Half-written bytes must never be read as the old block, nor as the new one.
+            self.holds[slot.index()] = None;
+            fill(&mut self.bytes[range])?;
+            self.holds[slot.index()] = Some(hash);
+            Ok(())
+        });
+        Some(result)
+    }
 }

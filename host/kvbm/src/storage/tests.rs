@@ -131,3 +131,60 @@ fn disk_full_skips_writes_and_keeps_serving_reads() -> TestResult {
     assert_eq!(out, block(2, 1000));
     Ok(())
 }
+
+#[test]
+fn copy_between_moves_bytes_both_ways_with_one_copy() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let mut slab = HostSlab::new(4, 512)?;
+    let mut disk = DiskStore::open(dir.path(), 4, 512, None)?;
+    for slot in 0..4u32 {
+        slab.write_block(
+            BlockId(slot),
+            SequenceHash(u64::from(slot)),
+            &block(slot as u8, 512),
+        )?;
+    }
+    let copies: Vec<BlockCopy> = (0..4u32)
+        .map(|slot| BlockCopy {
+            hash: SequenceHash(u64::from(slot)),
+            from: BlockId(slot),
+            to: BlockId(3 - slot),
+        })
+        .collect();
+    assert!(
+        copy_between(&mut slab, &mut disk, &copies)
+            .iter()
+            .all(Result::is_ok)
+    );
+    let mut back = HostSlab::new(4, 512)?;
+    let reverse: Vec<BlockCopy> = copies
+        .iter()
+        .map(|c| BlockCopy {
+            hash: c.hash,
+            from: c.to,
+            to: c.from,
+        })
+        .collect();
+    assert!(
+        copy_between(&mut disk, &mut back, &reverse)
+            .iter()
+            .all(Result::is_ok)
+    );
+    let mut out = vec![0; 512];
+    for slot in 0..4u32 {
+        back.read_block(BlockId(slot), SequenceHash(u64::from(slot)), &mut out)?;
+        assert_eq!(out, block(slot as u8, 512));
+    }
+    // A miss in the source leaves the destination slot empty, not half-claimed.
+    let missing = [BlockCopy {
+        hash: SequenceHash(99),
+        from: BlockId(0),
+        to: BlockId(1),
+    }];
+    assert!(copy_between(&mut disk, &mut back, &missing)[0].is_err());
+    assert!(
+        back.read_block(BlockId(1), SequenceHash(1), &mut out)
+            .is_err()
+    );
+    Ok(())
+}
