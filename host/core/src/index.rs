@@ -8,8 +8,8 @@
 //! The index is a plain value: `apply` takes `&mut self`. Concurrency (readers that never wait behind
 //! event application) is the driver's business; the gateway keeps two copies with `left-right`.
 
-use crate::hash::{HashMapByHash, SequenceHash};
-use crate::worker::{Rank, Tier, TierSet};
+use crate::hash::{HashSetByHash, SequenceHash};
+use crate::worker::{Rank, Tier};
 use smallvec::SmallVec;
 use std::collections::HashMap;
 
@@ -91,20 +91,43 @@ impl Overlap {
 /// Per-rank result of a lookup: only ranks that hold at least the first block appear.
 pub type Matches = Vec<(Rank, Overlap)>;
 
-type Owners = SmallVec<[(u32, TierSet); 4]>;
-
+/// One rank's blocks: a set of sequence hashes per tier, indexed by `Tier as usize`.
 #[derive(Debug, Clone)]
-struct RankEntry {
+struct RankBlocks {
     rank: Rank,
-    /// Blocks held per tier, indexed by `Tier as usize`.
-    blocks: [u64; 3],
+    tiers: [HashSetByHash; 3],
 }
 
-/// All ranks' blocks in one structure.
+// === impl RankBlocks ===
+
+impl RankBlocks {
+    /// Tiers holding `hash`, as cumulative flags: (on device, on device or host, anywhere).
+    /// Probes only non-empty tiers, and stops at the first tier that holds it.
+    #[inline]
+    fn present(&self, hash: &SequenceHash) -> [bool; 3] {
+        let [device, host, disk] = &self.tiers;
+        if !device.is_empty() && device.contains(hash) {
+            return [true; 3];
+        }
+        if !host.is_empty() && host.contains(hash) {
+            return [false, true, true];
+        }
+        [false, false, !disk.is_empty() && disk.contains(hash)]
+    }
+
+    fn is_empty(&self) -> bool {
+        self.tiers.iter().all(|t| t.is_empty())
+    }
+}
+
+/// All ranks' blocks.
+///
+/// Each rank keeps one hash set of sequence hashes per tier. A store or a removal is one probe
+/// of that rank's set per block (no owner lists to scan or shrink), a clear drops the rank's sets,
+/// and a lookup walks the request's chain once, probing only the ranks still matching.
 #[derive(Debug, Clone, Default)]
 pub struct KvIndex {
-    nodes: HashMapByHash<Owners>,
-    ranks: Vec<RankEntry>,
+    ranks: Vec<RankBlocks>,
     slots: HashMap<Rank, u32>,
 }
 
@@ -121,55 +144,29 @@ impl KvIndex {
         match op {
             IndexOp::Store { rank, tier, blocks } => {
                 let slot = self.slot(*rank);
+                let set = &mut self.ranks[slot as usize].tiers[*tier as usize];
+                // One insert at a time: `extend` reserves for the whole batch up front, and most of
+                // an event's blocks are often held already.
                 for &hash in blocks {
-                    let owners = self.nodes.entry(hash).or_default();
-                    match owners.iter_mut().find(|(s, _)| *s == slot) {
-                        Some((_, tiers)) if tiers.contains(*tier) => continue,
-                        Some((_, tiers)) => *tiers = tiers.with(*tier),
-                        None => owners.push((slot, TierSet::EMPTY.with(*tier))),
-                    }
-                    self.ranks[slot as usize].blocks[*tier as usize] += 1;
+                    set.insert(hash);
                 }
             }
             IndexOp::Remove { rank, tier, blocks } => {
                 let Some(&slot) = self.slots.get(rank) else {
                     return;
                 };
+                let set = &mut self.ranks[slot as usize].tiers[*tier as usize];
                 for hash in blocks {
-                    let Some(owners) = self.nodes.get_mut(hash) else {
-                        continue;
-                    };
-                    let Some(pos) = owners.iter().position(|(s, _)| *s == slot) else {
-                        continue;
-                    };
-                    let tiers = owners[pos].1;
-                    if !tiers.contains(*tier) {
-                        continue;
-                    }
-                    self.ranks[slot as usize].blocks[*tier as usize] -= 1;
-                    let left = tiers.without(*tier);
-                    if left.is_empty() {
-                        owners.swap_remove(pos);
-                        if owners.is_empty() {
-                            self.nodes.remove(hash);
-                        }
-                    } else {
-                        owners[pos].1 = left;
-                    }
+                    set.remove(hash);
                 }
             }
             IndexOp::Clear { rank } => {
                 let Some(&slot) = self.slots.get(rank) else {
                     return;
                 };
-                if self.ranks[slot as usize].blocks == [0; 3] {
-                    return;
+                for set in &mut self.ranks[slot as usize].tiers {
+                    *set = HashSetByHash::default();
                 }
-                self.nodes.retain(|_, owners| {
-                    owners.retain(|(s, _)| *s != slot);
-                    !owners.is_empty()
-                });
-                self.ranks[slot as usize].blocks = [0; 3];
             }
         }
     }
@@ -182,46 +179,43 @@ impl KvIndex {
     /// [`find_matches`](Self::find_matches) over hashes produced on demand: the walk stops at the
     /// first block no rank holds, so a caller that chains hashes lazily computes only those.
     pub fn find_matches_iter(&self, hashes: impl IntoIterator<Item = SequenceHash>) -> Matches {
-        // Per matching rank: (slot, still on device, still on device or host, still anywhere, depths).
+        // Per matching rank: still on device / on device or host / anywhere, and those depths.
         struct Run {
             slot: u32,
             live: [bool; 3],
             depth: [u32; 3],
         }
+        let mut hashes = hashes.into_iter();
+        let Some(first) = hashes.next() else {
+            return Matches::new();
+        };
         let mut runs: SmallVec<[Run; 16]> = SmallVec::new();
-        for (i, hash) in hashes.into_iter().enumerate() {
-            let Some(owners) = self.nodes.get(&hash) else {
-                break;
-            };
-            if i == 0 {
-                for &(slot, tiers) in owners {
-                    let device = tiers.contains(Tier::Device);
-                    let hot = device || tiers.contains(Tier::Host);
-                    runs.push(Run {
-                        slot,
-                        live: [device, hot, true],
-                        depth: [device as u32, hot as u32, 1],
-                    });
-                }
-                continue;
+        for (slot, blocks) in self.ranks.iter().enumerate() {
+            let present = blocks.present(&first);
+            if present[2] {
+                runs.push(Run {
+                    slot: slot as u32,
+                    live: present,
+                    depth: present.map(u32::from),
+                });
             }
-            let mut any_live = false;
-            for run in runs.iter_mut().filter(|r| r.live[2]) {
-                let tiers = owners
-                    .iter()
-                    .find(|(s, _)| *s == run.slot)
-                    .map_or(TierSet::EMPTY, |(_, t)| *t);
-                let device = tiers.contains(Tier::Device);
-                let hot = device || tiers.contains(Tier::Host);
-                let present = [device, hot, !tiers.is_empty()];
-                for ((live, depth), here) in run.live.iter_mut().zip(&mut run.depth).zip(present) {
-                    *live &= here;
-                    *depth += *live as u32;
+        }
+        if !runs.is_empty() {
+            for hash in hashes {
+                let mut any_live = false;
+                for run in runs.iter_mut().filter(|r| r.live[2]) {
+                    let present = self.ranks[run.slot as usize].present(&hash);
+                    for ((live, depth), here) in
+                        run.live.iter_mut().zip(&mut run.depth).zip(present)
+                    {
+                        *live &= here;
+                        *depth += u32::from(*live);
+                    }
+                    any_live |= run.live[2];
                 }
-                any_live |= run.live[2];
-            }
-            if !any_live {
-                break;
+                if !any_live {
+                    break;
+                }
             }
         }
         runs.iter()
@@ -239,9 +233,9 @@ impl KvIndex {
 
     /// Blocks `rank` holds in `tier`.
     pub fn blocks(&self, rank: Rank, tier: Tier) -> u64 {
-        self.slots
-            .get(&rank)
-            .map_or(0, |&slot| self.ranks[slot as usize].blocks[tier as usize])
+        self.slots.get(&rank).map_or(0, |&slot| {
+            self.ranks[slot as usize].tiers[tier as usize].len() as u64
+        })
     }
 
     /// Blocks `rank` holds in any tier (counting a block once per tier).
@@ -249,21 +243,25 @@ impl KvIndex {
         Tier::ALL.iter().map(|&t| self.blocks(rank, t)).sum()
     }
 
-    /// Distinct blocks (nodes) in the index.
+    /// Distinct blocks (nodes) in the index. Counts the union of every rank's sets: for tests and
+    /// reports, not the request path.
     pub fn node_count(&self) -> usize {
-        self.nodes.len()
+        let mut blocks = self.ranks.iter().filter(|r| !r.is_empty());
+        let Some(first) = blocks.next() else {
+            return 0;
+        };
+        let mut distinct: HashSetByHash = first.tiers.iter().flatten().copied().collect();
+        for rank in blocks {
+            distinct.extend(rank.tiers.iter().flatten().copied());
+        }
+        distinct.len()
     }
 
     /// Whether `rank` holds `hash` in `tier`.
     pub fn contains(&self, rank: Rank, tier: Tier, hash: SequenceHash) -> bool {
-        let Some(&slot) = self.slots.get(&rank) else {
-            return false;
-        };
-        self.nodes.get(&hash).is_some_and(|owners| {
-            owners
-                .iter()
-                .any(|(s, tiers)| *s == slot && tiers.contains(tier))
-        })
+        self.slots
+            .get(&rank)
+            .is_some_and(|&slot| self.ranks[slot as usize].tiers[tier as usize].contains(&hash))
     }
 
     fn slot(&mut self, rank: Rank) -> u32 {
@@ -271,9 +269,9 @@ impl KvIndex {
             return slot;
         }
         let slot = self.ranks.len() as u32;
-        self.ranks.push(RankEntry {
+        self.ranks.push(RankBlocks {
             rank,
-            blocks: [0; 3],
+            tiers: Default::default(),
         });
         self.slots.insert(rank, slot);
         slot
