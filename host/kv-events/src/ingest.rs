@@ -7,6 +7,7 @@
 
 use crate::wire::{EngineHash, KvEvent, decode_batch};
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::ops::Range;
 use switchyard_core::hash::{BlockHasher, LocalBlockHash, SequenceHash};
 use switchyard_core::index::IndexOp;
@@ -65,6 +66,35 @@ pub struct IngestStats {
     pub skipped_unknown_hash: u64,
 }
 
+/// Hasher for engine hashes: one folded 64x64->128 multiply. Engine hashes are opaque u64s of
+/// unknown quality (some engines count), so they are mixed, but SipHash's flooding resistance
+/// buys nothing for keys an engine we configured chose.
+#[derive(Debug, Default, Clone, Copy)]
+struct FoldHasher(u64);
+
+impl Hasher for FoldHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
+        }
+    }
+
+    #[inline]
+    fn write_u64(&mut self, n: u64) {
+        const K: u64 = 0x9E37_79B9_7F4A_7C15;
+        let product = u128::from(self.0 ^ n ^ K) * u128::from(0xA076_1D64_78BD_642F_u64);
+        self.0 = (product as u64) ^ ((product >> 64) as u64);
+    }
+}
+
+type EngineMap<V> = HashMap<EngineHash, V, BuildHasherDefault<FoldHasher>>;
+
 /// Our name for an engine block and how many copies the engine holds in each tier.
 #[derive(Debug, Clone, Copy)]
 struct Block {
@@ -86,7 +116,7 @@ pub struct Ingestor {
     last_seq: Option<u64>,
     /// Sequence numbers lost on the live stream and not yet replayed.
     missing: Option<Range<u64>>,
-    blocks: HashMap<EngineHash, Block>,
+    blocks: EngineMap<Block>,
     stats: IngestStats,
 }
 
@@ -103,7 +133,7 @@ impl Ingestor {
             hasher: BlockHasher::new(block_size as usize),
             last_seq: None,
             missing: None,
-            blocks: HashMap::new(),
+            blocks: EngineMap::default(),
             stats: IngestStats::default(),
         }
     }
