@@ -380,7 +380,7 @@ fn a_corrupt_disk_block_is_a_miss_and_leaves_the_tier() -> TestResult {
     let slot = found.lower[0].1.id();
     let path = dir.path().join("blocks.kvb");
     let mut bytes = std::fs::read(&path)?;
-    let offset = slot.index() * (BLOCK_BYTES + 32).div_ceil(4096) * 4096 + 40;
+    let offset = slot.index() * (BLOCK_BYTES + 32).div_ceil(4096) * 4096 + 40; // a payload byte
     bytes[offset] ^= 0xFF;
     std::fs::write(&path, &bytes)?;
     let batch = manager.onboard(found.lower, Tick(2))?;

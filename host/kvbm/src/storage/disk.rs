@@ -1,6 +1,7 @@
-//! G3: blocks in one slot file under a directory. Each slot is a record: a 32-byte header
-//! (magic, version, sequence hash, payload length, XXH3 checksum of hash and payload) and the
-//! payload, at a fixed, page-aligned stride. A torn, corrupt or truncated record is a miss and
+//! G3: blocks in one slot file under a directory. Each slot is a record at a fixed,
+//! page-aligned stride: the payload first (so a block of whole pages is written as whole pages),
+//! then a 32-byte trailer (magic, version, sequence hash, payload length, XXH3 checksum of hash
+//! and payload). A torn, corrupt or truncated record is a miss and
 //! is counted; it is never served. Space is accounted per written slot; when the disk (or the
 //! configured byte budget) is full, writes are skipped until a probe write succeeds.
 
@@ -162,8 +163,8 @@ impl DiskStore {
         header[16..24].copy_from_slice(&(data.len() as u64).to_le_bytes());
         header[24..32].copy_from_slice(&Self::checksum(hash, data).to_le_bytes());
         self.file.seek(SeekFrom::Start(self.record_offset(slot)))?;
-        self.file.write_all(&header)?;
-        self.file.write_all(data)
+        self.file.write_all(data)?;
+        self.file.write_all(&header)
     }
 }
 
@@ -242,8 +243,8 @@ impl BlockStore for DiskStore {
         self.file.seek(SeekFrom::Start(self.record_offset(slot)))?;
         let read = self
             .file
-            .read_exact(&mut header)
-            .and_then(|()| self.file.read_exact(out));
+            .read_exact(out)
+            .and_then(|()| self.file.read_exact(&mut header));
         if let Err(error) = read {
             if error.kind() == ErrorKind::UnexpectedEof {
                 self.counters.checksum_failures += 1;

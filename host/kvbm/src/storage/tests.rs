@@ -65,7 +65,7 @@ fn a_corrupt_byte_is_a_counted_miss() -> TestResult {
     disk.write_block(BlockId(2), SequenceHash(6), &block(9, 1000))?;
     disk.flush()?;
     let mut file = OpenOptions::new().write(true).open(disk.path())?;
-    file.seek(SeekFrom::Start(disk.record_offset(BlockId(1)) + 32 + 500))?;
+    file.seek(SeekFrom::Start(disk.record_offset(BlockId(1)) + 500))?;
     file.write_all(&[0xFF])?;
     drop(file);
     let mut out = vec![0; 1000];
@@ -74,6 +74,16 @@ fn a_corrupt_byte_is_a_counted_miss() -> TestResult {
         Err(StorageError::Corrupt { .. })
     ));
     assert_eq!(disk.counters().checksum_failures, 1);
+    // A damaged trailer (the magic) is caught as well.
+    let mut file = OpenOptions::new().write(true).open(disk.path())?;
+    file.seek(SeekFrom::Start(disk.record_offset(BlockId(1)) + 1000))?;
+    file.write_all(b"X")?;
+    drop(file);
+    assert!(matches!(
+        disk.read_block(BlockId(1), SequenceHash(5), &mut out),
+        Err(StorageError::Corrupt { .. })
+    ));
+    assert_eq!(disk.counters().checksum_failures, 2);
     // Its neighbour is untouched.
     disk.read_block(BlockId(2), SequenceHash(6), &mut out)?;
     assert_eq!(out, block(9, 1000));
@@ -87,16 +97,18 @@ fn a_truncated_file_is_a_counted_miss() -> TestResult {
     disk.write_block(BlockId(2), SequenceHash(5), &block(0, 1000))?;
     disk.flush()?;
     let file = OpenOptions::new().write(true).open(disk.path())?;
-    file.set_len(disk.record_offset(BlockId(2)) + 32 + 100)?;
+    file.set_len(disk.record_offset(BlockId(2)) + 100)?;
     drop(file);
     let mut out = vec![0; 1000];
     assert!(matches!(
         disk.read_block(BlockId(2), SequenceHash(5), &mut out),
         Err(StorageError::Corrupt { .. })
     ));
-    // Cut inside the header too.
+    // Rewrite it, then cut inside the trailer.
+    disk.write_block(BlockId(2), SequenceHash(5), &block(0, 1000))?;
+    disk.flush()?;
     let file = OpenOptions::new().write(true).open(disk.path())?;
-    file.set_len(disk.record_offset(BlockId(2)) + 10)?;
+    file.set_len(disk.record_offset(BlockId(2)) + 1000 + 10)?;
     drop(file);
     assert!(matches!(
         disk.read_block(BlockId(2), SequenceHash(5), &mut out),
