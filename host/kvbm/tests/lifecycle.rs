@@ -1,7 +1,8 @@
 //! Random sequences of allocate / register / drop / clone / touch / evict / retain / pin /
 //! advance / weak upgrade / move, checked against a simple model after every step: no block
-//! leaked, none double-freed, refcounts exact, each victim allowed by retention, decay and
-//! leaf-first, pins within the budget.
+//! leaked, none double-freed, refcounts exact, the eviction order exactly the model's
+//! (ephemeral, then effective priority after decay, then order of release; leaves only; a
+//! prefix right after its suffix), pins within the budget.
 
 use std::collections::HashMap;
 
@@ -100,23 +101,61 @@ fn op() -> impl Strategy<Value = Op> {
 
 #[derive(Debug, Clone, Copy)]
 struct ModelBlock {
+    slot: u32,
     refcount: u32,
     retention: Retention,
     pinned_until: Option<Tick>,
+    /// Place in the eviction order while evictable (the pool's rule: a block that becomes
+    /// evictable takes a growing back stamp; a prefix whose last child was evicted takes a
+    /// shrinking front stamp).
+    stamp: Option<u64>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Model {
     now: Tick,
     blocks: HashMap<u64, ModelBlock>,
+    back: u64,
+    front: u64,
 }
 
 impl Model {
+    fn new() -> Model {
+        Model {
+            now: Tick(0),
+            blocks: HashMap::new(),
+            back: 1 << 63,
+            front: (1 << 63) - 1,
+        }
+    }
+
+    fn next_back(&mut self) -> u64 {
+        self.back += 1;
+        self.back
+    }
+
+    /// Time moves on: expired pins lapse, in (expiry, slot) order.
     fn advance(&mut self, now: Tick) {
         self.now = self.now.max(now);
-        for block in self.blocks.values_mut() {
-            if block.pinned_until.is_some_and(|t| t <= self.now) {
+        let mut expired: Vec<(Tick, u32, u64)> = self
+            .blocks
+            .iter()
+            .filter_map(|(h, b)| {
+                b.pinned_until
+                    .filter(|t| *t <= self.now)
+                    .map(|t| (t, b.slot, *h))
+            })
+            .collect();
+        expired.sort();
+        for (_, _, hash) in expired {
+            if let Some(block) = self.blocks.get_mut(&hash) {
                 block.pinned_until = None;
+            }
+            if self.evictable(hash) {
+                let stamp = self.next_back();
+                if let Some(block) = self.blocks.get_mut(&hash) {
+                    block.stamp = Some(stamp);
+                }
             }
         }
     }
@@ -132,12 +171,55 @@ impl Model {
         !self.blocks.keys().any(|&h| parent_of(h) == Some(hash))
     }
 
+    fn evictable(&self, hash: u64) -> bool {
+        self.blocks
+            .get(&hash)
+            .is_some_and(|b| b.refcount == 0 && b.pinned_until.is_none() && self.is_leaf(hash))
+    }
+
     fn candidates(&self) -> Vec<u64> {
         self.blocks
-            .iter()
-            .filter(|(h, b)| b.refcount == 0 && b.pinned_until.is_none() && self.is_leaf(**h))
-            .map(|(h, _)| *h)
+            .keys()
+            .filter(|h| self.evictable(**h))
+            .copied()
             .collect()
+    }
+
+    /// After an operation: blocks that stopped being evictable leave the order; the (at most
+    /// one) block that became evictable enters at the back.
+    fn sync(&mut self) -> Result<(), TestCaseError> {
+        let hashes: Vec<u64> = self.blocks.keys().copied().collect();
+        let mut entering = Vec::new();
+        for hash in hashes {
+            let evictable = self.evictable(hash);
+            let Some(block) = self.blocks.get_mut(&hash) else {
+                continue;
+            };
+            match (evictable, block.stamp) {
+                (false, Some(_)) => block.stamp = None,
+                (true, None) => entering.push(hash),
+                _ => {}
+            }
+        }
+        prop_assert!(
+            entering.len() <= 1,
+            "one operation freed several blocks: {:?}",
+            entering
+        );
+        for hash in entering {
+            let stamp = self.next_back();
+            if let Some(block) = self.blocks.get_mut(&hash) {
+                block.stamp = Some(stamp);
+            }
+        }
+        Ok(())
+    }
+
+    /// A touch, a retention change or a hold-and-release: the block re-enters at the back.
+    fn restamp(&mut self, hash: u64) {
+        if let Some(block) = self.blocks.get_mut(&hash) {
+            block.stamp = None;
+        }
     }
 
     /// Ephemeral first, then lowest priority as it stands now (decay included).
@@ -150,7 +232,14 @@ impl Model {
         }
     }
 
-    /// Check that `victim` may be evicted now, then forget it.
+    /// The block eviction must take next: lowest class, then earliest in the order.
+    fn next_victim(&self) -> Option<u64> {
+        self.candidates()
+            .into_iter()
+            .min_by_key(|h| (self.class(*h), self.blocks[h].stamp))
+    }
+
+    /// Check that `victim` is exactly the block the model would evict, then forget it.
     fn evicted(&mut self, victim: u64) -> Result<(), TestCaseError> {
         let candidates = self.candidates();
         prop_assert!(
@@ -164,7 +253,18 @@ impl Model {
             "victim {} out of retention order",
             victim
         );
+        prop_assert_eq!(Some(victim), self.next_victim(), "victim out of LRU order");
         self.blocks.remove(&victim);
+        if let Some(parent) = parent_of(victim)
+            && self.evictable(parent)
+            && self.blocks.get(&parent).is_some_and(|b| b.stamp.is_none())
+        {
+            self.front -= 1;
+            let stamp = self.front;
+            if let Some(block) = self.blocks.get_mut(&parent) {
+                block.stamp = Some(stamp);
+            }
+        }
         Ok(())
     }
 }
@@ -183,7 +283,7 @@ impl Harness {
         Ok(Harness {
             pool: BlockPool::new(Tier::Device, CAPACITY, PIN_BUDGET)?,
             other: BlockPool::new(Tier::Host, 16, 0)?,
-            model: Model::default(),
+            model: Model::new(),
             mutables: Vec::new(),
             handles: Vec::new(),
             weaks: Vec::new(),
@@ -251,9 +351,11 @@ impl Harness {
                         self.model.blocks.insert(
                             hash,
                             ModelBlock {
+                                slot: registration.block.id().0,
                                 refcount: 1,
                                 retention,
                                 pinned_until: None,
+                                stamp: None,
                             },
                         );
                     }
@@ -297,6 +399,7 @@ impl Harness {
                 let hash = hash_of(chain, depth);
                 let touched = self.pool.touch(SequenceHash(hash), now);
                 prop_assert_eq!(touched, self.model.blocks.contains_key(&hash));
+                self.model.restamp(hash);
             }
             Op::Evict => match self.pool.evict_one(now) {
                 Some(hash) => {
@@ -313,6 +416,7 @@ impl Harness {
                 if let Some(block) = self.model.blocks.get_mut(&hash) {
                     block.retention = retention;
                 }
+                self.model.restamp(hash);
             }
             Op::Pin(chain, depth, duration) => {
                 let hash = hash_of(chain, depth);
@@ -378,6 +482,7 @@ impl Harness {
                 let Some(source) = self.pool.get(hash, now) else {
                     return Ok(());
                 };
+                self.model.restamp(hash.0);
                 let retention = source.retention();
                 let fresh = !self.other.contains(hash);
                 let mut allocation = self
@@ -399,10 +504,13 @@ impl Harness {
             }
         }
         self.absorb_removals()?;
+        self.model.sync()?;
         self.check()
     }
 
     fn check(&self) -> Result<(), TestCaseError> {
+        let victim = self.pool.next_victim(self.model.now).map(|h| h.0);
+        prop_assert_eq!(victim, self.model.next_victim(), "next victim");
         let usage = self.pool.usage();
         prop_assert_eq!(usage.leased, self.mutables.len(), "leased slots");
         prop_assert_eq!(
