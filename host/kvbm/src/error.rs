@@ -35,6 +35,9 @@ pub enum KvbmError {
     /// A token range whose end is before its start.
     #[error("token range {start}..{end} is empty or reversed")]
     BadTokenRange { start: u64, end: u64 },
+    /// A tier's byte store does not fit its pool.
+    #[error("tier {tier}: store does not fit the configuration: {reason}")]
+    StoreMismatch { tier: Tier, reason: String },
     /// A transfer batch was committed to a manager it did not come from.
     #[error("transfer batch belongs to another block manager")]
     ForeignBatch,

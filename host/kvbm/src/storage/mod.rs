@@ -16,7 +16,8 @@ pub use slab::HostSlab;
 #[cfg(feature = "cuda")]
 pub use cuda::DeviceSlab;
 
-use crate::error::StorageError;
+use crate::config::ManagerConfig;
+use crate::error::{KvbmError, StorageError};
 use crate::manager::TransferBatch;
 use crate::types::{BlockId, SequenceHash, Tier};
 
@@ -156,6 +157,39 @@ impl TierStores {
             Tier::Disk => self.disk.as_deref_mut(),
             Tier::Pool => None,
         }
+    }
+
+    /// Checks that every configured tier has a store with the configured block size and at
+    /// least as many slots as its pool (a slot beyond the store would fail every copy).
+    pub fn check(&self, config: &ManagerConfig) -> Result<(), KvbmError> {
+        for (tier, store) in [
+            (Tier::Device, &self.device),
+            (Tier::Host, &self.host),
+            (Tier::Disk, &self.disk),
+        ] {
+            let Some(tier_config) = config.tier(tier) else {
+                continue;
+            };
+            let mismatch = |reason: String| KvbmError::StoreMismatch { tier, reason };
+            let Some(store) = store else {
+                return Err(mismatch("no store".into()));
+            };
+            if store.block_bytes() as u64 != config.block_bytes {
+                return Err(mismatch(format!(
+                    "blocks of {} bytes, configured {}",
+                    store.block_bytes(),
+                    config.block_bytes
+                )));
+            }
+            if store.capacity_blocks() < tier_config.capacity_blocks {
+                return Err(mismatch(format!(
+                    "{} slots for a pool of {}",
+                    store.capacity_blocks(),
+                    tier_config.capacity_blocks
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// The stores of two different tiers at once.

@@ -200,3 +200,28 @@ fn copy_between_moves_bytes_both_ways_with_one_copy() -> TestResult {
     );
     Ok(())
 }
+
+#[test]
+fn stores_are_checked_against_the_configuration() -> TestResult {
+    let mut config = crate::ManagerConfig::new(16, 512, 4);
+    config.host = Some(crate::TierConfig::blocks(8));
+    let mut stores = TierStores {
+        device: Some(Box::new(HostSlab::new(4, 512)?)),
+        host: Some(Box::new(HostSlab::new(8, 512)?)),
+        disk: None,
+    };
+    stores.check(&config)?;
+    stores.host = Some(Box::new(HostSlab::new(7, 512)?));
+    assert!(matches!(
+        stores.check(&config),
+        Err(crate::KvbmError::StoreMismatch {
+            tier: Tier::Host,
+            ..
+        })
+    ));
+    stores.host = Some(Box::new(HostSlab::new(8, 256)?));
+    assert!(stores.check(&config).is_err());
+    stores.host = None;
+    assert!(stores.check(&config).is_err());
+    Ok(())
+}
