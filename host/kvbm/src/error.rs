@@ -64,6 +64,9 @@ pub enum StorageError {
     /// The disk is full (or over its configured budget): the write was skipped.
     #[error("disk tier is full: write of block {hash} skipped")]
     DiskFull { hash: SequenceHash },
+    /// Every slot is in use: nothing could be evicted for the write.
+    #[error("no room for block {hash}: every slot is in use")]
+    NoRoom { hash: SequenceHash },
     /// The device could not be used.
     #[error("device unavailable: {reason}")]
     DeviceUnavailable { reason: String },

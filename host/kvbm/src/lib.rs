@@ -77,6 +77,8 @@ pub mod types;
 
 pub use config::{ManagerConfig, TierConfig};
 pub use error::{KvbmError, StorageError};
-pub use manager::{KvBlockManager, OffloadBudget, TierEvent, TransferBatch, TransferKind};
+pub use manager::{
+    KvBlockManager, OffloadBudget, PoolFetch, TierEvent, TransferBatch, TransferKind,
+};
 pub use metrics::KvbmMetrics;
 pub use types::{BlockId, SequenceHash, Tick, Tier};

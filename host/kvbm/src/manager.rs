@@ -178,6 +178,31 @@ pub struct Committed {
     pub expired: bool,
 }
 
+/// G1 slots leased for blocks to fetch from the shared pool (G4), in prompt order. Dropped
+/// without commit, the slots return to reset.
+#[derive(Debug)]
+pub struct PoolFetch {
+    manager: u64,
+    blocks: Vec<CompleteBlock>,
+}
+
+impl PoolFetch {
+    /// (hash, G1 slot) of each block to fetch.
+    pub fn slots(&self) -> impl Iterator<Item = (SequenceHash, BlockId)> + '_ {
+        self.blocks.iter().map(|b| (b.hash(), b.id()))
+    }
+
+    /// Number of blocks.
+    pub fn len(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Whether there is nothing to fetch.
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+}
+
 /// Per-block load time of a tier, smoothed (EWMA, alpha 1/4).
 #[derive(Debug, Clone, Copy, Default)]
 struct LoadEstimate {
@@ -343,6 +368,7 @@ impl KvBlockManager {
                 .iter()
                 .take_while(|present| **present)
                 .count();
+            self.metrics.pool_hits += found.pool_blocks as u64;
         }
         found
     }
@@ -384,6 +410,64 @@ impl KvBlockManager {
             deadline,
             transfers,
         })
+    }
+
+    /// Lease G1 slots for `hashes`, the run a lookup found in the shared pool right after the
+    /// local prefix (whose last block is `parent`). The caller copies the bytes
+    /// ([`crate::storage::fetch_from_pool`]), then calls [`Self::commit_pool_fetch`].
+    pub fn plan_pool_fetch(
+        &mut self,
+        hashes: &[SequenceHash],
+        parent: Option<SequenceHash>,
+        now: Tick,
+    ) -> Result<PoolFetch, KvbmError> {
+        let allocation = self.pool_or_err(Tier::Device)?.allocate(hashes.len(), now);
+        self.collect_removals();
+        let mut parent = parent;
+        let blocks = allocation?
+            .blocks
+            .into_iter()
+            .zip(hashes)
+            .map(|(block, &hash)| {
+                let complete = block.complete(hash, parent);
+                parent = Some(hash);
+                complete
+            })
+            .collect();
+        Ok(PoolFetch {
+            manager: self.id,
+            blocks,
+        })
+    }
+
+    /// Register the fetched blocks in G1, in order, up to the first failed one (the blocks
+    /// after a hole could never be matched as a prefix); the rest return to reset. Fetched
+    /// blocks are written through to G2 like computed ones.
+    pub fn commit_pool_fetch(
+        &mut self,
+        fetch: PoolFetch,
+        failed: &[SequenceHash],
+        now: Tick,
+    ) -> Result<Committed, KvbmError> {
+        if fetch.manager != self.id {
+            return Err(KvbmError::ForeignBatch);
+        }
+        let mut committed = Committed::default();
+        let mut budget = OffloadBudget::unlimited();
+        let mut blocks = fetch.blocks.into_iter();
+        for block in blocks.by_ref() {
+            if failed.contains(&block.hash()) {
+                committed.failed += 1;
+                self.metrics.transfers_failed += 1;
+                break;
+            }
+            let registered = self.register(block, Retention::DEFAULT, &mut budget, now)?;
+            self.metrics.onboard_blocks_pool += 1;
+            self.metrics.onboard_bytes += self.config.block_bytes;
+            committed.blocks.push(registered);
+        }
+        committed.failed += blocks.len();
+        Ok(committed)
     }
 
     /// Stage named hashes into G1 ahead of a request: the contiguous run found in lower tiers

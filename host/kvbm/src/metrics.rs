@@ -36,6 +36,11 @@ pub struct KvbmMetrics {
     pub onboard_blocks_h2d: u64,
     /// Blocks loaded G3 -> G1 (`kvbm_onboard_blocks_d2d`, disk to device).
     pub onboard_blocks_d2d: u64,
+    /// Blocks loaded G4 -> G1 (`kvbm_onboard_blocks_g4`).
+    pub onboard_blocks_pool: u64,
+    /// Blocks right after the local prefix a lookup found in the shared pool
+    /// (`kvbm_pool_hits_total`).
+    pub pool_hits: u64,
     /// Bytes onboarded, all tiers (`kvbm_onboard_bytes_total`).
     pub onboard_bytes: u64,
     /// Write-through candidates skipped because the tier below had them.
@@ -105,6 +110,8 @@ impl KvbmMetrics {
             ("kvbm_offload_bytes_total", self.offload_bytes),
             ("kvbm_onboard_blocks_h2d", self.onboard_blocks_h2d),
             ("kvbm_onboard_blocks_d2d", self.onboard_blocks_d2d),
+            ("kvbm_onboard_blocks_g4", self.onboard_blocks_pool),
+            ("kvbm_pool_hits_total", self.pool_hits),
             ("kvbm_onboard_bytes_total", self.onboard_bytes),
             (
                 "kvbm_offload_skipped_present_total",

@@ -1,6 +1,8 @@
 use super::*;
 use crate::config::TierConfig;
-use crate::storage::{DiskStore, HostSlab, TierStores, perform};
+use crate::storage::{
+    DiskStore, HostSlab, MemoryPool, TierStores, fetch_from_pool, perform, publish_to_pool,
+};
 
 const BLOCK_BYTES: usize = 256;
 
@@ -420,5 +422,77 @@ fn batches_are_checked_against_their_manager() -> TestResult {
     ));
     // The dropped batch returned its slot.
     assert_eq!(a.pool(Tier::Host).map(|p| p.usage().free), Some(2));
+    Ok(())
+}
+
+#[test]
+fn a_second_worker_reuses_a_prefix_through_the_shared_pool() -> TestResult {
+    let pool = Arc::new(MemoryPool::new(16, BLOCK_BYTES)?);
+    let mut worker_a = KvBlockManager::new(config(4, None, None))?.with_shared_pool(pool.clone());
+    let mut worker_b = KvBlockManager::new(config(4, None, None))?.with_shared_pool(pool.clone());
+    let mut stores_a = stores(None)?;
+    let mut stores_b = stores(None)?;
+    let system_prompt = hashes(1, 3);
+    let computed = compute(
+        &mut worker_a,
+        &mut stores_a,
+        &system_prompt,
+        Retention::DEFAULT,
+        &mut OffloadBudget::unlimited(),
+        Tick(0),
+    )?;
+    let device_a = stores_a.get_mut(Tier::Device).ok_or("device")?;
+    assert!(publish_to_pool(pool.as_ref(), device_a, &computed).is_empty());
+
+    // Worker B has block 1 itself; the pool supplies the rest of the prompt.
+    drop(compute(
+        &mut worker_b,
+        &mut stores_b,
+        &system_prompt[..1],
+        Retention::DEFAULT,
+        &mut OffloadBudget::unlimited(),
+        Tick(1),
+    )?);
+    let mut prompt = system_prompt.clone();
+    prompt.push(SequenceHash(50));
+    let found = worker_b.lookup(&prompt, Tick(2));
+    assert_eq!((found.device.len(), found.pool_blocks), (1, 2));
+    let start = found.local_blocks();
+    let fetch = worker_b.plan_pool_fetch(
+        &prompt[start..start + found.pool_blocks],
+        Some(prompt[start - 1]),
+        Tick(2),
+    )?;
+    let device_b = stores_b.get_mut(Tier::Device).ok_or("device")?;
+    let failed = fetch_from_pool(pool.as_ref(), &fetch, device_b);
+    let committed = worker_b.commit_pool_fetch(fetch, &failed, Tick(2))?;
+    assert_eq!(committed.blocks.len(), 2);
+    assert_eq!(committed.blocks[1].parent(), Some(SequenceHash(2)));
+    let mut out = vec![0; BLOCK_BYTES];
+    device_b.read_block(committed.blocks[1].id(), SequenceHash(3), &mut out)?;
+    assert_eq!(out, vec![3u8; BLOCK_BYTES]);
+    drop((found, committed));
+    assert_eq!(worker_b.lookup(&prompt, Tick(3)).device.len(), 3);
+    let metrics = worker_b.metrics();
+    assert_eq!((metrics.onboard_blocks_pool, metrics.pool_hits), (2, 2));
+    Ok(())
+}
+
+#[test]
+fn a_pool_fetch_stops_at_the_first_hole() -> TestResult {
+    let pool = Arc::new(MemoryPool::new(16, BLOCK_BYTES)?);
+    let mut manager = KvBlockManager::new(config(4, None, None))?.with_shared_pool(pool.clone());
+    for hash in hashes(1, 3) {
+        pool.put(hash, None, &[hash.0 as u8; BLOCK_BYTES])?;
+    }
+    let fetch = manager.plan_pool_fetch(&hashes(1, 3), None, Tick(0))?;
+    let committed = manager.commit_pool_fetch(fetch, &[SequenceHash(2)], Tick(0))?;
+    assert_eq!((committed.blocks.len(), committed.failed), (1, 2));
+    drop(committed);
+    let usage = manager
+        .pool(Tier::Device)
+        .map(|p| p.usage())
+        .ok_or("pool")?;
+    assert_eq!((usage.registered, usage.leased, usage.free), (1, 0, 3));
     Ok(())
 }

@@ -3,6 +3,7 @@
 //! between stores, off the request path. This is the only module that does I/O.
 
 mod disk;
+mod shared;
 mod slab;
 
 #[cfg(feature = "cuda")]
@@ -11,6 +12,7 @@ mod cuda;
 use std::fmt::Debug;
 
 pub use disk::{DiskCounters, DiskStore};
+pub use shared::{MemoryPool, fetch_from_pool, publish_to_pool};
 pub use slab::HostSlab;
 
 #[cfg(feature = "cuda")]
@@ -124,14 +126,20 @@ pub fn copy_between(
     results
 }
 
-/// G4: a pool shared by workers, keyed by sequence hash (the `kv-pool` service implements it
-/// later; writes are idempotent: same hash, same bytes).
+/// G4: a pool shared by workers, keyed by sequence hash. Writes are idempotent (same hash, same
+/// bytes). [`MemoryPool`] is the in-process implementation; the `kv-pool` service will serve
+/// one over the network.
 pub trait SharedPool: Debug + Send + Sync {
     /// Which of `hashes` the pool holds, in order.
     fn contains(&self, hashes: &[SequenceHash]) -> Vec<bool>;
 
-    /// Store one block.
-    fn put(&self, hash: SequenceHash, data: &[u8]) -> Result<(), StorageError>;
+    /// Store one block (`parent`: the block before it, so the pool can evict leaves first).
+    fn put(
+        &self,
+        hash: SequenceHash,
+        parent: Option<SequenceHash>,
+        data: &[u8],
+    ) -> Result<(), StorageError>;
 
     /// Fetch one block into `out`.
     fn get(&self, hash: SequenceHash, out: &mut [u8]) -> Result<(), StorageError>;
