@@ -5,7 +5,7 @@
 //! prefix tree.
 
 use serde::{Deserialize, Serialize};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -41,9 +41,6 @@ impl Hasher for PassThrough {
 
 /// A map keyed by sequence hash, without rehashing the keys.
 pub(crate) type HashMapByHash<V> = HashMap<SequenceHash, V, BuildHasherDefault<PassThrough>>;
-
-/// A set of sequence hashes, without rehashing them.
-pub(crate) type HashSetByHash = HashSet<SequenceHash, BuildHasherDefault<PassThrough>>;
 
 /// Hashes token sequences into blocks of a fixed size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

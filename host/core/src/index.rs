@@ -8,10 +8,12 @@
 //! The index is a plain value: `apply` takes `&mut self`. Concurrency (readers that never wait behind
 //! event application) is the driver's business; the gateway keeps two copies with `left-right`.
 
-use crate::hash::{HashSetByHash, SequenceHash};
+use crate::hash::SequenceHash;
 use crate::worker::{Rank, Tier};
-use smallvec::SmallVec;
+use flat::U64Map;
 use std::collections::HashMap;
+
+pub mod flat;
 
 /// A change to the index, already translated into our own hash space.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,43 +93,49 @@ impl Overlap {
 /// Per-rank result of a lookup: only ranks that hold at least the first block appear.
 pub type Matches = Vec<(Rank, Overlap)>;
 
-/// One rank's blocks: a set of sequence hashes per tier, indexed by `Tier as usize`.
-#[derive(Debug, Clone)]
-struct RankBlocks {
-    rank: Rank,
-    tiers: [HashSetByHash; 3],
+/// Ranks per group: one bit each in a node's owner mask.
+const GROUP: usize = 64;
+
+/// Prefix blocks a lookup probes before looking at the answers.
+const PROBE_BATCH: usize = 8;
+
+/// Per tier, sequence hash -> owner bits of the group's ranks (`slot % GROUP`) holding it there.
+/// A node disappears with its last owner, so memory follows what the engines hold.
+type TierMaps = [U64Map<u64>; 3];
+
+/// Owners of `hash` in a group, as cumulative masks: on device, on device or host, anywhere.
+/// Empty tiers (the common case for host and disk) cost no probe.
+#[inline]
+fn owners(maps: &TierMaps, hash: &SequenceHash) -> [u64; 3] {
+    let probe = |map: &U64Map<u64>| {
+        if map.is_empty() {
+            0
+        } else {
+            map.get(hash.0).copied().unwrap_or(0)
+        }
+    };
+    let device = probe(&maps[0]);
+    let hot = device | probe(&maps[1]);
+    [device, hot, hot | probe(&maps[2])]
 }
 
-// === impl RankBlocks ===
-
-impl RankBlocks {
-    /// Tiers holding `hash`, as cumulative flags: (on device, on device or host, anywhere).
-    /// Probes only non-empty tiers, and stops at the first tier that holds it.
-    #[inline]
-    fn present(&self, hash: &SequenceHash) -> [bool; 3] {
-        let [device, host, disk] = &self.tiers;
-        if !device.is_empty() && device.contains(hash) {
-            return [true; 3];
-        }
-        if !host.is_empty() && host.contains(hash) {
-            return [false, true, true];
-        }
-        [false, false, !disk.is_empty() && disk.contains(hash)]
-    }
-
-    fn is_empty(&self) -> bool {
-        self.tiers.iter().all(|t| t.is_empty())
-    }
+#[derive(Debug, Clone)]
+struct RankEntry {
+    rank: Rank,
+    /// Blocks held per tier, indexed by `Tier as usize`.
+    blocks: [u64; 3],
 }
 
 /// All ranks' blocks.
 ///
-/// Each rank keeps one hash set of sequence hashes per tier. A store or a removal is one probe
-/// of that rank's set per block (no owner lists to scan or shrink), a clear drops the rank's sets,
-/// and a lookup walks the request's chain once, probing only the ranks still matching.
+/// One node per sequence hash and tier, whose value is a bit mask of the ranks holding it (ranks
+/// come in groups of 64, one map set per group). A store or a removal is one probe per block; a
+/// lookup is one probe per prefix block and tier in use, whatever the number of ranks, and tracks
+/// every rank's depth with mask operations.
 #[derive(Debug, Clone, Default)]
 pub struct KvIndex {
-    ranks: Vec<RankBlocks>,
+    groups: Vec<TierMaps>,
+    ranks: Vec<RankEntry>,
     slots: HashMap<Rank, u32>,
 }
 
@@ -143,30 +151,50 @@ impl KvIndex {
     pub fn apply(&mut self, op: &IndexOp) {
         match op {
             IndexOp::Store { rank, tier, blocks } => {
-                let slot = self.slot(*rank);
-                let set = &mut self.ranks[slot as usize].tiers[*tier as usize];
-                // One insert at a time: `extend` reserves for the whole batch up front, and most of
-                // an event's blocks are often held already.
+                let slot = self.slot(*rank) as usize;
+                let bit = 1u64 << (slot % GROUP);
+                let map = &mut self.groups[slot / GROUP][*tier as usize];
+                let mut added = 0;
                 for &hash in blocks {
-                    set.insert(hash);
+                    let owners = map.get_or_insert(hash.0, 0);
+                    added += u64::from(*owners & bit == 0);
+                    *owners |= bit;
                 }
+                self.ranks[slot].blocks[*tier as usize] += added;
             }
             IndexOp::Remove { rank, tier, blocks } => {
                 let Some(&slot) = self.slots.get(rank) else {
                     return;
                 };
-                let set = &mut self.ranks[slot as usize].tiers[*tier as usize];
+                let slot = slot as usize;
+                let bit = 1u64 << (slot % GROUP);
+                let map = &mut self.groups[slot / GROUP][*tier as usize];
+                let mut removed = 0;
                 for hash in blocks {
-                    set.remove(hash);
+                    map.update_or_remove(hash.0, |owners| {
+                        removed += u64::from(*owners & bit != 0);
+                        *owners &= !bit;
+                        *owners != 0
+                    });
                 }
+                self.ranks[slot].blocks[*tier as usize] -= removed;
             }
             IndexOp::Clear { rank } => {
                 let Some(&slot) = self.slots.get(rank) else {
                     return;
                 };
-                for set in &mut self.ranks[slot as usize].tiers {
-                    *set = HashSetByHash::default();
+                let slot = slot as usize;
+                if self.ranks[slot].blocks == [0; 3] {
+                    return;
                 }
+                let bit = 1u64 << (slot % GROUP);
+                for map in &mut self.groups[slot / GROUP] {
+                    map.retain(|_, owners| {
+                        *owners &= !bit;
+                        *owners != 0
+                    });
+                }
+                self.ranks[slot].blocks = [0; 3];
             }
         }
     }
@@ -179,63 +207,104 @@ impl KvIndex {
     /// [`find_matches`](Self::find_matches) over hashes produced on demand: the walk stops at the
     /// first block no rank holds, so a caller that chains hashes lazily computes only those.
     pub fn find_matches_iter(&self, hashes: impl IntoIterator<Item = SequenceHash>) -> Matches {
-        // Per matching rank: still on device / on device or host / anywhere, and those depths.
-        struct Run {
-            slot: u32,
-            live: [bool; 3],
-            depth: [u32; 3],
+        let mut matches = Matches::new();
+        match self.groups.as_slice() {
+            [] => {}
+            [group] => self.match_group(0, group, hashes, &mut matches),
+            groups => {
+                // Several groups walk the same chain: compute it once, as far as the deepest walk.
+                let mut chain = hashes.into_iter();
+                let mut seen: Vec<SequenceHash> = Vec::new();
+                for (g, group) in groups.iter().enumerate() {
+                    let replay = Replay {
+                        seen: &mut seen,
+                        at: 0,
+                        rest: &mut chain,
+                    };
+                    self.match_group(g, group, replay, &mut matches);
+                }
+            }
         }
+        matches
+    }
+
+    /// The walk of one group: per depth, one probe per tier in use, and masks of the ranks still
+    /// matching on device / device or host / anywhere; a rank's depth is where it drops out.
+    fn match_group(
+        &self,
+        g: usize,
+        maps: &TierMaps,
+        hashes: impl IntoIterator<Item = SequenceHash>,
+        out: &mut Matches,
+    ) {
         let mut hashes = hashes.into_iter();
         let Some(first) = hashes.next() else {
-            return Matches::new();
+            return;
         };
-        let mut runs: SmallVec<[Run; 16]> = SmallVec::new();
-        for (slot, blocks) in self.ranks.iter().enumerate() {
-            let present = blocks.present(&first);
-            if present[2] {
-                runs.push(Run {
-                    slot: slot as u32,
-                    live: present,
-                    depth: present.map(u32::from),
-                });
-            }
+        let mut live = owners(maps, &first);
+        let holders = live[2];
+        if holders == 0 {
+            return;
         }
-        if !runs.is_empty() {
-            for hash in hashes {
-                let mut any_live = false;
-                for run in runs.iter_mut().filter(|r| r.live[2]) {
-                    let present = self.ranks[run.slot as usize].present(&hash);
-                    for ((live, depth), here) in
-                        run.live.iter_mut().zip(&mut run.depth).zip(present)
-                    {
-                        *live &= here;
-                        *depth += u32::from(*live);
+        let mut depth = [[0u32; GROUP]; 3];
+        let mut walked = 1u32;
+        // Probe a batch of hashes before using any answer: the probes are independent, so their
+        // cache misses overlap instead of queueing one behind the other (a deep prefix walks
+        // thousands of blocks). At most a batch's worth of hashes is produced past the end.
+        let mut batch = [SequenceHash(0); PROBE_BATCH];
+        let mut found = [[0u64; 3]; PROBE_BATCH];
+        'walk: loop {
+            let mut n = 0;
+            for (slot, hash) in batch.iter_mut().zip(&mut hashes) {
+                *slot = hash;
+                n += 1;
+            }
+            for (here, hash) in found.iter_mut().zip(&batch[..n]) {
+                *here = owners(maps, hash);
+            }
+            for here in &found[..n] {
+                for tier in 0..3 {
+                    let mut dropped = live[tier] & !here[tier];
+                    while dropped != 0 {
+                        depth[tier][dropped.trailing_zeros() as usize] = walked;
+                        dropped &= dropped - 1;
                     }
-                    any_live |= run.live[2];
+                    live[tier] &= here[tier];
                 }
-                if !any_live {
-                    break;
+                if live[2] == 0 {
+                    break 'walk;
                 }
+                walked += 1;
+            }
+            if n < PROBE_BATCH {
+                break;
             }
         }
-        runs.iter()
-            .map(|run| {
-                let [device, hot, any] = run.depth;
-                let overlap = Overlap {
-                    device,
-                    host: hot - device,
-                    disk: any - hot,
-                };
-                (self.ranks[run.slot as usize].rank, overlap)
-            })
-            .collect()
+        for (tier, mut rest) in live.into_iter().enumerate() {
+            while rest != 0 {
+                depth[tier][rest.trailing_zeros() as usize] = walked;
+                rest &= rest - 1;
+            }
+        }
+        let mut bits = holders;
+        while bits != 0 {
+            let b = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            let (device, hot, any) = (depth[0][b], depth[1][b], depth[2][b]);
+            let overlap = Overlap {
+                device,
+                host: hot - device,
+                disk: any - hot,
+            };
+            out.push((self.ranks[g * GROUP + b].rank, overlap));
+        }
     }
 
     /// Blocks `rank` holds in `tier`.
     pub fn blocks(&self, rank: Rank, tier: Tier) -> u64 {
-        self.slots.get(&rank).map_or(0, |&slot| {
-            self.ranks[slot as usize].tiers[tier as usize].len() as u64
-        })
+        self.slots
+            .get(&rank)
+            .map_or(0, |&slot| self.ranks[slot as usize].blocks[tier as usize])
     }
 
     /// Blocks `rank` holds in any tier (counting a block once per tier).
@@ -243,38 +312,84 @@ impl KvIndex {
         Tier::ALL.iter().map(|&t| self.blocks(rank, t)).sum()
     }
 
-    /// Distinct blocks (nodes) in the index. Counts the union of every rank's sets: for tests and
-    /// reports, not the request path.
+    /// Distinct blocks (nodes) in the index. With one group and one tier in use this is a map's
+    /// length; otherwise it counts a union, for tests and reports rather than the request path.
     pub fn node_count(&self) -> usize {
-        let mut blocks = self.ranks.iter().filter(|r| !r.is_empty());
-        let Some(first) = blocks.next() else {
-            return 0;
-        };
-        let mut distinct: HashSetByHash = first.tiers.iter().flatten().copied().collect();
-        for rank in blocks {
-            distinct.extend(rank.tiers.iter().flatten().copied());
+        let used: Vec<&U64Map<u64>> = self
+            .groups
+            .iter()
+            .flatten()
+            .filter(|m| !m.is_empty())
+            .collect();
+        match used.as_slice() {
+            [] => 0,
+            [only] => only.len(),
+            maps => {
+                let mut distinct = U64Map::<()>::new();
+                for map in maps {
+                    for key in map.keys() {
+                        distinct.get_or_insert(key, ());
+                    }
+                }
+                distinct.len()
+            }
         }
-        distinct.len()
+    }
+
+    /// Heap bytes of the index's tables (both tiers' maps of every group), for reports.
+    pub fn heap_bytes(&self) -> usize {
+        self.groups.iter().flatten().map(U64Map::heap_bytes).sum()
     }
 
     /// Whether `rank` holds `hash` in `tier`.
     pub fn contains(&self, rank: Rank, tier: Tier, hash: SequenceHash) -> bool {
-        self.slots
-            .get(&rank)
-            .is_some_and(|&slot| self.ranks[slot as usize].tiers[tier as usize].contains(&hash))
+        let Some(&slot) = self.slots.get(&rank) else {
+            return false;
+        };
+        let slot = slot as usize;
+        self.groups[slot / GROUP][tier as usize]
+            .get(hash.0)
+            .is_some_and(|owners| owners & (1u64 << (slot % GROUP)) != 0)
     }
 
     fn slot(&mut self, rank: Rank) -> u32 {
         if let Some(&slot) = self.slots.get(&rank) {
             return slot;
         }
-        let slot = self.ranks.len() as u32;
-        self.ranks.push(RankBlocks {
+        let slot = self.ranks.len();
+        self.ranks.push(RankEntry {
             rank,
-            tiers: Default::default(),
+            blocks: [0; 3],
         });
-        self.slots.insert(rank, slot);
-        slot
+        if slot / GROUP == self.groups.len() {
+            self.groups.push(TierMaps::default());
+        }
+        self.slots.insert(rank, slot as u32);
+        slot as u32
+    }
+}
+
+/// A chain shared by several walks: hashes already produced are replayed, then the source continues.
+struct Replay<'a, I> {
+    seen: &'a mut Vec<SequenceHash>,
+    at: usize,
+    rest: &'a mut I,
+}
+
+impl<I: Iterator<Item = SequenceHash>> Iterator for Replay<'_, I> {
+    type Item = SequenceHash;
+
+    fn next(&mut self) -> Option<SequenceHash> {
+        let hash = match self.seen.get(self.at) {
+            Some(&hash) => hash,
+            None => {
+                let hash = self.rest.next()?;
+                self.seen.push(hash);
+                hash
+            }
+        };
+        self.at += 1;
+        Some(hash)
     }
 }
 

@@ -6,11 +6,10 @@
 //! and token-less copies. Pure: no I/O, no clock; the subscriber drives it.
 
 use crate::wire::{EngineHash, KvEvent, decode_batch};
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::ops::Range;
 use switchyard_core::hash::{BlockHasher, LocalBlockHash, SequenceHash};
 use switchyard_core::index::IndexOp;
+use switchyard_core::index::flat::U64Map;
 use switchyard_core::worker::{Rank, Tier};
 
 /// What one message changed.
@@ -66,41 +65,21 @@ pub struct IngestStats {
     pub skipped_unknown_hash: u64,
 }
 
-/// Hasher for engine hashes: one folded 64x64->128 multiply. Engine hashes are opaque u64s of
-/// unknown quality (some engines count), so they are mixed, but SipHash's flooding resistance
-/// buys nothing for keys an engine we configured chose.
-#[derive(Debug, Default, Clone, Copy)]
-struct FoldHasher(u64);
-
-impl Hasher for FoldHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            self.write_u64(u64::from_le_bytes(word));
-        }
-    }
-
-    #[inline]
-    fn write_u64(&mut self, n: u64) {
-        const K: u64 = 0x9E37_79B9_7F4A_7C15;
-        let product = u128::from(self.0 ^ n ^ K) * u128::from(0xA076_1D64_78BD_642F_u64);
-        self.0 = (product as u64) ^ ((product >> 64) as u64);
-    }
-}
-
-type EngineMap<V> = HashMap<EngineHash, V, BuildHasherDefault<FoldHasher>>;
-
 /// Our name for an engine block and how many copies the engine holds in each tier.
 #[derive(Debug, Clone, Copy)]
 struct Block {
     hash: SequenceHash,
     /// Indexed by `Tier as usize`.
     copies: [u32; 3],
+}
+
+impl Default for Block {
+    fn default() -> Self {
+        Block {
+            hash: SequenceHash(0),
+            copies: [0; 3],
+        }
+    }
 }
 
 /// Per-publisher state: sequence tracking and the engine-to-own hash map.
@@ -116,7 +95,8 @@ pub struct Ingestor {
     last_seq: Option<u64>,
     /// Sequence numbers lost on the live stream and not yet replayed.
     missing: Option<Range<u64>>,
-    blocks: EngineMap<Block>,
+    /// Engine hash -> block, in an open-addressing table (see [`U64Map`]).
+    blocks: U64Map<Block>,
     stats: IngestStats,
 }
 
@@ -133,7 +113,7 @@ impl Ingestor {
             hasher: BlockHasher::new(block_size as usize),
             last_seq: None,
             missing: None,
-            blocks: EngineMap::default(),
+            blocks: U64Map::new(),
             stats: IngestStats::default(),
         }
     }
@@ -222,7 +202,7 @@ impl Ingestor {
     ) -> Option<IndexOp> {
         let mut prev = match parent {
             None => None,
-            Some(engine) => match self.blocks.get(&engine) {
+            Some(engine) => match self.blocks.get(engine.0) {
                 Some(block) => Some(block.hash),
                 None => {
                     self.stats.skipped_unknown_parent += 1;
@@ -234,10 +214,13 @@ impl Ingestor {
         for &(engine, local) in blocks {
             let hash = self.hasher.chain(prev, local);
             prev = Some(hash);
-            let block = self.blocks.entry(engine).or_insert(Block {
-                hash,
-                copies: [0; 3],
-            });
+            let block = self.blocks.get_or_insert(
+                engine.0,
+                Block {
+                    hash,
+                    copies: [0; 3],
+                },
+            );
             stored.extend(add_copy(block, tier));
         }
         self.stats.stored_blocks += stored.len() as u64;
@@ -359,7 +342,7 @@ impl Ingestor {
         }
         let parent = match parent {
             None => None,
-            Some(engine) => match self.blocks.get(&engine) {
+            Some(engine) => match self.blocks.get(engine.0) {
                 Some(block) => Some(block.hash),
                 None => {
                     self.stats.skipped_unknown_parent += 1;
@@ -375,10 +358,13 @@ impl Ingestor {
             .zip(hashes)
             .filter_map(|(&engine, hash)| {
                 // A known engine hash names the same tokens and prefix: keep its first own hash.
-                let block = self.blocks.entry(engine).or_insert(Block {
-                    hash,
-                    copies: [0; 3],
-                });
+                let block = self.blocks.get_or_insert(
+                    engine.0,
+                    Block {
+                        hash,
+                        copies: [0; 3],
+                    },
+                );
                 add_copy(block, tier)
             })
             .collect()
@@ -388,7 +374,7 @@ impl Ingestor {
     fn store_copies(&mut self, engine_hashes: &[EngineHash], tier: Tier) -> Vec<SequenceHash> {
         let mut stored = Vec::new();
         for engine in engine_hashes {
-            match self.blocks.get_mut(engine) {
+            match self.blocks.get_mut(engine.0) {
                 Some(block) => stored.extend(add_copy(block, tier)),
                 None => self.stats.skipped_unknown_hash += 1,
             }
@@ -398,23 +384,23 @@ impl Ingestor {
 
     /// Drop one copy per hash; a block leaves a tier with its last copy there.
     fn remove(&mut self, engine_hashes: &[EngineHash], tier: Tier) -> Vec<SequenceHash> {
-        let mut removed = Vec::new();
+        let mut removed = Vec::with_capacity(engine_hashes.len());
         for engine in engine_hashes {
-            let Some(block) = self.blocks.get_mut(engine) else {
+            let mut known = true;
+            let found = self.blocks.update_or_remove(engine.0, |block| {
+                let copies = &mut block.copies[tier as usize];
+                if *copies == 0 {
+                    known = false;
+                    return true;
+                }
+                *copies -= 1;
+                if *copies == 0 {
+                    removed.push(block.hash);
+                }
+                block.copies != [0; 3]
+            });
+            if found.is_none() || !known {
                 self.stats.skipped_unknown_hash += 1;
-                continue;
-            };
-            let copies = &mut block.copies[tier as usize];
-            if *copies == 0 {
-                self.stats.skipped_unknown_hash += 1;
-                continue;
-            }
-            *copies -= 1;
-            if *copies == 0 {
-                removed.push(block.hash);
-            }
-            if block.copies == [0; 3] {
-                self.blocks.remove(engine);
             }
         }
         removed

@@ -266,3 +266,37 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    /// More than 64 ranks: several owner-mask groups walk the same chain.
+    #[test]
+    fn ranks_beyond_one_mask_group_agree_with_the_previous_implementation(
+        ops in proptest::collection::vec(
+            (0u32..140, 0usize..3, 0u32..3, 1usize..8, any::<bool>()),
+            1..200,
+        ),
+        branch in 0u32..3,
+    ) {
+        let mut index = KvIndex::new();
+        let mut reference = old::KvIndex::new();
+        for (worker, tier, b, len, store_it) in ops {
+            let tokens: Vec<u32> = (0..len as u32).map(|i| if i < 2 { i } else { i + b * 100 }).collect();
+            let (rank, tier, blocks) = (Rank::new(worker, 0), Tier::ALL[tier], chain(&tokens));
+            let op = if store_it {
+                IndexOp::Store { rank, tier, blocks }
+            } else {
+                IndexOp::Remove { rank, tier, blocks: blocks[len / 2..].to_vec() }
+            };
+            index.apply(&op);
+            reference.apply(&op);
+        }
+        let tokens: Vec<u32> = (0..8u32).map(|i| if i < 2 { i } else { i + branch * 100 }).collect();
+        let seq = chain(&tokens);
+        prop_assert_eq!(sorted(index.find_matches(&seq)), sorted(reference.find_matches(&seq)));
+        prop_assert_eq!(index.node_count(), reference.node_count());
+        for worker in 0..140 {
+            let rank = Rank::new(worker, 0);
+            prop_assert_eq!(index.total_blocks(rank), reference.total_blocks(rank));
+        }
+    }
+}
