@@ -6,7 +6,7 @@
 //! configured byte budget) is full, writes are skipped until a probe write succeeds.
 
 use std::fs::{File, OpenOptions};
-use std::io::{ErrorKind, Read, Seek, SeekFrom, Write};
+use std::io::{ErrorKind, Write};
 use std::path::{Path, PathBuf};
 
 use xxhash_rust::xxh3::Xxh3;
@@ -162,9 +162,9 @@ impl DiskStore {
         header[8..16].copy_from_slice(&hash.0.to_le_bytes());
         header[16..24].copy_from_slice(&(data.len() as u64).to_le_bytes());
         header[24..32].copy_from_slice(&Self::checksum(hash, data).to_le_bytes());
-        self.file.seek(SeekFrom::Start(self.record_offset(slot)))?;
-        self.file.write_all(data)?;
-        self.file.write_all(&header)
+        let offset = self.record_offset(slot);
+        write_at(&self.file, data, offset)?;
+        write_at(&self.file, &header, offset + data.len() as u64)
     }
 }
 
@@ -240,11 +240,9 @@ impl BlockStore for DiskStore {
             return Err(StorageError::Miss { hash });
         }
         let mut header = [0u8; HEADER_BYTES];
-        self.file.seek(SeekFrom::Start(self.record_offset(slot)))?;
-        let read = self
-            .file
-            .read_exact(out)
-            .and_then(|()| self.file.read_exact(&mut header));
+        let offset = self.record_offset(slot);
+        let read = read_at(&self.file, out, offset)
+            .and_then(|()| read_at(&self.file, &mut header, offset + out.len() as u64));
         if let Err(error) = read {
             if error.kind() == ErrorKind::UnexpectedEof {
                 self.counters.checksum_failures += 1;
@@ -278,4 +276,29 @@ impl BlockStore for DiskStore {
         self.file.flush()?;
         Ok(())
     }
+}
+
+// Positional I/O: no seek per record, and reads need no `&mut File`.
+#[cfg(unix)]
+fn write_at(file: &File, data: &[u8], offset: u64) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::write_all_at(file, data, offset)
+}
+
+#[cfg(unix)]
+fn read_at(file: &File, out: &mut [u8], offset: u64) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::read_exact_at(file, out, offset)
+}
+
+#[cfg(not(unix))]
+fn write_at(mut file: &File, data: &[u8], offset: u64) -> std::io::Result<()> {
+    use std::io::{Seek, SeekFrom};
+    file.seek(SeekFrom::Start(offset))?;
+    file.write_all(data)
+}
+
+#[cfg(not(unix))]
+fn read_at(mut file: &File, out: &mut [u8], offset: u64) -> std::io::Result<()> {
+    use std::io::{Read, Seek, SeekFrom};
+    file.seek(SeekFrom::Start(offset))?;
+    file.read_exact(out)
 }
