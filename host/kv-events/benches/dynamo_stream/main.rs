@@ -45,6 +45,11 @@ const DEFAULT_WORKLOAD: &str = "/tmp/dynamo-anchor-data/workload.bin.zst";
 const SMOKE_OPS: usize = 20_000;
 /// An event thread publishes at least this often while it has a backlog.
 const MAX_OPS_PER_PUBLISH: u64 = 4096;
+/// Events the query thread hands an event thread at once (sooner when a query needs them): one
+/// channel message, and one wake-up of a parked event thread, per batch rather than per event.
+const HANDOVER_BATCH: usize = 64;
+/// Empty polls before an event thread parks on its channel, or a query thread starts yielding.
+const SPIN_BEFORE_PARK: u32 = 20_000;
 
 fn env(key: &str) -> Option<String> {
     std::env::var(key).ok().filter(|v| !v.is_empty())
@@ -310,14 +315,24 @@ impl Absorb<IndexOp> for Copy {
     }
 }
 
+/// What the query thread hands an event thread: an engine event to translate there, or a change
+/// it already translated (`DYNWL_TRANSLATE=caller`, the gateway's split: subscriber tasks
+/// translate, the index writer applies).
+enum Work<'a> {
+    Event(&'a Op),
+    Change(IndexOp),
+}
+
 /// An event thread's share: its ranks' ingestors and the write side of its shard.
 struct Shard {
     ingestors: Ingestors,
     write: WriteHandle<Copy, IndexOp>,
 }
 
-fn pipelined(wl: &Workload, threads: usize) -> Run {
+fn pipelined<'a>(wl: &'a Workload, threads: usize) -> Run {
     let query_cpus = cpus("DYNWL_QUERY_CPU", "0");
+    let translate_here = env("DYNWL_TRANSLATE").as_deref() != Some("event");
+    let mut caller_ingestors = Ingestors::new(wl.block_size, wl.workers);
     let event_cpus = cpus("DYNWL_EVENT_CPUS", "1");
     let mut run = Run {
         lookup_ns: Vec::with_capacity(wl.totals.queries as usize),
@@ -332,7 +347,7 @@ fn pipelined(wl: &Workload, threads: usize) -> Run {
     let shards: Vec<Shard> = std::thread::scope(|scope| {
         let mut handles = Vec::new();
         for s in 0..threads {
-            let (tx, rx) = mpsc::channel::<&Op>();
+            let (tx, rx) = mpsc::channel::<Vec<Work<'a>>>();
             let (write, read) = left_right::new::<Copy, IndexOp>();
             senders.push(tx);
             readers.push(read);
@@ -345,34 +360,48 @@ fn pipelined(wl: &Workload, threads: usize) -> Run {
             handles.push(scope.spawn(move || {
                 heap::pin(&event_cpus);
                 let mut applied = 0u64;
-                while let Ok(op) = rx.recv() {
-                    let mut batch = 0u64;
-                    let mut next = Some(op);
-                    while let Some(op) = next {
-                        if let Some(change) = shard.ingestors.translate(op) {
-                            shard.write.append(change);
+                let mut unpublished = 0u64;
+                while let Some(batch) = receive(&rx) {
+                    let mut next = Some(batch);
+                    while let Some(batch) = next {
+                        for work in batch {
+                            let change = match work {
+                                Work::Event(op) => shard.ingestors.translate(op),
+                                Work::Change(change) => Some(change),
+                            };
+                            if let Some(change) = change {
+                                shard.write.append(change);
+                            }
+                            applied += 1;
+                            unpublished += 1;
                         }
-                        applied += 1;
-                        batch += 1;
-                        if batch == MAX_OPS_PER_PUBLISH {
+                        if unpublished >= MAX_OPS_PER_PUBLISH {
                             shard.write.publish();
                             done[s].store(applied, Ordering::Release);
-                            batch = 0;
+                            unpublished = 0;
                         }
                         next = rx.try_recv().ok();
                     }
                     shard.write.publish();
                     done[s].store(applied, Ordering::Release);
+                    unpublished = 0;
                 }
                 shard
             }));
         }
         heap::pin(&query_cpus);
         let mut sent = vec![0u64; threads];
+        let mut pending: Vec<Vec<Work<'a>>> = (0..threads).map(|_| Vec::new()).collect();
         let wait = |sent: &[u64]| {
             for (s, &n) in sent.iter().enumerate() {
-                while done[s].load(Ordering::Acquire) < n {
-                    std::thread::yield_now();
+                wait_for(&done[s], n);
+            }
+        };
+        let hand_over = |pending: &mut Vec<Vec<Work<'a>>>| {
+            for (tx, batch) in senders.iter().zip(pending.iter_mut()) {
+                if !batch.is_empty() {
+                    let full = std::mem::replace(batch, Vec::with_capacity(HANDOVER_BATCH));
+                    tx.send(full).expect("event threads outlive the sender");
                 }
             }
         };
@@ -388,15 +417,28 @@ fn pipelined(wl: &Workload, threads: usize) -> Run {
             };
             if let Some(worker) = worker {
                 let s = worker % threads;
-                senders[s]
-                    .send(op)
-                    .expect("event threads outlive the sender");
+                if translate_here {
+                    let Some(change) = caller_ingestors.translate(op) else {
+                        continue;
+                    };
+                    pending[s].push(Work::Change(change));
+                } else {
+                    pending[s].push(Work::Event(op));
+                }
                 sent[s] += 1;
+                if pending[s].len() == HANDOVER_BATCH {
+                    let full =
+                        std::mem::replace(&mut pending[s], Vec::with_capacity(HANDOVER_BATCH));
+                    senders[s]
+                        .send(full)
+                        .expect("event threads outlive the sender");
+                }
                 continue;
             }
             let Op::Query(locals) = op else {
                 continue;
             };
+            hand_over(&mut pending);
             wait(&sent);
             chain.seq.clear();
             let t = Instant::now();
@@ -411,6 +453,7 @@ fn pipelined(wl: &Workload, threads: usize) -> Run {
             run.checksum.add(query, &matches);
             query += 1;
         }
+        hand_over(&mut pending);
         wait(&sent);
         run.wall_secs = start.elapsed().as_secs_f64();
         run.query_secs = run.lookup_ns.iter().sum::<u64>() as f64 / 1e9;
@@ -422,7 +465,7 @@ fn pipelined(wl: &Workload, threads: usize) -> Run {
     });
     run.peak_heap_bytes = heap::peak_bytes().saturating_sub(base);
     drop(readers);
-    let mut ingestors = Vec::new();
+    let mut ingestors = vec![caller_ingestors];
     let live = heap::live_bytes();
     for shard in shards {
         ingestors.push(shard.ingestors);
@@ -433,6 +476,33 @@ fn pipelined(wl: &Workload, threads: usize) -> Run {
     drop(ingestors);
     run.ingest_bytes = live.saturating_sub(heap::live_bytes());
     run
+}
+
+/// The next batch: spin (yielding the CPU) for a while before parking, so a query waiting for
+/// its events does not also wait for the event thread to be woken and scheduled.
+fn receive<T>(rx: &mpsc::Receiver<T>) -> Option<T> {
+    for _ in 0..SPIN_BEFORE_PARK {
+        match rx.try_recv() {
+            Ok(batch) => return Some(batch),
+            Err(mpsc::TryRecvError::Disconnected) => return None,
+            Err(mpsc::TryRecvError::Empty) => std::hint::spin_loop(),
+        }
+    }
+    rx.recv().ok()
+}
+
+/// Wait until `done` reaches `n`: spin first (a `yield` on a busy machine gives the CPU away for
+/// a whole time slice), then yield.
+fn wait_for(done: &AtomicU64, n: u64) {
+    let mut spins = 0u32;
+    while done.load(Ordering::Acquire) < n {
+        if spins < SPIN_BEFORE_PARK {
+            spins += 1;
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
 }
 
 fn loadavg() -> String {
@@ -466,6 +536,11 @@ fn report(
     let block_ops = t.block_ops();
     let (backend, event_threads, default_label) = match mode {
         Mode::Serial => ("switchyard-index", 0, "serial".to_string()),
+        Mode::Pipelined if env("DYNWL_TRANSLATE").as_deref() == Some("event") => (
+            "switchyard-index-lr-translate-on-event-thread",
+            threads,
+            format!("pipelined-strict-{threads}ev"),
+        ),
         Mode::Pipelined => (
             "switchyard-index-lr",
             threads,
