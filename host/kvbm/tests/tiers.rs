@@ -1,14 +1,16 @@
 //! Random traffic through the tiered manager: compute, write-through, lookup + onboard,
-//! retention, pins, corrupt disk blocks. After every step the tier events replay to exactly
+//! retention, pins, corrupt disk blocks, a shared pool filled by another worker. After every step the tier events replay to exactly
 //! what each pool holds, every tier stays within its bounds, pins within budget, ephemeral
 //! blocks never leave G1, and a request's offload cap holds.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use proptest::prelude::*;
 use switchyard_kvbm::manager::Lookup;
 use switchyard_kvbm::pool::ImmutableBlock;
 use switchyard_kvbm::retention::Retention;
+use switchyard_kvbm::storage::{MemoryPool, SharedPool};
 use switchyard_kvbm::{
     KvBlockManager, KvbmError, ManagerConfig, OffloadBudget, SequenceHash, Tick, Tier, TierConfig,
     TierEvent,
@@ -51,6 +53,17 @@ enum Op {
         chain: u64,
         depth: u64,
     },
+    /// Another worker puts a chain into the shared pool.
+    PoolPut {
+        chain: u64,
+        len: u64,
+    },
+    /// Look a chain up and fetch the pool's part into G1.
+    PoolFetch {
+        chain: u64,
+        len: u64,
+        fail_at: Option<usize>,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -65,6 +78,9 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0..CHAINS, 0u8..=100, 1u64..60)
             .prop_map(|(chain, priority, duration)| Op::Retain { chain, priority, duration }),
         1 => (0..CHAINS, 0..DEPTH).prop_map(|(chain, depth)| Op::Corrupt { chain, depth }),
+        2 => (0..CHAINS, 1..=DEPTH).prop_map(|(chain, len)| Op::PoolPut { chain, len }),
+        3 => (0..CHAINS, 1..=DEPTH, proptest::option::of(0usize..4))
+            .prop_map(|(chain, len, fail_at)| Op::PoolFetch { chain, len, fail_at }),
     ]
 }
 
@@ -74,6 +90,7 @@ fn fail(error: KvbmError) -> TestCaseError {
 
 struct Harness {
     manager: KvBlockManager,
+    shared: Arc<MemoryPool>,
     now: Tick,
     held: Vec<ImmutableBlock>,
     /// What the events say each tier holds.
@@ -87,8 +104,10 @@ impl Harness {
         config.host = Some(TierConfig::blocks(12).with_pin_budget(3));
         config.disk = Some(TierConfig::blocks(24).with_pin_budget(4));
         config.offload_batch_blocks = 4;
+        let shared = Arc::new(MemoryPool::new(16, 8)?);
         Ok(Harness {
-            manager: KvBlockManager::new(config)?,
+            manager: KvBlockManager::new(config)?.with_shared_pool(shared.clone()),
+            shared,
             now: Tick(0),
             held: Vec::new(),
             seen: Default::default(),
@@ -225,6 +244,46 @@ impl Harness {
                     Retention::new(priority, Some(Tick(self.now.0 + duration))).map_err(fail)?;
                 self.manager
                     .set_retention(&chain_hashes(chain, DEPTH), retention, self.now);
+            }
+            Op::PoolPut { chain, len } => {
+                let mut parent = None;
+                for hash in chain_hashes(chain, len) {
+                    self.shared
+                        .put(hash, parent, &[0; 8])
+                        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    parent = Some(hash);
+                }
+                prop_assert!(self.shared.usage().registered <= 16);
+            }
+            Op::PoolFetch {
+                chain,
+                len,
+                fail_at,
+            } => {
+                let hashes = chain_hashes(chain, len);
+                let found = self.manager.lookup(&hashes, self.now);
+                let start = found.local_blocks();
+                let run = &hashes[start..start + found.pool_blocks];
+                let parent = start.checked_sub(1).map(|i| hashes[i]);
+                self.onboard(found)?;
+                match self.manager.plan_pool_fetch(run, parent, self.now) {
+                    Ok(fetch) => {
+                        let failed: Vec<SequenceHash> = fail_at
+                            .and_then(|i| run.get(i).copied())
+                            .into_iter()
+                            .collect();
+                        let committed = self
+                            .manager
+                            .commit_pool_fetch(fetch, &failed, self.now)
+                            .map_err(fail)?;
+                        let expected = fail_at.map_or(run.len(), |i| i.min(run.len()));
+                        prop_assert_eq!(committed.blocks.len(), expected);
+                        self.held.extend(committed.blocks);
+                    }
+                    Err(KvbmError::OutOfBlocks { .. }) => {}
+                    Err(other) => return Err(fail(other)),
+                }
+                self.held.clear();
             }
             Op::Corrupt { chain, depth } => {
                 self.manager
