@@ -96,7 +96,7 @@ pub type Matches = Vec<(Rank, Overlap)>;
 /// Ranks per group: one bit each in a node's owner mask.
 const GROUP: usize = 64;
 
-/// Prefix blocks a lookup probes before looking at the answers.
+/// Blocks whose table slots a lookup or an event touches before working on any of them.
 const PROBE_BATCH: usize = 8;
 
 /// Per tier, sequence hash -> owner bits of the group's ranks (`slot % GROUP`) holding it there.
@@ -155,10 +155,15 @@ impl KvIndex {
                 let bit = 1u64 << (slot % GROUP);
                 let map = &mut self.groups[slot / GROUP][*tier as usize];
                 let mut added = 0;
-                for &hash in blocks {
-                    let owners = map.get_or_insert(hash.0, 0);
-                    added += u64::from(*owners & bit == 0);
-                    *owners |= bit;
+                for chunk in blocks.chunks(PROBE_BATCH) {
+                    for hash in chunk {
+                        map.prefetch(hash.0);
+                    }
+                    for hash in chunk {
+                        let owners = map.get_or_insert(hash.0, 0);
+                        added += u64::from(*owners & bit == 0);
+                        *owners |= bit;
+                    }
                 }
                 self.ranks[slot].blocks[*tier as usize] += added;
             }
@@ -170,12 +175,17 @@ impl KvIndex {
                 let bit = 1u64 << (slot % GROUP);
                 let map = &mut self.groups[slot / GROUP][*tier as usize];
                 let mut removed = 0;
-                for hash in blocks {
-                    map.update_or_remove(hash.0, |owners| {
-                        removed += u64::from(*owners & bit != 0);
-                        *owners &= !bit;
-                        *owners != 0
-                    });
+                for chunk in blocks.chunks(PROBE_BATCH) {
+                    for hash in chunk {
+                        map.prefetch(hash.0);
+                    }
+                    for hash in chunk {
+                        map.update_or_remove(hash.0, |owners| {
+                            removed += u64::from(*owners & bit != 0);
+                            *owners &= !bit;
+                            *owners != 0
+                        });
+                    }
                 }
                 self.ranks[slot].blocks[*tier as usize] -= removed;
             }
