@@ -18,7 +18,9 @@
 //!
 //! The logic never reads a clock ([`Tick`] is passed in) and never touches bytes: it returns
 //! [`TransferBatch`]es that the caller performs off the request path, then commits.
-//! This crate does not depend on tokio, axum, wasmtime or reqwest.
+//! This crate does not depend on tokio, axum, wasmtime or reqwest. Without its default feature
+//! `storage` it is the logic alone, with no I/O at all: that is how `switchyard-core`'s engine
+//! model uses it for its lower tiers.
 //!
 //! ```
 //! use switchyard_kvbm::retention::Retention;
@@ -71,7 +73,9 @@ pub mod manager;
 pub mod metrics;
 pub mod pool;
 pub mod retention;
+pub mod shared_pool;
 pub mod sketch;
+#[cfg(feature = "storage")]
 pub mod storage;
 pub mod types;
 

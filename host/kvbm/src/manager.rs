@@ -17,7 +17,7 @@ use crate::metrics::KvbmMetrics;
 use crate::pool::{BlockPool, CompleteBlock, ImmutableBlock, MutableBlock};
 use crate::retention::{PinOutcome, Retention, TokenRangeRetention, block_retentions};
 use crate::sketch::FrequencySketch;
-use crate::storage::SharedPool;
+use crate::shared_pool::SharedPool;
 use crate::types::{BlockId, SequenceHash, Tick, Tier};
 
 static NEXT_MANAGER: AtomicU64 = AtomicU64::new(1);
@@ -738,5 +738,5 @@ impl KvBlockManager {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "storage"))]
 mod tests;

@@ -15,6 +15,9 @@ pub use disk::{DiskCounters, DiskStore};
 pub use shared::{MemoryPool, fetch_from_pool, publish_to_pool};
 pub use slab::HostSlab;
 
+/// The G4 trait lives with the pure logic; it is re-exported here, next to its implementation.
+pub use crate::shared_pool::SharedPool;
+
 #[cfg(feature = "cuda")]
 pub use cuda::DeviceSlab;
 
@@ -124,25 +127,6 @@ pub fn copy_between(
         }
     }
     results
-}
-
-/// G4: a pool shared by workers, keyed by sequence hash. Writes are idempotent (same hash, same
-/// bytes). [`MemoryPool`] is the in-process implementation; the `kv-pool` service will serve
-/// one over the network.
-pub trait SharedPool: Debug + Send + Sync {
-    /// Which of `hashes` the pool holds, in order.
-    fn contains(&self, hashes: &[SequenceHash]) -> Vec<bool>;
-
-    /// Store one block (`parent`: the block before it, so the pool can evict leaves first).
-    fn put(
-        &self,
-        hash: SequenceHash,
-        parent: Option<SequenceHash>,
-        data: &[u8],
-    ) -> Result<(), StorageError>;
-
-    /// Fetch one block into `out`.
-    fn get(&self, hash: SequenceHash, out: &mut [u8]) -> Result<(), StorageError>;
 }
 
 /// The stores of the local tiers, by tier.
