@@ -14,7 +14,11 @@
 //!   the query thread (pinned to `DYNWL_QUERY_CPU`) hands events over without waiting and, before
 //!   each query, waits until every earlier event is applied and published (the anchor's
 //!   `pipelined-strict`, exact answers). Lookups read the published copies and never wait behind a
-//!   write. The clock stops when the event threads have drained.
+//!   write. The clock stops when the event threads have drained. By default the query thread
+//!   translates events with the ingestors and hands over index changes (the gateway's split:
+//!   subscriber tasks translate, the writer applies); `DYNWL_TRANSLATE=event` has each event
+//!   thread translate its own ranks' events. Events go over in batches of up to 64 (sooner when
+//!   a query needs them); waiting threads block rather than spin.
 //!
 //! Output: one JSON line per run with the anchor's keys (stdout, and appended to
 //! `DYNWL_JSON_OUT`), so `EXTRA_CMDS` of `scripts/run_indexer_anchor.sh` interleaves it with
@@ -29,8 +33,7 @@ use heap::CountingAlloc;
 use left_right::{Absorb, ReadHandle, WriteHandle};
 use std::io::Write as _;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, mpsc};
+use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::time::Instant;
 use switchyard_core::hash::{BlockHasher, LocalBlockHash, SequenceHash};
 use switchyard_core::index::{IndexOp, KvIndex, Matches};
@@ -48,8 +51,8 @@ const MAX_OPS_PER_PUBLISH: u64 = 4096;
 /// Events the query thread hands an event thread at once (sooner when a query needs them): one
 /// channel message, and one wake-up of a parked event thread, per batch rather than per event.
 const HANDOVER_BATCH: usize = 64;
-/// Empty polls before an event thread parks on its channel, or a query thread starts yielding.
-const SPIN_BEFORE_PARK: u32 = 20_000;
+/// Empty polls before an event thread parks on its channel.
+const SPIN_BEFORE_PARK: u32 = 200;
 
 fn env(key: &str) -> Option<String> {
     std::env::var(key).ok().filter(|v| !v.is_empty())
@@ -341,7 +344,7 @@ fn pipelined<'a>(wl: &'a Workload, threads: usize) -> Run {
     let mut chain = Chain::new(wl.block_size);
     heap::reset_peak();
     let base = heap::live_bytes();
-    let done: Arc<Vec<AtomicU64>> = Arc::new((0..threads).map(|_| AtomicU64::new(0)).collect());
+    let done: Arc<Vec<Progress>> = Arc::new((0..threads).map(|_| Progress::default()).collect());
     let mut senders = Vec::new();
     let mut readers: Vec<ReadHandle<Copy>> = Vec::new();
     let shards: Vec<Shard> = std::thread::scope(|scope| {
@@ -377,13 +380,13 @@ fn pipelined<'a>(wl: &'a Workload, threads: usize) -> Run {
                         }
                         if unpublished >= MAX_OPS_PER_PUBLISH {
                             shard.write.publish();
-                            done[s].store(applied, Ordering::Release);
+                            done[s].publish(applied);
                             unpublished = 0;
                         }
                         next = rx.try_recv().ok();
                     }
                     shard.write.publish();
-                    done[s].store(applied, Ordering::Release);
+                    done[s].publish(applied);
                     unpublished = 0;
                 }
                 shard
@@ -394,7 +397,7 @@ fn pipelined<'a>(wl: &'a Workload, threads: usize) -> Run {
         let mut pending: Vec<Vec<Work<'a>>> = (0..threads).map(|_| Vec::new()).collect();
         let wait = |sent: &[u64]| {
             for (s, &n) in sent.iter().enumerate() {
-                wait_for(&done[s], n);
+                done[s].wait_for(n);
             }
         };
         let hand_over = |pending: &mut Vec<Vec<Work<'a>>>| {
@@ -478,8 +481,8 @@ fn pipelined<'a>(wl: &'a Workload, threads: usize) -> Run {
     run
 }
 
-/// The next batch: spin (yielding the CPU) for a while before parking, so a query waiting for
-/// its events does not also wait for the event thread to be woken and scheduled.
+/// The next batch: poll briefly (a query usually follows its events within microseconds), then
+/// park.
 fn receive<T>(rx: &mpsc::Receiver<T>) -> Option<T> {
     for _ in 0..SPIN_BEFORE_PARK {
         match rx.try_recv() {
@@ -491,16 +494,28 @@ fn receive<T>(rx: &mpsc::Receiver<T>) -> Option<T> {
     rx.recv().ok()
 }
 
-/// Wait until `done` reaches `n`: spin first (a `yield` on a busy machine gives the CPU away for
-/// a whole time slice), then yield.
-fn wait_for(done: &AtomicU64, n: u64) {
-    let mut spins = 0u32;
-    while done.load(Ordering::Acquire) < n {
-        if spins < SPIN_BEFORE_PARK {
-            spins += 1;
-            std::hint::spin_loop();
-        } else {
-            std::thread::yield_now();
+/// Events an event thread has applied and published, for the query thread to block on: a
+/// blocked thread leaves the CPU to the thread it waits for, and the scheduler wakes it promptly
+/// (spinning or yielding on a shared machine loses whole time slices).
+#[derive(Debug, Default)]
+struct Progress {
+    applied: Mutex<u64>,
+    changed: Condvar,
+}
+
+impl Progress {
+    fn publish(&self, applied: u64) {
+        *self.applied.lock().expect("no thread panicked holding it") = applied;
+        self.changed.notify_one();
+    }
+
+    fn wait_for(&self, n: u64) {
+        let mut applied = self.applied.lock().expect("no thread panicked holding it");
+        while *applied < n {
+            applied = self
+                .changed
+                .wait(applied)
+                .expect("no thread panicked holding it");
         }
     }
 }
