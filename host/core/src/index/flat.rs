@@ -285,7 +285,7 @@ mod tests {
                     3 => {
                         let flip = |v: &mut u32| {
                             *v ^= 1;
-                            *v % 2 == 0
+                            (*v).is_multiple_of(2)
                         };
                         let got = map.update_or_remove(key, flip);
                         let want = model.get_mut(&key).map(flip);
