@@ -5,6 +5,7 @@
 
 mod bad_input;
 mod embedded;
+mod envoy;
 mod frontends;
 mod llama;
 mod policy_reload;
