@@ -1,9 +1,12 @@
 //! The global KV block index: which rank holds which block, in which tier.
 //!
-//! One node per sequence hash. A sequence hash already names a block *with* its whole prefix, so
-//! the radix tree's path is implicit in the hash chain: a lookup walks the request's chain from the
-//! root and intersects owners as it goes, and there are no edges to compress or merge. Removing a
-//! block's last owner deletes its node, so memory is bounded by the blocks the engines hold.
+//! One node per sequence hash (and tier in use). A sequence hash already names a block *with* its
+//! whole prefix, so the radix tree's path is implicit in the hash chain: a lookup walks the
+//! request's chain from the root and intersects owners as it goes. A node's value is a bit mask of
+//! its owners, so that walk is one table probe per block whatever the number of ranks, and each
+//! rank's depth is where its bit drops out. Removing a block's last owner deletes its node, so
+//! memory is bounded by the blocks the engines hold. The tables are [`flat::U64Map`]s: see there
+//! and `docs/benchmarks.md` section (a2) for why.
 //!
 //! The index is a plain value: `apply` takes `&mut self`. Concurrency (readers that never wait behind
 //! event application) is the driver's business; the gateway keeps two copies with `left-right`.
