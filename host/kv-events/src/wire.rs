@@ -7,6 +7,7 @@
 
 use rmpv::Value;
 use switchyard_core::engine::CacheEvent;
+use switchyard_core::worker::Tier;
 use xxhash_rust::xxh3::xxh3_64;
 
 /// An engine's name for a block: an opaque key, only compared for equality.
@@ -68,6 +69,7 @@ impl KvEvent {
         let hashes = |hashes: Vec<u64>| hashes.into_iter().map(EngineHash).collect();
         match event {
             CacheEvent::Stored {
+                tier,
                 hashes: stored,
                 parent,
                 token_ids,
@@ -77,16 +79,29 @@ impl KvEvent {
                 token_ids,
                 block_size,
                 lora_id: None,
-                medium: Some("GPU".to_owned()),
+                medium: Some(medium(tier).to_owned()),
                 group_idx: None,
             },
-            CacheEvent::Removed { hashes: removed } => KvEvent::BlockRemoved {
+            CacheEvent::Removed {
+                tier,
+                hashes: removed,
+            } => KvEvent::BlockRemoved {
                 block_hashes: hashes(removed),
-                medium: Some("GPU".to_owned()),
+                medium: Some(medium(tier).to_owned()),
                 group_idx: None,
             },
             CacheEvent::Cleared => KvEvent::AllBlocksCleared,
         }
+    }
+}
+
+/// vLLM's `medium` of a tier: `GPU`, `CPU` (its CPU offloading connector) or `DISK`.
+/// [`Tier::from_medium`] reads each back.
+pub fn medium(tier: Tier) -> &'static str {
+    match tier {
+        Tier::Device => "GPU",
+        Tier::Host => "CPU",
+        Tier::Disk => "DISK",
     }
 }
 

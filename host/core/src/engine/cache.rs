@@ -10,6 +10,7 @@
 //! engine's hashes differ from the gateway's, so consumers of the events must re-hash `token_ids`.
 
 use crate::hash::{BlockHasher, SequenceHash};
+use crate::worker::Tier;
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 
@@ -19,8 +20,11 @@ pub const ENGINE_SEED: u64 = 0x6d6f_636b_5f6b_7663;
 /// A change of the cache's content, in the order it happened (vLLM's KV events).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CacheEvent {
-    /// Full blocks were computed and are now cached.
+    /// Full blocks were computed (or copied) and are now cached in `tier`.
     Stored {
+        /// Where the blocks are (vLLM's `medium`); the device cache always says
+        /// [`Tier::Device`], the engine's lower tiers say theirs.
+        tier: Tier,
         /// Engine sequence hashes of the blocks, in prefix order.
         hashes: Vec<u64>,
         /// Hash of the block before the first one; `None` at the start of a sequence.
@@ -28,8 +32,10 @@ pub enum CacheEvent {
         /// The blocks' tokens, `block_size` per block.
         token_ids: Vec<u32>,
     },
-    /// Cached blocks were evicted.
+    /// Cached blocks were evicted from `tier`.
     Removed {
+        /// The tier they left.
+        tier: Tier,
         /// Engine sequence hashes of the evicted blocks.
         hashes: Vec<u64>,
     },
@@ -128,6 +134,11 @@ impl BlockTable {
         self.blocks.len()
     }
 
+    /// Physical block of the table's `index`-th block, if taken.
+    pub fn slot(&self, index: usize) -> Option<u32> {
+        self.blocks.get(index).copied()
+    }
+
     /// Whether the table holds no block.
     pub fn is_empty(&self) -> bool {
         self.blocks.is_empty()
@@ -148,6 +159,22 @@ pub struct KvCache {
     /// Blocks promised to admitted sequences, not yet taken; never more than the free list holds.
     reserved: usize,
     events: Vec<CacheEvent>,
+    /// Blocks cached since the last [`KvCache::take_stored`], kept only once
+    /// [`KvCache::log_stored`] turned it on (the engine's lower tiers write them through).
+    stored: Option<Vec<StoredBlock>>,
+}
+
+/// A block the device cache just cached: what write-through to a lower tier needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredBlock {
+    /// Engine sequence hash.
+    pub hash: u64,
+    /// The block before it; `None` at the start of a sequence.
+    pub parent: Option<u64>,
+    /// Physical device block.
+    pub slot: u32,
+    /// Its `block_size` tokens.
+    pub token_ids: Vec<u32>,
 }
 
 // === impl KvCache ===
@@ -171,6 +198,7 @@ impl KvCache {
             cached: HashMap::new(),
             reserved: 0,
             events: Vec::new(),
+            stored: None,
         };
         for id in 0..num_blocks as u32 {
             cache.blocks.push(Block {
@@ -283,6 +311,14 @@ impl KvCache {
                 Entry::Vacant(slot) => {
                     slot.insert(table.blocks[i]);
                     self.blocks[table.blocks[i] as usize].hash = Some(hash);
+                    if let Some(stored) = &mut self.stored {
+                        stored.push(StoredBlock {
+                            hash,
+                            parent: parent.map(|p| p.0),
+                            slot: table.blocks[i],
+                            token_ids: block.to_vec(),
+                        });
+                    }
                 }
                 // Another block already caches these tokens (two identical prompts prefilled at
                 // once): this copy stays anonymous and is freed without an event.
@@ -326,6 +362,16 @@ impl KvCache {
         true
     }
 
+    /// Keep a log of the blocks cached from now on, for [`KvCache::take_stored`].
+    pub fn log_stored(&mut self) {
+        self.stored.get_or_insert_with(Vec::new);
+    }
+
+    /// Blocks cached since the last call, oldest first (empty unless [`KvCache::log_stored`]).
+    pub fn take_stored(&mut self) -> Vec<StoredBlock> {
+        self.stored.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
     /// Whether events are waiting for [`KvCache::take_events`].
     pub fn has_events(&self) -> bool {
         !self.events.is_empty()
@@ -348,8 +394,11 @@ impl KvCache {
         if let Some(hash) = block.hash.take() {
             self.cached.remove(&hash);
             match self.events.last_mut() {
-                Some(CacheEvent::Removed { hashes }) => hashes.push(hash),
-                _ => self.events.push(CacheEvent::Removed { hashes: vec![hash] }),
+                Some(CacheEvent::Removed { hashes, .. }) => hashes.push(hash),
+                _ => self.events.push(CacheEvent::Removed {
+                    tier: Tier::Device,
+                    hashes: vec![hash],
+                }),
             }
         }
         id
@@ -362,6 +411,7 @@ impl KvCache {
         }
         let block_size = self.block_size();
         self.events.push(CacheEvent::Stored {
+            tier: Tier::Device,
             parent: range.start.checked_sub(1).map(|i| table.hashes[i]),
             token_ids: tokens[range.start * block_size..range.end * block_size].to_vec(),
             hashes: table.hashes[range].to_vec(),

@@ -27,10 +27,17 @@
 //! ```
 
 mod cache;
+mod tiers;
 mod timing;
 
-pub use cache::{BlockTable, CacheEvent, ENGINE_SEED, KvCache};
+pub use cache::{BlockTable, CacheEvent, ENGINE_SEED, KvCache, StoredBlock};
+pub use tiers::{
+    DEFAULT_BLOCK_BYTES, DEFAULT_HOST_BANDWIDTH, HostTierConfig, KvTransfer, TierStats,
+};
 pub use timing::StepTiming;
+
+use switchyard_kvbm::Tick;
+use tiers::HostTier;
 
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -52,6 +59,10 @@ pub struct EngineConfig {
     pub output_vocab: Range<u32>,
     /// Step time model.
     pub timing: StepTiming,
+    /// A host-memory tier (G2) behind the device cache: device blocks are written through to
+    /// it, and a prefix the device evicted is loaded back at its bandwidth instead of being
+    /// recomputed. Default `None`: the device cache alone.
+    pub host_tier: Option<HostTierConfig>,
 }
 
 impl Default for EngineConfig {
@@ -63,6 +74,7 @@ impl Default for EngineConfig {
             max_batched_tokens: 8_192,
             output_vocab: 1_000..30_000,
             timing: StepTiming::default(),
+            host_tier: None,
         }
     }
 }
@@ -85,6 +97,9 @@ impl EngineConfig {
         }
         if self.output_vocab.is_empty() {
             return fail("output_vocab must not be empty");
+        }
+        if let Some(host) = &self.host_tier {
+            host.validate(self.num_blocks).map_err(ConfigError)?;
         }
         Ok(())
     }
@@ -161,6 +176,9 @@ pub struct Step {
     pub outputs: Vec<TokenOut>,
     /// Requests admitted in this step.
     pub admitted: Vec<Admitted>,
+    /// KV bytes the step moved, in order (only with a host tier): a driver with real slabs
+    /// replays them.
+    pub transfers: Vec<KvTransfer>,
 }
 
 /// Gauges and counters behind vLLM's metrics.
@@ -182,6 +200,8 @@ pub struct EngineStats {
     pub generation_tokens: u64,
     /// Requests that ran to completion (`vllm:request_success`).
     pub finished: u64,
+    /// The lower tiers' counters (all zero without a host tier).
+    pub tiers: TierStats,
 }
 
 #[derive(Debug)]
@@ -212,6 +232,9 @@ pub struct EngineModel {
     waiting: VecDeque<Waiting>,
     running: Vec<Running>,
     stats: EngineStats,
+    host: Option<HostTier>,
+    /// Simulated time: the sum of the step durations so far (the host tier's clock).
+    clock: Duration,
 }
 
 // === impl EngineModel ===
@@ -220,12 +243,19 @@ impl EngineModel {
     /// An idle engine with an empty cache.
     pub fn new(config: EngineConfig) -> Result<Self, ConfigError> {
         config.validate()?;
+        let mut cache = KvCache::new(config.block_size, config.num_blocks);
+        let host = config.host_tier.clone().map(HostTier::new);
+        if host.is_some() {
+            cache.log_stored();
+        }
         Ok(Self {
-            cache: KvCache::new(config.block_size, config.num_blocks),
+            cache,
             config,
             waiting: VecDeque::new(),
             running: Vec::new(),
             stats: EngineStats::default(),
+            host,
+            clock: Duration::ZERO,
         })
     }
 
@@ -296,7 +326,13 @@ impl EngineModel {
 
     /// Drop every cached block; refused (`false`) while requests run. The next step reports it.
     pub fn reset_prefix_cache(&mut self) -> bool {
-        self.running.is_empty() && self.cache.reset()
+        if !(self.running.is_empty() && self.cache.reset()) {
+            return false;
+        }
+        if let Some(host) = &mut self.host {
+            host.reset();
+        }
+        true
     }
 
     /// Whether [`EngineModel::step`] has anything to do. When not, the driver waits for input.
@@ -310,6 +346,7 @@ impl EngineModel {
             running: self.running.len(),
             waiting: self.waiting.len(),
             kv_usage: self.cache.usage(),
+            tiers: self.host.as_ref().map(HostTier::stats).unwrap_or_default(),
             ..self.stats
         }
     }
@@ -322,6 +359,7 @@ impl EngineModel {
         let mut pass = Pass::default();
         let mut outputs = Vec::new();
         let vocab = self.config.output_vocab.clone();
+        let now = Tick(self.clock.as_nanos() as u64);
         for seq in &mut self.running {
             budget -= advance(
                 &mut self.cache,
@@ -331,10 +369,11 @@ impl EngineModel {
                 &mut pass,
                 &mut outputs,
             );
+            sync_host(&mut self.cache, self.host.as_mut(), &mut pass, now);
         }
         let mut admitted = Vec::new();
         while budget > 0 && self.running.len() < self.config.max_num_seqs {
-            let Some(mut seq) = self.admit_next() else {
+            let Some(mut seq) = self.admit_next(&mut pass, now) else {
                 break;
             };
             admitted.push(Admitted {
@@ -349,16 +388,19 @@ impl EngineModel {
                 &mut pass,
                 &mut outputs,
             );
+            sync_host(&mut self.cache, self.host.as_mut(), &mut pass, now);
             self.running.push(seq);
         }
 
         let capacity = (self.config.num_blocks * self.config.block_size) as f64;
         let kv_tokens: usize = self.running.iter().map(|s| s.computed).sum();
+        // Onboarding loads before the forward pass that uses it (vLLM's synchronous load).
         let duration = self.config.timing.step(
             pass.prefill_tokens,
             pass.decoding,
             kv_tokens as f64 / capacity,
-        );
+        ) + pass.onboard_time;
+        self.clock += duration;
 
         self.stats.generation_tokens += outputs.len() as u64;
         for out in outputs.iter().filter(|o| o.finished) {
@@ -368,11 +410,14 @@ impl EngineModel {
                 self.stats.finished += 1;
             }
         }
+        let mut events = pass.events;
+        events.extend(self.cache.take_events());
         Step {
             duration,
-            events: self.cache.take_events(),
+            events,
             outputs,
             admitted,
+            transfers: pass.transfers,
         }
     }
 
@@ -382,18 +427,46 @@ impl EngineModel {
         (request.prompt.len() + request.max_tokens as usize - 1).div_ceil(self.config.block_size)
     }
 
-    /// Move the head of the queue to running if its blocks fit.
-    fn admit_next(&mut self) -> Option<Running> {
+    /// Move the head of the queue to running if its blocks fit. The part of its prefix that
+    /// only the host tier holds is loaded into the device (charged to `pass`).
+    fn admit_next(&mut self, pass: &mut Pass, now: Tick) -> Option<Running> {
         let head = self.waiting.front()?;
         // At least the last prompt token is computed, to sample the first output from.
         let reusable = (head.request.prompt.len() - 1) / self.config.block_size;
-        let table = self
+        let mut table = self
             .cache
             .allocate(&head.hashes[..reusable], self.blocks_needed(&head.request))?;
+        let device_blocks = table.hashes().len();
+        let onboard = match &self.host {
+            Some(host) => host.lookup(&head.hashes[device_blocks..reusable], now),
+            None => Vec::new(),
+        };
         let Waiting { request, .. } = self.waiting.pop_front()?;
-        let cached = table.hashes().len() * self.config.block_size;
+        let device_cached = device_blocks * self.config.block_size;
+        let cached = (device_blocks + onboard.len()) * self.config.block_size;
+        if let Some(host) = self.host.as_mut().filter(|_| !onboard.is_empty()) {
+            // The loaded blocks are cached in the device like computed ones (a GPU store
+            // event); their bytes come from the host slots, not from a forward pass.
+            pass.events.extend(self.cache.take_events());
+            self.cache.write(&mut table, &request.prompt[..cached]);
+            for (index, block) in onboard.iter().enumerate() {
+                if let Some(slot) = table.slot(device_blocks + index) {
+                    pass.transfers.push(KvTransfer::Copy {
+                        hash: block.hash().0,
+                        from: (crate::worker::Tier::Host, block.id().0),
+                        to: (crate::worker::Tier::Device, slot),
+                    });
+                }
+            }
+            // Already in the host: the write-through below only refreshes them.
+            let stored = self.cache.take_stored();
+            pass.events.extend(self.cache.take_events());
+            host.write_through(stored, now, &mut pass.events, &mut pass.transfers);
+            pass.onboard_time += host.charge_onboard(onboard.len(), self.config.block_size);
+        }
+        drop(onboard);
         self.stats.prefix_queries += request.prompt.len() as u64;
-        self.stats.prefix_hits += cached as u64;
+        self.stats.prefix_hits += device_cached as u64;
         self.stats.prompt_tokens += request.prompt.len() as u64;
         let prompt_bytes: Vec<u8> = request
             .prompt
@@ -417,6 +490,27 @@ impl EngineModel {
 struct Pass {
     prefill_tokens: usize,
     decoding: bool,
+    /// Time loading host blocks into the device.
+    onboard_time: Duration,
+    /// Events so far, in order (with a host tier, device and host events interleave).
+    events: Vec<CacheEvent>,
+    transfers: Vec<KvTransfer>,
+}
+
+/// With a host tier: move the device's events so far into the pass, record the blocks just
+/// computed, and write them through.
+fn sync_host(cache: &mut KvCache, host: Option<&mut HostTier>, pass: &mut Pass, now: Tick) {
+    let Some(host) = host else {
+        return;
+    };
+    pass.events.extend(cache.take_events());
+    let stored = cache.take_stored();
+    pass.transfers
+        .extend(stored.iter().map(|b| KvTransfer::Computed {
+            hash: b.hash,
+            slot: b.slot,
+        }));
+    host.write_through(stored, now, &mut pass.events, &mut pass.transfers);
 }
 
 /// Give `seq` up to `budget` tokens of this pass: a prefill chunk, or one decode. Returns the

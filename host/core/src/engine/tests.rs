@@ -292,7 +292,7 @@ proptest! {
                             prop_assert!(replayed.insert(hash), "stored twice");
                         }
                     }
-                    CacheEvent::Removed { hashes } => {
+                    CacheEvent::Removed { hashes, .. } => {
                         for hash in hashes {
                             prop_assert!(replayed.remove(&hash), "removed before stored");
                         }

@@ -20,7 +20,7 @@ fn removed(events: &[CacheEvent]) -> Vec<u64> {
     events
         .iter()
         .flat_map(|e| match e {
-            CacheEvent::Removed { hashes } => hashes.clone(),
+            CacheEvent::Removed { hashes, .. } => hashes.clone(),
             _ => Vec::new(),
         })
         .collect()
@@ -34,6 +34,7 @@ fn written_blocks_are_stored_and_reused() {
     assert_eq!(
         cache.take_events(),
         vec![CacheEvent::Stored {
+            tier: Tier::Device,
             hashes: hashes.clone(),
             parent: None,
             token_ids: prompt.clone(),
@@ -69,6 +70,7 @@ fn partial_blocks_are_not_cached_and_writes_continue_the_chain() {
     assert_eq!(
         events[1],
         CacheEvent::Stored {
+            tier: Tier::Device,
             hashes: hashes[1..].to_vec(),
             parent: Some(hashes[0]),
             token_ids: all[4..].to_vec(),
