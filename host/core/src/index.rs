@@ -221,9 +221,22 @@ impl KvIndex {
     /// first block no rank holds, so a caller that chains hashes lazily computes only those.
     pub fn find_matches_iter(&self, hashes: impl IntoIterator<Item = SequenceHash>) -> Matches {
         let mut matches = Matches::new();
+        self.find_matches_into(hashes, &mut matches);
+        matches
+    }
+
+    /// [`find_matches_iter`](Self::find_matches_iter) into a caller's buffer (cleared first), so a
+    /// decision path that keeps one buffer allocates nothing here (with up to 64 ranks; more share
+    /// one lazily grown copy of the chain).
+    pub fn find_matches_into(
+        &self,
+        hashes: impl IntoIterator<Item = SequenceHash>,
+        matches: &mut Matches,
+    ) {
+        matches.clear();
         match self.groups.as_slice() {
             [] => {}
-            [group] => self.match_group(0, group, hashes, &mut matches),
+            [group] => self.match_group(0, group, hashes, matches),
             groups => {
                 // Several groups walk the same chain: compute it once, as far as the deepest walk.
                 let mut chain = hashes.into_iter();
@@ -234,11 +247,10 @@ impl KvIndex {
                         at: 0,
                         rest: &mut chain,
                     };
-                    self.match_group(g, group, replay, &mut matches);
+                    self.match_group(g, group, replay, matches);
                 }
             }
         }
-        matches
     }
 
     /// The walk of one group: per depth, one probe per tier in use, and masks of the ranks still

@@ -247,6 +247,9 @@ proptest! {
                     sorted(index.find_matches_iter(seq.iter().copied())),
                     sorted(reference.find_matches(seq))
                 );
+                let mut reused = vec![(Rank::new(99, 0), Overlap::default())];
+                index.find_matches_into(seq.iter().copied(), &mut reused);
+                prop_assert_eq!(sorted(reused), sorted(reference.find_matches(seq)));
             }
             for w in 0..3 {
                 for d in 0..2 {

@@ -5,7 +5,7 @@
 //! engine's hashes into our sequence hashes (chaining each block's local hash from its parent's
 //! own hash), then [`KvIndex::apply`]. Every query chains the request's local hashes into sequence
 //! hashes on demand (the walk stops at the first block no rank holds) and calls
-//! [`KvIndex::find_matches_iter`]; the lookup time includes that chaining.
+//! [`KvIndex::find_matches_into`] with a reused buffer; the lookup time includes that chaining.
 //!
 //! Modes (`DYNWL_MODE`):
 //! - `serial`: one thread pinned to `DYNWL_QUERY_CPU` (0), strict stream order.
@@ -262,6 +262,7 @@ fn serial(wl: &Workload) -> Run {
     let mut ingestors = Ingestors::new(wl.block_size, wl.workers);
     let mut index = KvIndex::new();
     let mut query = 0u64;
+    let mut matches: Matches = Vec::new();
     let mut event_ns = 0u128;
     let mut events_since: Option<Instant> = None;
     let start = Instant::now();
@@ -278,7 +279,7 @@ fn serial(wl: &Workload) -> Run {
         }
         chain.seq.clear();
         let t = Instant::now();
-        let matches = index.find_matches_iter(chain.hashes(locals));
+        index.find_matches_into(chain.hashes(locals), &mut matches);
         let ns = t.elapsed().as_nanos() as u64;
         run.lookup_ns.push(ns);
         run.checksum.add(query, &matches);
@@ -410,6 +411,7 @@ fn pipelined<'a>(wl: &'a Workload, threads: usize) -> Run {
         };
         let mut query = 0u64;
         let mut matches: Matches = Vec::new();
+        let mut shard_matches: Matches = Vec::new();
         let start = Instant::now();
         for op in &wl.ops {
             let worker = match op {
@@ -448,7 +450,9 @@ fn pipelined<'a>(wl: &'a Workload, threads: usize) -> Run {
             matches.clear();
             for read in &readers {
                 if let Some(copy) = read.enter() {
-                    matches.extend(copy.0.find_matches_iter(chain.hashes(locals)));
+                    copy.0
+                        .find_matches_into(chain.hashes(locals), &mut shard_matches);
+                    matches.extend_from_slice(&shard_matches);
                 }
             }
             let ns = t.elapsed().as_nanos() as u64;
