@@ -2,6 +2,7 @@
 //! `/reset_prefix_cache`.
 
 use crate::driver::{EngineClient, SubmitError};
+use crate::length::AnswerLength;
 use crate::respond::{self, Kind, Output};
 use crate::script;
 use axum::Router;
@@ -35,6 +36,8 @@ pub(crate) struct AppState {
     pub(crate) tool_parser: String,
     /// Reasoning parser of chat answers.
     pub(crate) reasoning_parser: Option<String>,
+    /// Natural lengths of unscripted answers.
+    pub(crate) answer_length: AnswerLength,
 }
 
 pub(crate) fn router(state: Arc<AppState>) -> Router {
@@ -229,11 +232,20 @@ const SCRIPT_WINDOW_TOKENS: usize = 4096;
 fn output(state: &AppState, prompt: &[u32]) -> Result<Output, ApiError> {
     let tail = &prompt[prompt.len().saturating_sub(SCRIPT_WINDOW_TOKENS)..];
     let text = state.tokenizer.decode(tail, false)?;
-    let script = script::answer(&text, &state.tool_parser)
+    let starts_with_special = |trailer: &str| {
+        state
+            .tokenizer
+            .encode(trailer, false)
+            .ok()
+            .and_then(|ids| ids.first().copied())
+            .is_some_and(|id| state.tokenizer.is_special(id))
+    };
+    let script = script::answer(&text, &state.tool_parser, starts_with_special)
         .map_err(ApiError::bad_request)?
         .map(|answer| state.tokenizer.encode(&answer, false))
         .transpose()?;
     Ok(Output {
+        stops_on_its_own: script.is_some(),
         script,
         reasoning_parser: state.reasoning_parser.clone(),
         tool_parser: Some(state.tool_parser.clone()),
@@ -248,7 +260,7 @@ async fn generate(
     common: &Common,
 ) -> Result<Response, ApiError> {
     // Batched prompts answer like the first (tests script one prompt at a time).
-    let output = output(state, prompts.first().map_or(&[][..], Vec::as_slice))?;
+    let mut output = output(state, prompts.first().map_or(&[][..], Vec::as_slice))?;
     let osl = common
         .nvext
         .as_ref()
@@ -260,10 +272,16 @@ async fn generate(
         .or(osl)
         .unwrap_or(DEFAULT_MAX_TOKENS)
         .min(state.max_tokens_cap);
-    // A scripted answer is as long as its script, like a model that stops on its own.
+    // A scripted answer is as long as its script, like a model that stops on its own; an
+    // unscripted one stops at its natural length unless the limit comes first.
     let max_tokens = match &output.script {
         Some(script) => script.len().clamp(1, u32::MAX as usize) as u32,
-        None => max_tokens,
+        None => {
+            let prompt = prompts.first().map_or(&[][..], Vec::as_slice);
+            let natural = state.answer_length.draw(prompt);
+            output.stops_on_its_own = natural <= max_tokens;
+            natural.min(max_tokens)
+        }
     };
     let pin = match common.nvext.as_ref().and_then(|n| n.cache_control.as_ref()) {
         Some(cache) => Some(

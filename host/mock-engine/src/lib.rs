@@ -27,9 +27,12 @@
 
 mod api;
 mod driver;
+mod length;
 mod metrics;
 mod respond;
 mod script;
+
+pub use length::AnswerLength;
 
 use axum::serve::ListenerExt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -83,6 +86,8 @@ pub struct MockEngineConfig {
     /// Reasoning parser of chat answers (`reasoning_content`), like vLLM's `--reasoning-parser`;
     /// `None` leaves thinking in the content. Default `qwen3` (`<think>` at the start only).
     pub reasoning_parser: Option<String>,
+    /// How long unscripted answers are when the output limit does not cut them first.
+    pub answer_length: AnswerLength,
 }
 
 impl Default for MockEngineConfig {
@@ -104,6 +109,7 @@ impl Default for MockEngineConfig {
             dp_rank: Some(0),
             tool_parser: "hermes".to_owned(),
             reasoning_parser: Some("qwen3".to_owned()),
+            answer_length: AnswerLength::default(),
         }
     }
 }
@@ -238,6 +244,7 @@ pub async fn spawn(
         registry,
         tool_parser: config.tool_parser,
         reasoning_parser: config.reasoning_parser,
+        answer_length: config.answer_length,
     }));
     let server = tokio::spawn(async move {
         // Token-sized SSE writes must not wait for delayed ACKs (Nagle's algorithm).

@@ -40,6 +40,9 @@ pub(crate) struct Output {
     pub(crate) reasoning_parser: Option<String>,
     /// Tool-call parser for chat answers (`tool_calls`), like vLLM's `--tool-call-parser`.
     pub(crate) tool_parser: Option<String>,
+    /// The answer ends before the output limit (scripted, or at its natural length): `stop`
+    /// rather than `length`.
+    pub(crate) stops_on_its_own: bool,
 }
 
 /// The response to one request: its identity and what its choices produced so far.
@@ -261,10 +264,10 @@ impl Answer {
     }
 
     fn finish_reason(&self, choice: &Choice) -> &'static str {
-        match (&self.output.script, choice.tool_calls) {
-            (None, _) => FINISH_LENGTH,
-            (Some(_), 0) => "stop",
-            (Some(_), _) => "tool_calls",
+        match (self.output.stops_on_its_own, choice.tool_calls) {
+            (false, _) => FINISH_LENGTH,
+            (true, 0) => "stop",
+            (true, _) => "tool_calls",
         }
     }
 

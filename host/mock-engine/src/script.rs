@@ -34,9 +34,16 @@ pub(crate) enum ScriptError {
     Format(#[from] switchyard_parsers::ParserError),
 }
 
-/// The answer the directives at the end of `prompt` ask for, if any.
-pub(crate) fn answer(prompt: &str, tool_format: &str) -> Result<Option<String>, ScriptError> {
-    let directives = trailing_directives(prompt);
+/// The answer the directives at the end of `prompt` ask for, if any. `is_scaffolding` tells
+/// whether the text after the last directive starts with the chat template's own markup (a
+/// special token): text of another kind there means the directive is quoted inside a message,
+/// as in a harness's title request (`"... [[mock:say x]]"`), and is not meant for this answer.
+pub(crate) fn answer(
+    prompt: &str,
+    tool_format: &str,
+    is_scaffolding: impl Fn(&str) -> bool,
+) -> Result<Option<String>, ScriptError> {
+    let directives = trailing_directives(prompt, is_scaffolding);
     if directives.is_empty() {
         return Ok(None);
     }
@@ -83,12 +90,13 @@ fn tool_call(spec: &str) -> Result<ToolCall, ScriptError> {
 }
 
 /// The bodies of the run of directives that ends the prompt, in order.
-fn trailing_directives(prompt: &str) -> Vec<&str> {
+fn trailing_directives(prompt: &str, is_scaffolding: impl Fn(&str) -> bool) -> Vec<&str> {
     let mut found = Vec::new();
     let Some(last_close) = prompt.rfind(CLOSE) else {
         return found;
     };
-    if prompt.len() - (last_close + CLOSE.len()) > TRAILER_MAX {
+    let trailer = prompt[last_close + CLOSE.len()..].trim_start();
+    if trailer.len() > TRAILER_MAX || !(trailer.is_empty() || is_scaffolding(trailer)) {
         return found;
     }
     let mut end = last_close;
@@ -111,6 +119,9 @@ mod tests {
 
     const TAIL: &str = "<|im_end|>\n<|im_start|>assistant\n";
 
+    fn answer(prompt: &str, tool_format: &str) -> Result<Option<String>, ScriptError> {
+        super::answer(prompt, tool_format, |t| t.starts_with("<|"))
+    }
     #[test]
     fn say_answers_verbatim() {
         let prompt = format!("user: hi [[mock:say <think>hmm</think>Hello!]]{TAIL}");
@@ -147,6 +158,9 @@ mod tests {
         );
         assert_eq!(answer(&prompt, "hermes").unwrap(), None);
         assert_eq!(answer("no directive at all", "hermes").unwrap(), None);
+        // Quoted in a message (a harness's title request), it is not for this answer.
+        let quoted = format!("Title for: \"[[mock:tool_call f {{\\\"a\\\": 1}}]]\"{TAIL}");
+        assert_eq!(answer(&quoted, "hermes").unwrap(), None);
     }
 
     #[test]
