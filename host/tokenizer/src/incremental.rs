@@ -39,6 +39,10 @@ pub enum CacheOutcome {
     Fallback,
 }
 
+/// How much of a cached prompt's end a prompt that continues it may differ in: the generation
+/// prompt, or a template that re-renders the last turn (a dropped reasoning span).
+const CONTINUATION_SLACK_BYTES: usize = 256;
+
 // === impl ModelTokenizer ===
 
 impl ModelTokenizer {
@@ -71,7 +75,7 @@ impl ModelTokenizer {
                 reused_tokens: 0,
                 encoded_tokens: tokens.len(),
             };
-            cache.record(session, None, now, result);
+            cache.record(session, None, None, now, result);
             return Ok(IncrementalEncoding {
                 tokens,
                 reused_tokens: 0,
@@ -79,8 +83,19 @@ impl ModelTokenizer {
             });
         };
 
-        let previous = cache.lookup(session, inner.id, now);
-        let (snapshot, result) = match previous {
+        // The prompt this one shares most with: the conversation, or one of the session's side
+        // requests.
+        let previous = cache
+            .lookup(session, inner.id, now)
+            .into_iter()
+            .map(|p| (common_prefix_len(p.text.as_bytes(), text.as_bytes()), p))
+            .max_by_key(|(shared, _)| *shared);
+        // It is superseded only if this prompt continues it; otherwise both are kept.
+        let replaces = previous
+            .as_ref()
+            .filter(|(shared, p)| *shared + CONTINUATION_SLACK_BYTES >= p.text.len())
+            .map(|(_, p)| Arc::clone(p));
+        let (snapshot, result) = match previous.map(|(_, p)| p) {
             // The same prompt again (a retry): nothing to encode.
             Some(previous) if previous.text == text && !previous.tokens.is_empty() => {
                 let result = RecordedResult {
@@ -101,7 +116,7 @@ impl ModelTokenizer {
             reused_tokens: result.reused_tokens,
             outcome: result.outcome,
         };
-        cache.record(session, Some(snapshot), now, result);
+        cache.record(session, replaces.as_ref(), Some(snapshot), now, result);
         Ok(encoding)
     }
 

@@ -52,6 +52,8 @@ const EMBEDDED_TOKENIZER_JSON: &[u8] =
     include_bytes!("../assets/smollm2-135m-instruct/tokenizer.json");
 const EMBEDDED_TOKENIZER_CONFIG_JSON: &[u8] =
     include_bytes!("../assets/smollm2-135m-instruct/tokenizer_config.json");
+const EMBEDDED_TOOL_USE_TEMPLATE: &str =
+    include_str!("../assets/smollm2-135m-instruct/agent_tool_use.jinja");
 
 /// One model's tokenizer and chat template. Cheap to clone: clones share the loaded model.
 #[derive(Clone)]
@@ -73,6 +75,7 @@ struct Inner {
     special_ids: HashSet<u32>,
     /// Where prompts can be cut for incremental encoding; `None` if nowhere.
     seams: Option<incremental::Seams>,
+    model_max_length: Option<u32>,
 }
 
 /// Source of [`Inner::id`].
@@ -82,6 +85,9 @@ static NEXT_MODEL_ID: AtomicU64 = AtomicU64::new(0);
 #[derive(Deserialize)]
 struct TokenizerConfig {
     chat_template: Option<ChatTemplates>,
+    /// Often a placeholder (`1e30`) rather than the model's context: see
+    /// [`ModelTokenizer::model_max_length`].
+    model_max_length: Option<f64>,
     bos_token: Option<SpecialToken>,
     eos_token: Option<SpecialToken>,
     unk_token: Option<SpecialToken>,
@@ -152,6 +158,34 @@ impl ModelTokenizer {
         )
     }
 
+    /// The embedded default's model as the embedded mock engines serve it: SmolLM2's tokenizer
+    /// and template, plus a `tool_use` template that renders tools, tool calls and reasoning in
+    /// the Hermes convention. SmolLM2's own template leaves tools out, which would make a coding
+    /// agent's 20K tokens of tool definitions cost nothing.
+    pub fn embedded_agent_model() -> Result<Self, TokenizerError> {
+        let mut config: TokenizerConfig = serde_json::from_slice(EMBEDDED_TOKENIZER_CONFIG_JSON)
+            .map_err(TokenizerError::Config)?;
+        let default = match config.chat_template.take() {
+            Some(ChatTemplates::Single(source)) => source,
+            _ => return Err(TokenizerError::NoChatTemplate(EMBEDDED_DEFAULT_NAME.into())),
+        };
+        config.chat_template = Some(ChatTemplates::Named(vec![
+            NamedTemplate {
+                name: template::DEFAULT_TEMPLATE.to_owned(),
+                template: default,
+            },
+            NamedTemplate {
+                name: template::TOOL_USE_TEMPLATE.to_owned(),
+                template: EMBEDDED_TOOL_USE_TEMPLATE.to_owned(),
+            },
+        ]));
+        Self::build(
+            EMBEDDED_DEFAULT_NAME.to_owned(),
+            EMBEDDED_TOKENIZER_JSON,
+            config,
+        )
+    }
+
     /// Loads a model from the contents of its `tokenizer.json` and `tokenizer_config.json`.
     pub fn from_json(
         name: &str,
@@ -210,6 +244,11 @@ impl ModelTokenizer {
         let vocab_size = u32::try_from(tokenizer.get_vocab_size(true)).unwrap_or(u32::MAX);
 
         let seams = incremental::Seams::new(&tokenizer).ok();
+        // Transformers writes a huge placeholder when the model's context is unknown.
+        let model_max_length = config
+            .model_max_length
+            .filter(|&n| n >= 1.0 && n <= f64::from(u32::MAX))
+            .map(|n| n as u32);
 
         Ok(Self {
             inner: Arc::new(Inner {
@@ -222,8 +261,15 @@ impl ModelTokenizer {
                 eos_token_id,
                 special_ids,
                 seams,
+                model_max_length,
             }),
         })
+    }
+
+    /// `model_max_length` from `tokenizer_config.json`, when it is a real length (the model's
+    /// context window, for most models).
+    pub fn model_max_length(&self) -> Option<u32> {
+        self.inner.model_max_length
     }
 
     /// The model's name: its directory's name, or [`EMBEDDED_DEFAULT_NAME`].

@@ -14,7 +14,7 @@ use crate::error::{RaisedByTemplate, TokenizerError};
 /// Name of the template used when no other applies (a single-string `chat_template` gets it too).
 pub(crate) const DEFAULT_TEMPLATE: &str = "default";
 /// Name of the template Hugging Face prefers when the request has tools.
-const TOOL_USE_TEMPLATE: &str = "tool_use";
+pub(crate) const TOOL_USE_TEMPLATE: &str = "tool_use";
 
 /// One chat request, as the chat template sees it.
 #[derive(Debug, Clone, Copy, Default)]

@@ -704,3 +704,53 @@ fn concurrent_sessions_share_one_cache() {
     assert!(stats.entries <= 3);
     assert_eq!(stats.hits + stats.misses + stats.fallbacks, 20);
 }
+
+#[test]
+fn side_requests_do_not_evict_the_conversation() {
+    // OpenCode and Claude Code send titles and summaries under the conversation's session id.
+    let cache = SessionCache::default();
+    let now = Instant::now();
+    let conversation = history(12);
+    let first = SMOLLM
+        .encode_chat_incremental(&cache, "s", &chat(&conversation), now)
+        .expect("encodes");
+    let title = vec![
+        json!({"role": "system", "content": "You write titles."}),
+        json!({"role": "user", "content": "Title for: fix the bug in module_0."}),
+    ];
+    for _ in 0..2 {
+        let side = SMOLLM
+            .encode_chat_incremental(&cache, "s", &chat(&title), now)
+            .expect("encodes");
+        assert_eq!(
+            side.tokens,
+            SMOLLM.encode_chat(&chat(&title)).expect("encodes")
+        );
+    }
+    let next = history(13);
+    let got = SMOLLM
+        .encode_chat_incremental(&cache, "s", &chat(&next), now)
+        .expect("encodes");
+    assert_eq!(got.outcome, CacheOutcome::Hit);
+    assert_eq!(
+        got.tokens,
+        SMOLLM.encode_chat(&chat(&next)).expect("encodes")
+    );
+    assert!(
+        got.reused_tokens + 8 >= first.tokens.len(),
+        "{} of {}",
+        got.reused_tokens,
+        first.tokens.len()
+    );
+
+    // Past `prompts_per_session`, the least recently used prompt goes.
+    let one = SessionCache::new(SessionCacheConfig {
+        prompts_per_session: 1,
+        ..Default::default()
+    });
+    encode_turn(&one, "s", 3, now);
+    SMOLLM
+        .encode_chat_incremental(&one, "s", &chat(&title), now)
+        .expect("encodes");
+    assert_ne!(encode_turn(&one, "s", 4, now), CacheOutcome::Hit);
+}

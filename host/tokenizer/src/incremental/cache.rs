@@ -23,6 +23,11 @@ pub struct SessionCacheConfig {
     /// A session not used for longer than this is dropped; the next request of that session is a
     /// full pass. Default: 10 minutes.
     pub idle_ttl: Duration,
+    /// Most prompts kept per session. A harness's side requests (titles, summaries, a compaction)
+    /// share the session id but not the conversation: each is kept beside the conversation
+    /// rather than replacing it, and a request continues the prompt it shares most with.
+    /// Default: 4.
+    pub prompts_per_session: usize,
 }
 
 impl Default for SessionCacheConfig {
@@ -31,6 +36,7 @@ impl Default for SessionCacheConfig {
             max_sessions: 1024,
             max_bytes: 512 * 1024 * 1024,
             idle_ttl: Duration::from_secs(600),
+            prompts_per_session: 4,
         }
     }
 }
@@ -59,7 +65,7 @@ pub struct SessionCacheStats {
     pub bytes: u64,
 }
 
-/// What is kept of a session's last prompt.
+/// What is kept of one of a session's recent prompts.
 #[derive(Debug)]
 pub(crate) struct Snapshot {
     /// The model that encoded it: another model's tokens are of no use.
@@ -101,7 +107,8 @@ struct State {
 }
 
 struct Entry {
-    snapshot: Arc<Snapshot>,
+    /// The session's recent prompts, least recently used first.
+    snapshots: Vec<Arc<Snapshot>>,
     last_used: Instant,
     seq: u64,
     bytes: u64,
@@ -136,7 +143,7 @@ impl SessionCache {
     /// Drops `session`'s entry (the session ended); whether there was one.
     pub fn remove(&self, session: &str) -> bool {
         let removed = self.lock().remove(session);
-        removed.is_some()
+        !removed.is_empty()
     }
 
     /// Drops every session idle for longer than `idle_ttl` at `now`, and returns how many. Lookups
@@ -152,14 +159,9 @@ impl SessionCache {
         self.config.max_sessions > 0 && self.config.max_bytes > 0
     }
 
-    /// The snapshot of `session` if it was encoded by model `model_id` and has not expired at
+    /// The prompts of `session` that model `model_id` encoded, if the session has not expired at
     /// `now`.
-    pub(crate) fn lookup(
-        &self,
-        session: &str,
-        model_id: u64,
-        now: Instant,
-    ) -> Option<Arc<Snapshot>> {
+    pub(crate) fn lookup(&self, session: &str, model_id: u64, now: Instant) -> Vec<Arc<Snapshot>> {
         let mut garbage = Vec::new();
         let found = self.lookup_locked(&mut self.lock(), session, model_id, now, &mut garbage);
         // Prompts are freed after the lock is released: freeing megabytes takes a while.
@@ -174,24 +176,33 @@ impl SessionCache {
         model_id: u64,
         now: Instant,
         garbage: &mut Vec<Arc<Snapshot>>,
-    ) -> Option<Arc<Snapshot>> {
+    ) -> Vec<Arc<Snapshot>> {
         let ttl = self.config.idle_ttl;
         state.expire(now, ttl, garbage);
-        let entry = state.entries.get(session)?;
+        let Some(entry) = state.entries.get(session) else {
+            return Vec::new();
+        };
         if is_expired(entry.last_used, now, ttl) {
             // Out of LRU order (a caller's `now` ran behind another's): expire it here.
             garbage.extend(state.remove(session));
             state.stats.expirations += 1;
-            return None;
+            return Vec::new();
         }
-        (entry.snapshot.model_id == model_id).then(|| Arc::clone(&entry.snapshot))
+        entry
+            .snapshots
+            .iter()
+            .filter(|s| s.model_id == model_id)
+            .cloned()
+            .collect()
     }
 
-    /// Counts one request, and keeps `snapshot` as `session`'s latest prompt if `snapshot` is
-    /// given and fits, evicting least recently used sessions to make room.
+    /// Counts one request, and keeps `snapshot` as `session`'s most recent prompt if `snapshot`
+    /// is given and fits, in place of `replaces` (the prompt it extends) if given, evicting the
+    /// session's oldest prompts and least recently used sessions to make room.
     pub(crate) fn record(
         &self,
         session: &str,
+        replaces: Option<&Arc<Snapshot>>,
         snapshot: Option<Arc<Snapshot>>,
         now: Instant,
         result: RecordedResult,
@@ -200,7 +211,7 @@ impl SessionCache {
         self.record_locked(
             &mut self.lock(),
             session,
-            snapshot,
+            (replaces, snapshot),
             now,
             result,
             &mut garbage,
@@ -213,7 +224,7 @@ impl SessionCache {
         &self,
         state: &mut State,
         session: &str,
-        snapshot: Option<Arc<Snapshot>>,
+        (replaces, snapshot): (Option<&Arc<Snapshot>>, Option<Arc<Snapshot>>),
         now: Instant,
         result: RecordedResult,
         garbage: &mut Vec<Arc<Snapshot>>,
@@ -228,16 +239,29 @@ impl SessionCache {
         stats.reused_tokens += result.reused_tokens as u64;
         stats.encoded_tokens += result.encoded_tokens as u64;
 
-        // Whatever was kept is older than this request's prompt.
-        garbage.extend(state.remove(session));
+        let mut snapshots = state.remove(session);
         let Some(snapshot) = snapshot else {
+            garbage.append(&mut snapshots);
             return;
         };
-        let bytes = snapshot.bytes(session);
-        if !self.enabled() || bytes > config.max_bytes {
+        if !self.enabled() || snapshot.bytes(session) > config.max_bytes {
             garbage.push(snapshot);
+            garbage.append(&mut snapshots);
             return;
         }
+        // The prompt this one extends is superseded; the session's other prompts stay.
+        if let Some(old) = replaces
+            && let Some(at) = snapshots.iter().position(|s| Arc::ptr_eq(s, old))
+        {
+            garbage.push(snapshots.remove(at));
+        }
+        snapshots.push(snapshot);
+        let keep = config.prompts_per_session.max(1);
+        let bytes_of = |s: &[Arc<Snapshot>]| s.iter().map(|p| p.bytes(session)).sum::<u64>();
+        while snapshots.len() > keep || bytes_of(&snapshots) > config.max_bytes {
+            garbage.push(snapshots.remove(0));
+        }
+        let bytes = bytes_of(&snapshots);
         let key: Arc<str> = Arc::from(session);
         let seq = state.next_seq;
         state.next_seq += 1;
@@ -245,7 +269,7 @@ impl SessionCache {
         state.entries.insert(
             key,
             Entry {
-                snapshot,
+                snapshots,
                 last_used: now,
                 seq,
                 bytes,
@@ -258,8 +282,9 @@ impl SessionCache {
             let Some((_, oldest)) = state.lru.pop_first() else {
                 break;
             };
-            if let Some(evicted) = state.remove(&oldest) {
-                garbage.push(evicted);
+            let mut evicted = state.remove(&oldest);
+            if !evicted.is_empty() {
+                garbage.append(&mut evicted);
                 state.stats.evictions += 1;
             }
         }
@@ -298,13 +323,15 @@ pub(crate) struct RecordedResult {
 // === impl State ===
 
 impl State {
-    /// Takes `session`'s entry out; its snapshot is for the caller to drop, after the lock.
-    fn remove(&mut self, session: &str) -> Option<Arc<Snapshot>> {
-        let entry = self.entries.remove(session)?;
+    /// Takes `session`'s entry out; its snapshots are for the caller to drop, after the lock.
+    fn remove(&mut self, session: &str) -> Vec<Arc<Snapshot>> {
+        let Some(entry) = self.entries.remove(session) else {
+            return Vec::new();
+        };
         self.lru.remove(&entry.seq);
         self.stats.bytes = self.stats.bytes.saturating_sub(entry.bytes);
         self.stats.entries = self.entries.len();
-        Some(entry.snapshot)
+        entry.snapshots
     }
 
     /// Takes expired sessions out from the least recently used end, up to the first live one,
@@ -320,8 +347,9 @@ impl State {
             }
             let oldest = Arc::clone(oldest);
             self.lru.pop_first();
-            if let Some(expired) = self.remove(&oldest) {
-                garbage.push(expired);
+            let mut expired = self.remove(&oldest);
+            if !expired.is_empty() {
+                garbage.append(&mut expired);
                 self.stats.expirations += 1;
             }
         }
