@@ -4,7 +4,9 @@ use serde_json::{Map, Value, json};
 
 use crate::error::{ApiError, ErrorKind};
 use crate::hints;
-use crate::ir::{AgentHints, Block, CacheControl, Conversation, Sampling, Tool, ToolChoice};
+use crate::ir::{
+    AgentHints, Block, CacheControl, Conversation, Sampling, Tool, ToolChoice, ToolOrigin,
+};
 use crate::json::Node;
 
 /// Engine-specific request fields passed through to the engine unchanged (into
@@ -244,6 +246,7 @@ pub(crate) fn tool(node: &Node<'_, '_>, schema_key: &str) -> Result<Tool, ApiErr
         name: name.to_owned(),
         description: node.opt_str("description")?,
         parameters,
+        origin: ToolOrigin::Function,
     })
 }
 

@@ -48,9 +48,44 @@ pub struct Conversation {
     /// Engine-specific fields passed through unchanged (`chat_template_kwargs`, `min_tokens`, ...;
     /// see [`crate::PASSTHROUGH_FIELDS`]).
     pub extra: Map<String, Value>,
+    /// Hosted tools the client offered that no engine can run (`web_search`, `code_interpreter`,
+    /// Anthropic server tools), by type: left out of the prompt and counted by the gateway.
+    pub dropped_tools: Vec<String>,
 }
 
 impl Conversation {
+    /// Removes the lines of system text (top-level and system messages) that start with one of
+    /// `prefixes`, and text blocks left empty by that; returns how many lines went. Such lines
+    /// (Claude Code's per-session `x-anthropic-billing-header: cc_version=...;`) would otherwise
+    /// make every session's system prompt, and so its KV cache, its own.
+    pub fn strip_volatile_lines(&mut self, prefixes: &[String]) -> usize {
+        if prefixes.is_empty() {
+            return 0;
+        }
+        let mut removed = 0;
+        let system_messages = self
+            .messages
+            .iter_mut()
+            .filter(|m| m.role == Role::System)
+            .map(|m| &mut m.blocks);
+        for blocks in std::iter::once(&mut self.system).chain(system_messages) {
+            blocks.retain_mut(|block| {
+                let Block::Text { text } = block else {
+                    return true;
+                };
+                let volatile = |line: &str| prefixes.iter().any(|p| line.starts_with(p.as_str()));
+                if !text.lines().any(volatile) {
+                    return true;
+                }
+                let kept: Vec<&str> = text.lines().filter(|l| !volatile(l)).collect();
+                removed += text.lines().count() - kept.len();
+                *text = kept.join("\n");
+                !text.is_empty()
+            });
+        }
+        removed
+    }
+
     /// `chat_template_kwargs` from the request (extra variables for the chat template).
     pub fn template_kwargs(&self) -> Option<&Map<String, Value>> {
         self.extra
@@ -77,6 +112,7 @@ impl Default for Conversation {
             hints: AgentHints::default(),
             cache_control: None,
             extra: Map::new(),
+            dropped_tools: Vec::new(),
         }
     }
 }
@@ -209,13 +245,37 @@ pub enum Block {
 /// A function the model may call.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tool {
-    /// Name.
+    /// Name, as the model sees it (`namespace.name` for a function inside a namespace).
     pub name: String,
     /// What it does.
     pub description: Option<String>,
     /// JSON Schema of its arguments (an empty object schema when the client gave none).
     pub parameters: Value,
+    /// How the client declared it, so that a call comes back in the client's shape.
+    pub origin: ToolOrigin,
 }
+
+/// How a client declared a tool that the model sees as a plain function.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ToolOrigin {
+    /// A function tool.
+    #[default]
+    Function,
+    /// A function inside a Responses `namespace` tool (Codex's `multi_agent_v1`): the model sees
+    /// `namespace.name`; calls go back as `{namespace, name}`.
+    Namespaced {
+        /// The namespace.
+        namespace: String,
+        /// The function's own name.
+        name: String,
+    },
+    /// A Responses `custom` (freeform) tool: the model sees one string parameter, `input`; calls
+    /// go back as `custom_tool_call` items carrying that string.
+    Custom,
+}
+
+/// The one parameter of a `custom` tool, as the model sees it.
+pub(crate) const CUSTOM_TOOL_INPUT: &str = "input";
 
 /// Whether and which tool must be called.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -279,4 +339,41 @@ pub struct AgentHints {
 pub struct CacheControl {
     /// How long (`5m` when the client gave no TTL).
     pub ttl: Duration,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn volatile_system_lines_are_stripped() {
+        let billing = "x-anthropic-billing-header: cc_version=2.1.332.9a2; cc_entrypoint=sdk-cli;";
+        let mut conv = Conversation {
+            system: vec![
+                Block::Text {
+                    text: billing.into(),
+                },
+                Block::Text {
+                    text: format!("You are Claude Code.\n{billing}\nBe brief."),
+                },
+            ],
+            messages: vec![
+                Message::text(Role::User, billing),
+                Message::text(Role::System, "# Agents"),
+            ],
+            ..Conversation::default()
+        };
+        let prefixes = vec!["x-anthropic-billing-header:".to_owned()];
+        assert_eq!(conv.strip_volatile_lines(&prefixes), 2);
+        assert_eq!(
+            conv.system,
+            [Block::Text {
+                text: "You are Claude Code.\nBe brief.".into()
+            }]
+        );
+        // The user's own text is never touched.
+        assert_eq!(conv.messages[0], Message::text(Role::User, billing));
+        assert_eq!(conv.strip_volatile_lines(&prefixes), 0);
+        assert_eq!(conv.strip_volatile_lines(&[]), 0);
+    }
 }

@@ -70,7 +70,7 @@ pub use fields::{PASSTHROUGH_FIELDS, parse_body};
 pub use hints::{DEFAULT_CACHE_TTL, parse_ttl};
 pub use ir::{
     AgentHints, Block, CacheControl, Completion, Conversation, Message, Prompt, Role, Sampling,
-    Thinking, Tool, ToolChoice,
+    Thinking, Tool, ToolChoice, ToolOrigin,
 };
 pub use render::{to_chat_request, to_completion_request, to_template_messages};
 pub use reply::{FinishReason, Reply, ReplyEvent, ReplyMeta, SseFrame, Usage};

@@ -49,10 +49,14 @@ fn decode_with(body: &Value, generating: bool) -> Result<Conversation, ApiError>
     if let Some(tools) = root.get("tools") {
         for t in tools.items()? {
             t.object()?;
+            // Typed tools are Anthropic's own (server tools such as `web_search_20250305`, and
+            // client tools whose schema only Anthropic's models know): no engine can serve them,
+            // so they are left out of the prompt and counted.
             if let Some(kind) = t.get("type").map(|k| k.str()).transpose()?
                 && kind != "custom"
             {
-                return Err(t.bad_tag("unsupported tool type", kind));
+                conv.dropped_tools.push(kind.to_owned());
+                continue;
             }
             markers.visit(&t)?;
             t.required("input_schema")?;
@@ -125,15 +129,18 @@ fn message(
     let role = match role_node.str()? {
         "user" => Role::User,
         "assistant" => Role::Assistant,
+        // Claude Code sends system messages after the first user turn (agent and skill
+        // listings); they render in place, as system turns.
+        "system" => Role::System,
         other => {
             return Err(role_node.error(format_args!(
-                "unknown role `{other}`, expected `user` or `assistant`"
+                "unknown role `{other}`, expected `user`, `assistant` or `system`"
             )));
         }
     };
     let content = node.required("content")?;
     let blocks = fields::content(&content, |b| block(b, role, markers))?;
-    if role == Role::Assistant {
+    if role != Role::User {
         out.push(Message { role, blocks });
         return Ok(());
     }
@@ -308,6 +315,32 @@ mod tests {
     }
 
     #[test]
+    fn system_messages_render_in_place() {
+        // Claude Code's shape: a system message (agent and skill listings) after the user turn.
+        let b = body(json!([
+            {"role": "user", "content": [{"type": "text", "text": "hello"}]},
+            {"role": "system", "content": [{"type": "text", "text": "# Agents", "cache_control": {"type": "ephemeral"}}]},
+        ]));
+        for conv in [decode(&b).unwrap(), decode_count_tokens(&b).unwrap()] {
+            assert_eq!(conv.messages[1], Message::text(Role::System, "# Agents"));
+            assert!(conv.cache_control.is_some());
+            let (messages, _) = crate::to_template_messages(&conv);
+            let roles: Vec<&str> = messages
+                .iter()
+                .map(|m| m["role"].as_str().unwrap())
+                .collect();
+            assert_eq!(roles, ["user", "system"]);
+        }
+        let bad = body(
+            json!([{"role": "system", "content": [{"type": "tool_use", "id": "a", "name": "f", "input": {}}]}]),
+        );
+        assert_eq!(
+            decode(&bad).unwrap_err().param.as_deref(),
+            Some("messages[0].content[0].type")
+        );
+    }
+
+    #[test]
     fn count_tokens_does_not_need_max_tokens() {
         let b = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
         assert_eq!(decode(&b).unwrap_err().param.as_deref(), Some("max_tokens"));
@@ -320,7 +353,7 @@ mod tests {
         let cases = [
             (body(json!([])), "messages"),
             (
-                body(json!([{"role": "system", "content": "x"}])),
+                body(json!([{"role": "developer", "content": "x"}])),
                 "messages[0].role",
             ),
             (
@@ -380,11 +413,11 @@ mod tests {
         let conv = decode(&b).unwrap();
         assert_eq!(conv.tool_choice, ToolChoice::Required);
         assert!(!conv.parallel_tool_calls);
+        // Anthropic's own tools cannot run on an engine: dropped and reported, never a 400.
         b["tools"] = json!([{"type": "web_search_20250305", "name": "web_search"}]);
-        assert_eq!(
-            decode(&b).unwrap_err().param.as_deref(),
-            Some("tools[0].type")
-        );
+        let conv = decode(&b).unwrap();
+        assert!(conv.tools.is_empty());
+        assert_eq!(conv.dropped_tools, ["web_search_20250305"]);
         b["tools"] = json!([{"name": "t"}]);
         assert_eq!(
             decode(&b).unwrap_err().param.as_deref(),

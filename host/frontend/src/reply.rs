@@ -5,7 +5,7 @@ use std::fmt;
 use serde_json::{Map, Value};
 use switchyard_parsers::ParsedEvent;
 
-use crate::ir::{Block, Conversation, Message, Role};
+use crate::ir::{Block, Conversation, Message, Role, ToolOrigin};
 
 /// How a generation ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,6 +87,13 @@ pub struct ReplyMeta {
     /// Request fields the Responses API's response object repeats
     /// ([`crate::ResponsesRequest::echo`]).
     pub echo: Map<String, Value>,
+    /// Tools the client declared as something other than a plain function, by the name the model
+    /// sees: their calls go back in the client's shape (Responses namespaces and custom tools).
+    pub tool_origins: Vec<(String, ToolOrigin)>,
+    /// Responses reasoning items carry a summary (`reasoning.summary`).
+    pub reasoning_summary: bool,
+    /// Responses reasoning items carry `encrypted_content` (`include`).
+    pub encrypted_reasoning: bool,
 }
 
 impl ReplyMeta {
@@ -99,6 +106,15 @@ impl ReplyMeta {
             model: model.into(),
             ..Self::default()
         }
+    }
+
+    /// How the client declared the tool the model calls `name`.
+    pub fn tool_origin(&self, name: &str) -> &ToolOrigin {
+        static FUNCTION: ToolOrigin = ToolOrigin::Function;
+        self.tool_origins
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(&FUNCTION, |(_, origin)| origin)
     }
 
     /// Meta for a reply to `conv`: its model and whether it asked for stream usage.

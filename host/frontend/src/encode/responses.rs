@@ -9,9 +9,10 @@ use serde_json::{Map, Value, json};
 
 use super::{Format, frame, typed};
 use crate::api::Api;
-use crate::error::ApiError;
-use crate::ir::Block;
+use crate::error::{ApiError, ErrorKind};
+use crate::ir::{Block, CUSTOM_TOOL_INPUT, ToolOrigin};
 use crate::reply::{FinishReason, Reply, ReplyMeta, SseFrame, Step, Usage};
+use crate::responses::seal_reasoning;
 
 /// The Responses API's `usage`.
 fn usage_json(usage: &Usage) -> Value {
@@ -60,20 +61,68 @@ fn item(block: &Block, meta: &ReplyMeta, n: usize, done: bool) -> Value {
         Vec::new()
     };
     match block {
-        Block::Thinking { .. } => json!({
-            "id": id, "type": "reasoning", "summary": [], "content": parts, "status": status,
-        }),
+        Block::Thinking { text, .. } => {
+            let summary = if done && meta.reasoning_summary && !text.is_empty() {
+                // No summariser runs: the summary is the reasoning itself.
+                json!([{"type": "summary_text", "text": text}])
+            } else {
+                json!([])
+            };
+            let mut item = json!({
+                "id": id, "type": "reasoning", "summary": summary, "content": parts,
+                "status": status,
+            });
+            if done && meta.encrypted_reasoning {
+                item["encrypted_content"] = seal_reasoning(text).into();
+            }
+            item
+        }
         Block::ToolCall {
             id: call_id,
             name,
             arguments,
-        } => json!({
-            "id": id, "type": "function_call", "status": status, "call_id": call_id,
-            "name": name, "arguments": if done { arguments.as_str() } else { "" },
-        }),
+        } => match meta.tool_origin(name) {
+            ToolOrigin::Custom => json!({
+                "id": id, "type": "custom_tool_call", "status": status, "call_id": call_id,
+                "name": name, "input": if done { custom_input(arguments) } else { String::new() },
+            }),
+            ToolOrigin::Namespaced { namespace, name } => json!({
+                "id": id, "type": "function_call", "status": status, "call_id": call_id,
+                "namespace": namespace, "name": name,
+                "arguments": if done { arguments.as_str() } else { "" },
+            }),
+            ToolOrigin::Function => json!({
+                "id": id, "type": "function_call", "status": status, "call_id": call_id,
+                "name": name, "arguments": if done { arguments.as_str() } else { "" },
+            }),
+        },
         _ => json!({
             "id": id, "type": "message", "status": status, "role": "assistant", "content": parts,
         }),
+    }
+}
+
+/// A custom tool's freeform input from the arguments the model wrote (`{"input": "..."}`); any
+/// other shape is passed as the text the model wrote.
+fn custom_input(arguments: &str) -> String {
+    match serde_json::from_str::<Value>(arguments) {
+        Ok(Value::Object(mut args)) => match args.remove(CUSTOM_TOOL_INPUT) {
+            Some(Value::String(input)) => input,
+            _ => arguments.to_owned(),
+        },
+        _ => arguments.to_owned(),
+    }
+}
+
+/// `error.code` of a failed response: the request's fault is never a `server_error`.
+fn failure_code(error: &ApiError) -> String {
+    match error.kind {
+        ErrorKind::InvalidRequest | ErrorKind::NotFound | ErrorKind::RequestTooLarge => error
+            .code
+            .clone()
+            .unwrap_or_else(|| "invalid_prompt".into()),
+        ErrorKind::RateLimited => "rate_limit_exceeded".into(),
+        ErrorKind::Overloaded | ErrorKind::Upstream | ErrorKind::Internal => "server_error".into(),
     }
 }
 
@@ -112,7 +161,7 @@ fn response(reply: &Reply, meta: &ReplyMeta, final_state: bool, error: Option<&A
         "error".into(),
         error.map_or(
             Value::Null,
-            |e| json!({"code": "server_error", "message": e.message}),
+            |e| json!({"code": failure_code(e), "message": e.message}),
         ),
     );
     object.insert(
@@ -209,7 +258,10 @@ impl Format for EventFormat {
                     out,
                 );
             }
-            (Step::Delta(_, d), Block::ToolCall { .. }) => {
+            // A custom tool's input is known once its arguments are complete.
+            (Step::Delta(_, d), Block::ToolCall { name, .. })
+                if *meta.tool_origin(name) != ToolOrigin::Custom =>
+            {
                 let delta = with(&at, "delta", d.into());
                 self.event("response.function_call_arguments.delta", delta, out);
             }
@@ -237,11 +289,21 @@ impl Format for EventFormat {
                 Block::ToolCall {
                     name, arguments, ..
                 },
-            ) => {
-                let mut done = with(&at, "name", name.as_str().into());
-                done["arguments"] = arguments.as_str().into();
-                self.event("response.function_call_arguments.done", done, out);
-            }
+            ) => match meta.tool_origin(name) {
+                ToolOrigin::Custom => {
+                    let done = with(&at, "input", custom_input(arguments).into());
+                    self.event("response.custom_tool_call_input.done", done, out);
+                }
+                origin => {
+                    let short = match origin {
+                        ToolOrigin::Namespaced { name, .. } => name,
+                        _ => name,
+                    };
+                    let mut done = with(&at, "name", short.as_str().into());
+                    done["arguments"] = arguments.as_str().into();
+                    self.event("response.function_call_arguments.done", done, out);
+                }
+            },
             _ => {}
         }
         if let Step::Close(_) = step {
