@@ -4,6 +4,50 @@
 use axum::http::HeaderMap;
 use serde::{Deserialize, Serialize};
 
+/// Which agent harness sent a request, for metrics labels.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Harness {
+    /// Anthropic's Claude Code.
+    ClaudeCode,
+    /// OpenAI's Codex CLI.
+    Codex,
+    /// OpenCode.
+    OpenCode,
+    /// Anything else.
+    #[default]
+    Other,
+}
+
+impl Harness {
+    /// The label value: `claude-code`, `codex`, `opencode` or `other`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ClaudeCode => "claude-code",
+            Self::Codex => "codex",
+            Self::OpenCode => "opencode",
+            Self::Other => "other",
+        }
+    }
+
+    /// The harness as its headers give it away: its own session headers first, then its
+    /// user agent (`claude-cli/...`, `codex_exec/...`, `opencode/...`).
+    fn from_headers(get: impl Fn(&str) -> Option<String>) -> Self {
+        let agent = get("user-agent").unwrap_or_default().to_ascii_lowercase();
+        if get("x-claude-code-session-id").is_some() || agent.starts_with("claude-cli") {
+            Self::ClaudeCode
+        } else if get("x-codex-turn-metadata").is_some()
+            || get("originator").is_some_and(|o| o.starts_with("codex"))
+            || agent.starts_with("codex")
+        {
+            Self::Codex
+        } else if agent.starts_with("opencode") {
+            Self::OpenCode
+        } else {
+            Self::Other
+        }
+    }
+}
+
 /// The session of a request, whatever harness sent it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AgentContext {
@@ -14,6 +58,9 @@ pub struct AgentContext {
     /// The caller marked this as the session's last request (not traced).
     #[serde(skip)]
     pub session_final: bool,
+    /// The harness that sent it (not traced: the trace has the session).
+    #[serde(skip)]
+    pub harness: Harness,
 }
 
 impl AgentContext {
@@ -52,6 +99,7 @@ impl AgentContext {
             parent_session_id: get("x-dynamo-parent-session-id").or(harness_parent),
             session_id,
             session_final,
+            harness: Harness::from_headers(get),
         }
     }
 }
@@ -69,6 +117,37 @@ mod tests {
             );
         }
         AgentContext::from_headers(&headers)
+    }
+
+    #[test]
+    fn harnesses_are_recognised() {
+        let cases = [
+            (vec![("x-claude-code-session-id", "s")], Harness::ClaudeCode),
+            (
+                vec![("user-agent", "claude-cli/2.1.332 (external, sdk-cli)")],
+                Harness::ClaudeCode,
+            ),
+            (
+                vec![("originator", "codex_exec"), ("session-id", "s")],
+                Harness::Codex,
+            ),
+            (
+                vec![("user-agent", "codex_exec/0.171.0 (Debian)")],
+                Harness::Codex,
+            ),
+            (
+                vec![(
+                    "user-agent",
+                    "opencode/1.18.33 ai-sdk/provider-utils/4.0.23",
+                )],
+                Harness::OpenCode,
+            ),
+            (vec![("user-agent", "curl/8.0")], Harness::Other),
+            (vec![], Harness::Other),
+        ];
+        for (headers, harness) in cases {
+            assert_eq!(context(&headers).harness, harness, "{headers:?}");
+        }
     }
 
     fn ids(c: &AgentContext) -> (Option<&str>, Option<&str>, bool) {

@@ -94,12 +94,34 @@ pub struct ModelConfig {
     /// How the model writes its reasoning (`qwen3`, `deepseek_r1`, `gpt_oss`, ...), for workers
     /// in `tokens` mode. Default: none (thinking stays in the text).
     pub reasoning_parser: Option<String>,
+    /// Other names clients may ask for, as globs (`*` any run, `?` one character): harnesses
+    /// that insist on their own model names (`claude-*`, `gpt-5*`) reach this model. Replies
+    /// name the served model.
+    pub aliases: Vec<String>,
+    /// The model's context window in tokens. A request without an output limit may generate up to
+    /// the rest of it, as on vLLM; a longer prompt is refused. Default: the tokenizer's
+    /// `model_max_length`, else 32,768.
+    pub context_length: Option<u32>,
 }
 
 impl ModelConfig {
     /// The tool-call parser of `tokens` mode.
     pub fn tool_parser(&self) -> &str {
         self.tool_parser.as_deref().unwrap_or("hermes")
+    }
+
+    /// The aliases as one matcher; a bad glob is a configuration error.
+    pub fn alias_matcher(&self) -> Result<globset::GlobSet, ConfigError> {
+        let mut set = globset::GlobSetBuilder::new();
+        for alias in &self.aliases {
+            let glob = globset::GlobBuilder::new(alias)
+                .literal_separator(false)
+                .build()
+                .map_err(|e| ConfigError::Invalid(format!("model.aliases: {e}")))?;
+            set.add(glob);
+        }
+        set.build()
+            .map_err(|e| ConfigError::Invalid(format!("model.aliases: {e}")))
     }
 }
 
@@ -253,6 +275,13 @@ pub struct FrontendConfig {
     /// A session idle this long loses its cached prompt. Default: 10 min.
     #[serde(with = "humantime_serde")]
     pub session_idle: Duration,
+    /// Prompts kept per session, so that a harness's side requests (titles, summaries) do not
+    /// push out the conversation. Default: 4.
+    pub session_prompts: usize,
+    /// System-prompt lines that change between sessions without changing the model's task, by
+    /// prefix: such a line is removed before rendering, so sessions share their system prompt's
+    /// KV cache. Default: Claude Code's `x-anthropic-billing-header:` line; `[]` keeps every line.
+    pub volatile_system_lines: Vec<String>,
 }
 
 impl Default for FrontendConfig {
@@ -264,6 +293,8 @@ impl Default for FrontendConfig {
             session_cache_sessions: sessions.max_sessions,
             session_cache_bytes: sessions.max_bytes,
             session_idle: sessions.idle_ttl,
+            session_prompts: sessions.prompts_per_session,
+            volatile_system_lines: vec!["x-anthropic-billing-header:".into()],
         }
     }
 }
@@ -275,6 +306,7 @@ impl FrontendConfig {
             max_sessions: self.session_cache_sessions,
             max_bytes: self.session_cache_bytes,
             idle_ttl: self.session_idle,
+            prompts_per_session: self.session_prompts,
         }
     }
 }
@@ -538,6 +570,10 @@ impl TryFrom<RawConfig> for Config {
             policies.validate()?;
         }
         raw.admission.native_policy()?;
+        raw.model.alias_matcher()?;
+        if raw.model.context_length == Some(0) {
+            return invalid("model.context_length must be positive".into());
+        }
         raw.queue.core()?;
         // Unknown parser names fail here, not on the first request.
         switchyard_parsers::OutputParser::new(

@@ -106,7 +106,14 @@ impl GatewayError {
             Self::NoHealthyWorker => ErrorKind::Overloaded,
             Self::Rejected(_) | Self::Busy { .. } => ErrorKind::RateLimited,
             Self::Upstream(_) => ErrorKind::Upstream,
-            Self::Engine { .. } => ErrorKind::Upstream,
+            // The engine's own verdict: a 4xx is the request's fault, not the server's.
+            Self::Engine { status, .. } => match status.as_u16() {
+                404 => ErrorKind::NotFound,
+                413 => ErrorKind::RequestTooLarge,
+                429 => ErrorKind::RateLimited,
+                400..=499 => ErrorKind::InvalidRequest,
+                _ => ErrorKind::Upstream,
+            },
             Self::Internal(_) => ErrorKind::Internal,
         }
     }

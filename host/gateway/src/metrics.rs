@@ -15,6 +15,24 @@ pub struct RequestLabels {
     pub endpoint: String,
     /// HTTP status answered.
     pub status: u16,
+    /// The agent harness that sent it (`claude-code`, `codex`, `opencode`, `other`).
+    pub harness: &'static str,
+}
+
+/// Labels of a session-cache tokenization.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SessionLabels {
+    /// `hit`, `miss` or `fallback`.
+    pub outcome: &'static str,
+    /// The agent harness of the session.
+    pub harness: &'static str,
+}
+
+/// Labels naming a tool type.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ToolTypeLabels {
+    /// The tool's `type` (`web_search`, `web_search_20250305`, ...).
+    pub kind: String,
 }
 
 /// Labels naming one worker rank (`worker.dp_rank`).
@@ -78,8 +96,10 @@ pub struct Metrics {
     /// Prompt tokens of chat requests the session cache spared the tokenizer.
     pub reused_prompt_tokens: Counter,
     /// Chat requests tokenized through the session cache, by outcome (`hit`, `miss`,
-    /// `fallback`).
-    pub session_tokenizations: Family<OutcomeLabels, Counter>,
+    /// `fallback`) and harness.
+    pub session_tokenizations: Family<SessionLabels, Counter>,
+    /// Hosted tools offered by clients that no engine can run, left out of prompts, by type.
+    pub dropped_tools: Family<ToolTypeLabels, Counter>,
 }
 
 /// Labels of counters split by outcome.
@@ -116,6 +136,7 @@ impl Metrics {
             speculative_prefills: Family::default(),
             reused_prompt_tokens: Counter::default(),
             session_tokenizations: Family::default(),
+            dropped_tools: Family::default(),
             registry: Mutex::new(Registry::default()),
         };
         registry.register("requests", "Requests answered", m.requests.clone());
@@ -191,8 +212,13 @@ impl Metrics {
         );
         registry.register(
             "session_tokenizations",
-            "Chat prompts tokenized through the session cache, by outcome",
+            "Chat prompts tokenized through the session cache, by outcome and harness",
             m.session_tokenizations.clone(),
+        );
+        registry.register(
+            "dropped_tools",
+            "Hosted tools (web search, code interpreter, ...) left out of prompts: no engine runs them",
+            m.dropped_tools.clone(),
         );
         *m.registry.lock().unwrap_or_else(|e| e.into_inner()) = registry;
         m

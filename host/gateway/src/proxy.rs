@@ -48,6 +48,7 @@ pub async fn handle(shared: Arc<Shared>, api: Api, headers: &HeaderMap, body: Bo
         wall: SystemTime::now(),
     };
     let agent = AgentContext::from_headers(headers);
+    let harness = agent.harness;
     // Callers that prefer to back off get a 429 instead of waiting in the router queue.
     let do_not_queue = headers
         .get("x-switchyard-do-not-queue")
@@ -67,6 +68,7 @@ pub async fn handle(shared: Arc<Shared>, api: Api, headers: &HeaderMap, body: Bo
                 .get_or_create(&RequestLabels {
                     endpoint: api.path().into(),
                     status: response.status().as_u16(),
+                    harness: harness.as_str(),
                 })
                 .inc();
             response
@@ -78,11 +80,11 @@ async fn proxy(
     shared: &Arc<Shared>,
     api: Api,
     body: Body,
-    (agent, do_not_queue): (AgentContext, bool),
+    (mut agent, do_not_queue): (AgentContext, bool),
     received: Received,
 ) -> Result<Response, GatewayError> {
     let bytes = read_body(body, shared.config.server.max_body_bytes).await?;
-    let mut turn = prepare(shared, api, &bytes, &agent).await?;
+    let mut turn = prepare(shared, api, &bytes, &mut agent).await?;
     let hashes = shared.hasher.sequence(&turn.tokens);
     let id = RequestId(shared.next_request_id());
     let hints = turn.request.hints();
@@ -147,7 +149,7 @@ async fn proxy(
             id,
             api,
             &decision,
-            agent.session_id.clone(),
+            (agent.session_id.clone(), agent.harness),
             received.at,
         );
         if let Some(ticket) = &ticket {
@@ -195,7 +197,11 @@ fn reply_meta(shared: &Shared, turn: &Turn, request_id: String, received: Receiv
     meta.include_usage = include_usage;
     meta.prompt_tokens = Some(turn.tokens.len() as u64);
     if let Request::Responses(responses) = &turn.request {
-        meta.echo = responses.echo.clone();
+        let own = responses.reply_meta(String::new(), 0);
+        meta.echo = own.echo;
+        meta.tool_origins = own.tool_origins;
+        meta.reasoning_summary = own.reasoning_summary;
+        meta.encrypted_reasoning = own.encrypted_reasoning;
     }
     meta
 }

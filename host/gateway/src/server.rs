@@ -6,7 +6,7 @@ use crate::config::{Config, rank_endpoint};
 use crate::error::GatewayError;
 use crate::events::EventMetrics;
 use crate::index::{IndexReader, spawn_index_writer};
-use crate::metrics::{Metrics, worker_label};
+use crate::metrics::{Metrics, RequestLabels, worker_label};
 use crate::policies::{PolicyMetrics, PolicyRuntime};
 use crate::proxy::{count_tokens, handle, read_body};
 use crate::queue::{Queue, Routed};
@@ -35,12 +35,19 @@ use switchyard_tokenizer::{ModelTokenizer, SessionCache};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+/// The context window assumed when neither the config nor the tokenizer names one.
+const DEFAULT_CONTEXT_LENGTH: u32 = 32_768;
+
 /// State shared by every request.
 #[derive(Debug)]
 pub struct Shared {
     pub(crate) config: Config,
     pub(crate) tokenizer: ModelTokenizer,
     pub(crate) model_name: String,
+    /// Other names clients may use for the model (`[model] aliases`).
+    pub(crate) model_aliases: globset::GlobSet,
+    /// The model's context window, in tokens.
+    pub(crate) context_length: u32,
     pub(crate) hasher: BlockHasher,
     pub(crate) workers: Arc<Vec<Upstream>>,
     pub(crate) client: reqwest::Client,
@@ -353,6 +360,12 @@ pub async fn start(
         policies,
         client,
         model_name,
+        model_aliases: config.model.alias_matcher()?,
+        context_length: config
+            .model
+            .context_length
+            .or(tokenizer.model_max_length())
+            .unwrap_or(DEFAULT_CONTEXT_LENGTH),
         tokenizer,
         index,
         epoch: Instant::now(),
@@ -427,7 +440,8 @@ fn routes(shared: Arc<Shared>) -> HttpRouter {
         .route("/v1/completions", post(completions))
         .route("/v1/responses", post(responses))
         .route("/v1/messages", post(messages))
-        .route("/v1/messages/count_tokens", post(messages_count_tokens))
+        .route(COUNT_TOKENS_PATH, post(messages_count_tokens))
+        .route("/", get(root))
         .route("/v1/agent/tool_events", post(tool_events))
         .route("/v1/models", get(models))
         .route("/health", get(health))
@@ -462,18 +476,45 @@ async fn messages(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: B
 }
 
 /// Anthropic's token counter: the prompt `/v1/messages` would send, counted, nothing generated.
-async fn messages_count_tokens(State(shared): State<Arc<Shared>>, body: Body) -> Response {
+async fn messages_count_tokens(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let counted = match read_body(body, shared.config.server.max_body_bytes).await {
         Ok(bytes) => count_tokens(&shared, &bytes).await,
         Err(err) => Err(err),
     };
-    match counted {
+    let response = match counted {
         Ok(body) => axum::Json(body).into_response(),
         Err(err) => {
             shared.metrics.reject(err.reason());
             err.into_api_response(Api::Messages)
         }
-    }
+    };
+    shared
+        .metrics
+        .requests
+        .get_or_create(&RequestLabels {
+            endpoint: COUNT_TOKENS_PATH.into(),
+            status: response.status().as_u16(),
+            harness: AgentContext::from_headers(&headers).harness.as_str(),
+        })
+        .inc();
+    response
+}
+
+const COUNT_TOKENS_PATH: &str = "/v1/messages/count_tokens";
+
+/// `GET /` and `HEAD /`: what this is, for harness probes and people with a browser.
+async fn root(State(shared): State<Arc<Shared>>) -> Response {
+    axum::Json(serde_json::json!({
+        "service": "switchyard",
+        "model": shared.model_name,
+        "endpoints": ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
+            COUNT_TOKENS_PATH, "/v1/models", "/health", "/metrics"],
+    }))
+    .into_response()
 }
 
 /// Harness tool events into the trace: `{"recorded": n}` (0 while tracing is off).

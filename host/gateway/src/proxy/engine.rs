@@ -53,6 +53,10 @@ pub(crate) fn request(
             token_request(&responses.conversation, &turn.tokens),
         ),
     };
+    // No limit from the client means "until the model stops or the context is full".
+    if body.get("max_tokens").is_none() && body.get("max_completion_tokens").is_none() {
+        body["max_tokens"] = turn.default_max_tokens.into();
+    }
     if turn.request.hints().priority.is_some() || priority != 0 {
         set_priority(&mut body, upstream.kind, priority);
     }

@@ -1,16 +1,16 @@
 //! The first stage: a client's body decoded into the internal representation, checked, and its
 //! prompt tokenized exactly as the engine will see it.
 
-use crate::agent::AgentContext;
+use crate::agent::{AgentContext, Harness};
 use crate::error::GatewayError;
-use crate::metrics::OutcomeLabels;
+use crate::metrics::{SessionLabels, ToolTypeLabels};
 use crate::server::Shared;
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Instant;
 use switchyard_frontend::{
-    AgentHints, Api, CacheControl, Completion, Conversation, Prompt, ResponsesRequest, chat,
-    completions, messages, responses, to_template_messages,
+    AgentHints, Api, ApiError, CacheControl, Completion, Conversation, ErrorKind, Prompt,
+    ResponsesRequest, chat, completions, messages, responses, to_template_messages,
 };
 use switchyard_tokenizer::{CacheOutcome, ChatTemplateInput};
 
@@ -32,13 +32,6 @@ impl Request {
             Request::Chat(c) => Some(c),
             Request::Responses(r) => Some(&r.conversation),
             Request::Completion(_) => None,
-        }
-    }
-
-    fn model(&self) -> &str {
-        match self {
-            Request::Completion(c) => &c.model,
-            _ => self.conversation().map_or("", |c| &c.model),
         }
     }
 
@@ -85,34 +78,44 @@ pub(crate) struct Turn {
     pub(crate) request: Request,
     /// The prompt's token ids, exactly as the engine will see them.
     pub(crate) tokens: Vec<u32>,
+    /// The output limit the engine gets when the client set none: the rest of the context
+    /// window, as vLLM's chat endpoint would allow (its completions endpoint, which `tokens` mode
+    /// uses, would stop after 16).
+    pub(crate) default_max_tokens: u32,
     /// The client's body, for traces that include content.
     pub(crate) body: Value,
 }
 
-/// Decode `bytes` for `api` and tokenize its prompt.
+/// Decode `bytes` for `api` and tokenize its prompt. A Responses request's `prompt_cache_key`
+/// becomes `agent`'s session when no header named one.
 pub(crate) async fn prepare(
     shared: &Arc<Shared>,
     api: Api,
     bytes: &[u8],
-    agent: &AgentContext,
+    agent: &mut AgentContext,
 ) -> Result<Turn, GatewayError> {
     let body = switchyard_frontend::parse_body(bytes)?;
-    let request = match api {
+    let mut request = match api {
         Api::ChatCompletions => Request::Chat(chat::decode(&body)?),
         Api::Messages => Request::Chat(messages::decode(&body)?),
         Api::Completions => Request::Completion(completions::decode(&body)?),
         Api::Responses => {
             let mut request = responses::decode(&body)?;
             request.attach_history(&mut shared.responses())?;
+            if agent.session_id.is_none() {
+                agent.session_id = request.prompt_cache_key.clone();
+            }
             Request::Responses(request)
         }
     };
-    check_model(shared, request.model())?;
+    normalise(shared, &mut request)?;
     let tokens = tokenize(shared, &request, agent).await?;
+    let default_max_tokens = room_to_generate(shared, tokens.len())?;
     Ok(Turn {
         api,
         request,
         tokens,
+        default_max_tokens,
         body,
     })
 }
@@ -123,19 +126,58 @@ pub(crate) async fn count_tokens(
     bytes: &[u8],
 ) -> Result<Value, GatewayError> {
     let body = switchyard_frontend::parse_body(bytes)?;
-    let conversation = messages::decode_count_tokens(&body)?;
-    check_model(shared, &conversation.model)?;
+    let mut request = Request::Chat(messages::decode_count_tokens(&body)?);
+    normalise(shared, &mut request)?;
     // Not a turn of the session: leave its incremental state alone.
-    let request = Request::Chat(conversation);
     let tokens = tokenize(shared, &request, &AgentContext::default()).await?;
     Ok(messages::count_tokens_body(tokens.len() as u64))
 }
 
-fn check_model(shared: &Shared, model: &str) -> Result<(), GatewayError> {
-    if model == shared.model_name {
-        Ok(())
-    } else {
-        Err(GatewayError::UnknownModel(model.to_owned()))
+/// The served model in place of an alias; volatile system lines removed; dropped hosted tools
+/// counted.
+fn normalise(shared: &Shared, request: &mut Request) -> Result<(), GatewayError> {
+    let model = match request {
+        Request::Completion(c) => &mut c.model,
+        Request::Chat(c) => &mut c.model,
+        Request::Responses(r) => &mut r.conversation.model,
+    };
+    if *model != shared.model_name {
+        if !shared.model_aliases.is_match(model.as_str()) {
+            return Err(GatewayError::UnknownModel(model.clone()));
+        }
+        *model = shared.model_name.clone();
+    }
+    let conversation = match request {
+        Request::Completion(_) => return Ok(()),
+        Request::Chat(c) => c,
+        Request::Responses(r) => &mut r.conversation,
+    };
+    conversation.strip_volatile_lines(&shared.config.frontend.volatile_system_lines);
+    for kind in &conversation.dropped_tools {
+        shared
+            .metrics
+            .dropped_tools
+            .get_or_create(&ToolTypeLabels { kind: kind.clone() })
+            .inc();
+    }
+    Ok(())
+}
+
+/// What is left of the context window after a prompt of `prompt_tokens`; a prompt that fills it
+/// is refused, as an engine would.
+fn room_to_generate(shared: &Shared, prompt_tokens: usize) -> Result<u32, GatewayError> {
+    let context = shared.context_length;
+    match u32::try_from(prompt_tokens) {
+        Ok(prompt) if prompt < context => Ok(context - prompt),
+        _ => Err(GatewayError::Api(
+            ApiError::new(
+                ErrorKind::InvalidRequest,
+                format!(
+                    "the prompt is {prompt_tokens} tokens, the model's context window is {context}"
+                ),
+            )
+            .with_code("context_length_exceeded"),
+        )),
     }
 }
 
@@ -163,7 +205,10 @@ async fn tokenize(
         _ => {
             let conversation = request.conversation().cloned().unwrap_or_default();
             let session = agent.session_id.clone();
-            Box::new(move || encode_conversation(&shared, &conversation, session.as_deref()))
+            let harness = agent.harness;
+            Box::new(move || {
+                encode_conversation(&shared, &conversation, session.as_deref(), harness)
+            })
         }
     };
     // Templates and tokenizers of 100K-token prompts take milliseconds: off the reactor.
@@ -176,6 +221,7 @@ fn encode_conversation(
     shared: &Shared,
     conversation: &Conversation,
     session: Option<&str>,
+    harness: Harness,
 ) -> Result<Vec<u32>, GatewayError> {
     let (messages, tools) = to_template_messages(conversation);
     let input = ChatTemplateInput {
@@ -201,7 +247,10 @@ fn encode_conversation(
             };
             let m = &shared.metrics;
             m.session_tokenizations
-                .get_or_create(&OutcomeLabels { outcome })
+                .get_or_create(&SessionLabels {
+                    outcome,
+                    harness: harness.as_str(),
+                })
                 .inc();
             m.reused_prompt_tokens.inc_by(encoded.reused_tokens as u64);
             Ok(encoded.tokens)

@@ -6,6 +6,7 @@ use super::engine::ReplyDecoder;
 use super::prepare::{Request, Turn};
 use super::speculative::Speculation;
 use crate::admission::Ticket;
+use crate::agent::Harness;
 use crate::error::GatewayError;
 use crate::metrics::{EndpointLabels, RequestLabels, worker_label};
 use crate::server::Shared;
@@ -287,6 +288,7 @@ pub(super) struct Booking {
     /// Where the rank stood among the policy's candidates, for its `observe` feedback.
     candidate_index: usize,
     session_id: Option<String>,
+    harness: Harness,
     api: Api,
     started: Instant,
     ttft: Option<Duration>,
@@ -310,7 +312,7 @@ impl Booking {
         id: RequestId,
         api: Api,
         decision: &Decision,
-        session_id: Option<String>,
+        (session_id, harness): (Option<String>, Harness),
         started: Instant,
     ) -> Self {
         let label = worker_label(decision.rank);
@@ -327,6 +329,7 @@ impl Booking {
             rank: decision.rank,
             candidate_index: decision.candidate_index,
             session_id,
+            harness,
             api,
             started,
             ttft: None,
@@ -425,6 +428,7 @@ impl Drop for Booking {
             .get_or_create(&RequestLabels {
                 endpoint: self.api.path().into(),
                 status: self.status,
+                harness: self.harness.as_str(),
             })
             .inc();
         m.latency

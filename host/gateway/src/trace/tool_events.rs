@@ -71,6 +71,7 @@ fn to_line(item: Value, headers: &AgentContext, now: SystemTime) -> Result<Trace
             session_id: Some(session_id),
             parent_session_id: event.parent_session_id,
             session_final: false,
+            harness: headers.harness,
         },
         None if headers.session_id.is_some() => headers.clone(),
         None => return Err("no session: set session_id or send the session headers".into()),
@@ -106,7 +107,7 @@ mod tests {
         AgentContext {
             session_id: Some("hdr".into()),
             parent_session_id: Some("root".into()),
-            session_final: false,
+            ..AgentContext::default()
         }
     }
 
