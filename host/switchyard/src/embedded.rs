@@ -1,6 +1,6 @@
 //! The embedded default: mock engines in this process, so `switchyard serve` works at once.
 
-use switchyard_gateway::config::{EngineKind, UpstreamMode, WorkerConfig};
+use switchyard_gateway::config::{EngineKind, ModelConfig, UpstreamMode, WorkerConfig};
 use switchyard_kv_events::wire::Encoding;
 use switchyard_mock_engine::{MockEngineConfig, MockEngineHandle};
 use switchyard_tokenizer::ModelTokenizer;
@@ -58,4 +58,16 @@ pub(crate) fn policies() -> switchyard_gateway::policies::PoliciesConfig {
         router: Some(router),
         ..Default::default()
     }
+}
+
+/// The mock model's context window: a coding agent's first prompt alone is ~20K tokens, and
+/// harnesses assume 128K or more (SmolLM2's own 8K would refuse them).
+const CONTEXT_LENGTH: u32 = 131_072;
+
+/// What the gateway is told about the embedded mock model, where the config leaves it open: its
+/// context window, and its reasoning format (`<think>`, which the mock engines write when a
+/// script asks), so that thinking never reaches a harness as text.
+pub(crate) fn model(model: &mut ModelConfig) {
+    model.context_length.get_or_insert(CONTEXT_LENGTH);
+    model.reasoning_parser.get_or_insert_with(|| "qwen3".into());
 }

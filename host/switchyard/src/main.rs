@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use switchyard_gateway::config::{Config, RawConfig};
 use switchyard_kv_events::wire::Encoding;
-use switchyard_mock_engine::MockEngineConfig;
+use switchyard_mock_engine::{AnswerLength, MockEngineConfig};
 use switchyard_tokenizer::ModelTokenizer;
 use tokio_util::sync::CancellationToken;
 
@@ -72,6 +72,9 @@ enum Command {
         /// Model name served.
         #[arg(long)]
         model: Option<String>,
+        /// Median length of unscripted answers, in tokens (log-normal around it).
+        #[arg(long, default_value_t = AnswerLength::default().median_tokens)]
+        answer_median_tokens: u32,
     },
     /// Replay a trace against simulated workers and compare routing policies.
     Simulate(Box<simulate::SimulateArgs>),
@@ -116,8 +119,9 @@ async fn main() -> anyhow::Result<()> {
             num_blocks,
             speedup,
             model,
+            answer_median_tokens,
         } => {
-            let tokenizer = ModelTokenizer::embedded_default()?;
+            let tokenizer = ModelTokenizer::embedded_agent_model()?;
             let config = MockEngineConfig {
                 host: host.parse().context("--host must be an IP address")?,
                 port,
@@ -131,6 +135,10 @@ async fn main() -> anyhow::Result<()> {
                     Encoding::Map
                 } else {
                     Encoding::Array
+                },
+                answer_length: AnswerLength {
+                    median_tokens: answer_median_tokens,
+                    ..AnswerLength::default()
                 },
                 ..MockEngineConfig::default()
             };
@@ -164,13 +172,14 @@ async fn serve(
     let tokenizer = match &raw.model.path {
         Some(dir) => ModelTokenizer::from_dir(dir)
             .with_context(|| format!("loading the tokenizer from {}", dir.display()))?,
-        None => ModelTokenizer::embedded_default()?,
+        None => ModelTokenizer::embedded_agent_model()?,
     };
     let embedded = raw.workers.is_empty();
     let _engines = if embedded {
         let engines = embedded::start(mock_engines, &tokenizer, shutdown.clone()).await?;
         raw.workers = engines.iter().map(embedded::worker_config).collect();
         raw.policies.get_or_insert_with(embedded::policies);
+        embedded::model(&mut raw.model);
         engines
     } else {
         Vec::new()
