@@ -7,6 +7,7 @@ mod bad_input;
 mod embedded;
 mod envoy;
 mod frontends;
+mod harnesses;
 mod llama;
 mod policy_reload;
 mod routing;
