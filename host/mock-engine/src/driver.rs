@@ -12,6 +12,8 @@ use switchyard_core::engine::{
 };
 use switchyard_kv_events::publisher::Publisher;
 use switchyard_kv_events::wire::{EventBatch, KvEvent};
+
+use crate::tiers::TierSlabs;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -153,6 +155,7 @@ impl Drop for Generation {
 /// Start the engine task. It stops on `shutdown`.
 pub(crate) fn start(
     model: EngineModel,
+    slabs: Option<TierSlabs>,
     sink: Option<EventSink>,
     speedup: f64,
     shutdown: CancellationToken,
@@ -164,6 +167,7 @@ pub(crate) fn start(
         inbox,
         requests: HashMap::new(),
         pins: Vec::new(),
+        slabs,
         sink,
         speedup,
         stats: stats_tx,
@@ -184,6 +188,8 @@ struct Driver {
     requests: HashMap<u64, Running>,
     /// Pinned prompt prefixes and when their pins expire.
     pins: Vec<(Instant, BlockTable)>,
+    /// The bytes of the KV tiers, with a host tier.
+    slabs: Option<TierSlabs>,
     sink: Option<EventSink>,
     speedup: f64,
     stats: watch::Sender<EngineStats>,
@@ -235,6 +241,9 @@ impl Driver {
                     () = tokio::time::sleep(pause) => {}
                     () = shutdown.cancelled() => return,
                 }
+            }
+            if let Some(slabs) = &mut self.slabs {
+                slabs.apply(&step.transfers);
             }
             // Gauges first: a client that reads a token and then the metrics sees this step.
             self.stats.send_replace(self.model.stats());

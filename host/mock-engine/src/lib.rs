@@ -31,8 +31,10 @@ mod length;
 mod metrics;
 mod respond;
 mod script;
+mod tiers;
 
 pub use length::AnswerLength;
+pub use switchyard_core::engine::HostTierConfig;
 
 use axum::serve::ListenerExt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -88,6 +90,11 @@ pub struct MockEngineConfig {
     pub reasoning_parser: Option<String>,
     /// How long unscripted answers are when the output limit does not cut them first.
     pub answer_length: AnswerLength,
+    /// A host-memory KV tier (G2) behind the device blocks: blocks are written through to it
+    /// and a prefix the device lost is loaded back at its bandwidth, with `block_bytes` real
+    /// bytes per block moved between the tiers' slabs, and `CPU` events published. Default
+    /// `None`: the device cache alone.
+    pub host_tier: Option<HostTierConfig>,
 }
 
 impl Default for MockEngineConfig {
@@ -110,6 +117,7 @@ impl Default for MockEngineConfig {
             tool_parser: "hermes".to_owned(),
             reasoning_parser: Some("qwen3".to_owned()),
             answer_length: AnswerLength::default(),
+            host_tier: None,
         }
     }
 }
@@ -135,6 +143,9 @@ pub enum MockEngineError {
     /// A parser name is unknown.
     #[error(transparent)]
     Parser(#[from] switchyard_parsers::UnknownParser),
+    /// The KV tiers' memory could not be set up.
+    #[error("KV tier storage: {0}")]
+    Storage(#[from] switchyard_kvbm::StorageError),
     /// A task of the engine panicked.
     #[error("mock engine task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
@@ -201,8 +212,13 @@ pub async fn spawn(
         max_num_seqs: config.max_num_seqs,
         max_batched_tokens: config.max_batched_tokens,
         output_vocab: output_vocab(&tokenizer).ok_or(MockEngineError::NoOutputVocabulary)?,
+        host_tier: config.host_tier.clone(),
         ..EngineConfig::default()
     })?;
+    let slabs = match &config.host_tier {
+        Some(host) => Some(tiers::TierSlabs::new(config.num_blocks, host)?),
+        None => None,
+    };
     let sink = match &config.kv_events {
         Some(endpoint) => {
             let publisher = Publisher::bind(
@@ -226,7 +242,7 @@ pub async fn spawn(
     let listener = tokio::net::TcpListener::bind((config.host, config.port)).await?;
     let addr = listener.local_addr()?;
 
-    let (engine, engine_task) = driver::start(model, sink, config.speedup, shutdown.clone());
+    let (engine, engine_task) = driver::start(model, slabs, sink, config.speedup, shutdown.clone());
     let model_name = config
         .served_model_name
         .unwrap_or_else(|| tokenizer.name().to_owned());

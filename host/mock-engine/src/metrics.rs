@@ -89,6 +89,9 @@ impl Collector for EngineCollector {
         for (name, help, value) in counters {
             put(name, help, &ConstCounter::new(value))?;
         }
+        if stats.tiers.host_capacity_blocks > 0 {
+            encode_kvbm(&mut encoder, &stats, &self.block_size, &self.num_blocks)?;
+        }
         // vLLM publishes its cache configuration as labels of a gauge fixed at 1.
         let config = [
             ("block_size", self.block_size.as_str()),
@@ -103,4 +106,83 @@ impl Collector for EngineCollector {
         )?;
         gauge.encode(family.encode_family(&config)?)
     }
+}
+
+/// The block manager's metrics under Dynamo's `kvbm_*` names (the names of
+/// `switchyard_kvbm::KvbmMetrics::samples`), per tier `g1` (device) and `g2` (host).
+fn encode_kvbm(
+    encoder: &mut DescriptorEncoder,
+    stats: &EngineStats,
+    block_size: &str,
+    num_blocks: &str,
+) -> Result<(), std::fmt::Error> {
+    let block_size: u64 = block_size.parse().unwrap_or(1).max(1);
+    let tiers = &stats.tiers;
+    let device_capacity: i64 = num_blocks.parse().unwrap_or(0);
+    let device_used = (stats.kv_usage * device_capacity as f64).round() as i64;
+    let per_tier: [(&str, &str, [i64; 2]); 4] = [
+        (
+            "kvbm_tier_usage_blocks",
+            "Blocks held, per tier.",
+            [device_used, tiers.host_blocks as i64],
+        ),
+        (
+            "kvbm_tier_capacity_blocks",
+            "Capacity in blocks, per tier.",
+            [device_capacity, tiers.host_capacity_blocks as i64],
+        ),
+        (
+            "kvbm_hits_total",
+            "Prefix blocks found, per tier.",
+            [
+                (stats.prefix_hits / block_size) as i64,
+                tiers.onboarded_blocks as i64,
+            ],
+        ),
+        (
+            "kvbm_evictions_total",
+            "Blocks evicted, per tier (the device's are not counted here).",
+            [0, tiers.host_evictions as i64],
+        ),
+    ];
+    for (name, help, values) in per_tier {
+        let gauge = ConstGauge::new(0i64);
+        let mut family = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
+        for (tier, value) in ["g1", "g2"].into_iter().zip(values) {
+            ConstGauge::new(value).encode(family.encode_family(&[("tier", tier)])?)?;
+        }
+    }
+    let flows = [
+        (
+            "kvbm_matched_tokens",
+            "Prompt tokens found in any tier.",
+            stats.prefix_hits + tiers.host_hit_tokens,
+        ),
+        (
+            "kvbm_offload_blocks_d2h",
+            "Blocks written through from device to host.",
+            tiers.offloaded_blocks,
+        ),
+        (
+            "kvbm_offload_bytes_total",
+            "Bytes written through.",
+            tiers.offloaded_bytes,
+        ),
+        (
+            "kvbm_onboard_blocks_h2d",
+            "Blocks loaded from host to device.",
+            tiers.onboarded_blocks,
+        ),
+        (
+            "kvbm_onboard_bytes_total",
+            "Bytes loaded into the device.",
+            tiers.onboarded_bytes,
+        ),
+    ];
+    for (name, help, value) in flows {
+        let gauge = ConstGauge::new(value as i64);
+        let family = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
+        gauge.encode(family)?;
+    }
+    Ok(())
 }
