@@ -2,11 +2,25 @@
 
 use switchyard_gateway::config::{EngineKind, ModelConfig, UpstreamMode, WorkerConfig};
 use switchyard_kv_events::wire::Encoding;
-use switchyard_mock_engine::{MockEngineConfig, MockEngineHandle};
+use switchyard_mock_engine::{HostTierConfig, MockEngineConfig, MockEngineHandle};
 use switchyard_tokenizer::ModelTokenizer;
 use tokio_util::sync::CancellationToken;
 
-/// Start `count` mock engines on loopback ports chosen by the OS, each publishing KV events.
+/// Bytes per KV block in the embedded engines' tier memory: small, so that a laptop holds
+/// device and host tiers of several engines (48 MiB each) while every block still moves bytes.
+const EMBEDDED_BLOCK_BYTES: u64 = 1024;
+
+/// The embedded engines' host tier: twice the device, so a newcomer sees tiered hits
+/// (`kvbm_onboard_blocks_h2d` in an engine's `/metrics`, `CPU` KV events in the gateway's index).
+fn host_tier() -> HostTierConfig {
+    HostTierConfig {
+        block_bytes: EMBEDDED_BLOCK_BYTES,
+        ..HostTierConfig::blocks(2 * MockEngineConfig::default().num_blocks)
+    }
+}
+
+/// Start `count` mock engines on loopback ports chosen by the OS, each publishing KV events,
+/// each with a host KV tier.
 pub(crate) async fn start(
     count: u32,
     tokenizer: &ModelTokenizer,
@@ -20,6 +34,7 @@ pub(crate) async fn start(
             kv_events: Some("tcp://127.0.0.1:0".into()),
             replay_endpoint: Some("tcp://127.0.0.1:0".into()),
             encoding: Encoding::Array,
+            host_tier: Some(host_tier()),
             ..MockEngineConfig::default()
         };
         engines.push(

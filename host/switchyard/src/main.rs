@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use switchyard_gateway::config::{Config, RawConfig};
 use switchyard_kv_events::wire::Encoding;
-use switchyard_mock_engine::{AnswerLength, MockEngineConfig};
+use switchyard_mock_engine::{AnswerLength, HostTierConfig, MockEngineConfig};
 use switchyard_tokenizer::ModelTokenizer;
 use tokio_util::sync::CancellationToken;
 
@@ -75,6 +75,15 @@ enum Command {
         /// Median length of unscripted answers, in tokens (log-normal around it).
         #[arg(long, default_value_t = AnswerLength::default().median_tokens)]
         answer_median_tokens: u32,
+        /// Host KV tier (G2) in blocks, at least --num-blocks; none without it.
+        #[arg(long)]
+        host_tier_blocks: Option<usize>,
+        /// Bytes of one KV block, moved between the tiers' memory (with --host-tier-blocks).
+        #[arg(long, default_value_t = 4096)]
+        kv_block_bytes: u64,
+        /// Host-to-device bandwidth charged for loading host blocks, in GB/s.
+        #[arg(long, default_value_t = 25.0)]
+        host_gb_per_s: f64,
     },
     /// Replay a trace against simulated workers and compare routing policies.
     Simulate(Box<simulate::SimulateArgs>),
@@ -120,6 +129,9 @@ async fn main() -> anyhow::Result<()> {
             speedup,
             model,
             answer_median_tokens,
+            host_tier_blocks,
+            kv_block_bytes,
+            host_gb_per_s,
         } => {
             let tokenizer = ModelTokenizer::embedded_agent_model()?;
             let config = MockEngineConfig {
@@ -140,6 +152,11 @@ async fn main() -> anyhow::Result<()> {
                     median_tokens: answer_median_tokens,
                     ..AnswerLength::default()
                 },
+                host_tier: host_tier_blocks.map(|num_blocks| HostTierConfig {
+                    num_blocks,
+                    block_bytes: kv_block_bytes,
+                    bandwidth_bytes_per_s: host_gb_per_s * 1e9,
+                }),
                 ..MockEngineConfig::default()
             };
             let engine = switchyard_mock_engine::spawn(config, tokenizer, shutdown.clone()).await?;
