@@ -196,7 +196,8 @@ async fn chat_completions(
     State(state): State<Arc<AppState>>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let request: ChatRequest = parse(&body)?;
+    let mut request: ChatRequest = parse(&body)?;
+    template_arguments(&mut request.messages);
     let prompt = state.tokenizer.encode_chat(&ChatTemplateInput {
         messages: &request.messages,
         tools: request.tools.as_deref(),
@@ -204,6 +205,25 @@ async fn chat_completions(
         extra: request.chat_template_kwargs.as_ref(),
     })?;
     generate(&state, Kind::Chat, vec![prompt], &request.common).await
+}
+
+/// Tool-call arguments as JSON objects, the way vLLM hands them to chat templates (the API sends
+/// them as JSON text); text that is not an object stays as it is.
+fn template_arguments(messages: &mut [Value]) {
+    let calls = messages
+        .iter_mut()
+        .filter_map(|m| m.get_mut("tool_calls")?.as_array_mut())
+        .flatten();
+    for call in calls {
+        let Some(arguments) = call.pointer_mut("/function/arguments") else {
+            continue;
+        };
+        if let Some(Ok(parsed @ Value::Object(_))) =
+            arguments.as_str().map(serde_json::from_str::<Value>)
+        {
+            *arguments = parsed;
+        }
+    }
 }
 
 async fn completions(

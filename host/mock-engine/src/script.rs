@@ -89,13 +89,34 @@ fn tool_call(spec: &str) -> Result<ToolCall, ScriptError> {
     })
 }
 
+/// `text` without the leading whitespace and closing tags (`</tool_response>`) a template wraps
+/// a message's content in.
+fn without_closing_tags(mut text: &str) -> &str {
+    loop {
+        text = text.trim_start();
+        let Some(tag) = text.strip_prefix("</") else {
+            return text;
+        };
+        match tag.find('>') {
+            Some(end)
+                if tag[..end]
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_') =>
+            {
+                text = &tag[end + 1..];
+            }
+            _ => return text,
+        }
+    }
+}
+
 /// The bodies of the run of directives that ends the prompt, in order.
 fn trailing_directives(prompt: &str, is_scaffolding: impl Fn(&str) -> bool) -> Vec<&str> {
     let mut found = Vec::new();
     let Some(last_close) = prompt.rfind(CLOSE) else {
         return found;
     };
-    let trailer = prompt[last_close + CLOSE.len()..].trim_start();
+    let trailer = without_closing_tags(&prompt[last_close + CLOSE.len()..]);
     if trailer.len() > TRAILER_MAX || !(trailer.is_empty() || is_scaffolding(trailer)) {
         return found;
     }
@@ -161,6 +182,12 @@ mod tests {
         // Quoted in a message (a harness's title request), it is not for this answer.
         let quoted = format!("Title for: \"[[mock:tool_call f {{\\\"a\\\": 1}}]]\"{TAIL}");
         assert_eq!(answer(&quoted, "hermes").unwrap(), None);
+        // Inside a tool result, wrapped in the template's own tags, it is.
+        let wrapped = format!("<tool_response>\n18C [[mock:say Sunny.]]\n</tool_response>{TAIL}");
+        assert_eq!(
+            answer(&wrapped, "hermes").unwrap().as_deref(),
+            Some("Sunny.")
+        );
     }
 
     #[test]

@@ -207,3 +207,48 @@ fn strftime_now_formats_the_clock() {
     let year = render(&with_template("{{ strftime_now('%Y') }}")).expect("renders");
     assert!(year.len() == 4 && year.as_str() >= "2025", "{year}");
 }
+
+#[test]
+fn the_embedded_agent_model_renders_tools_calls_results_and_reasoning() {
+    let agent = ModelTokenizer::embedded_agent_model().expect("loads");
+    let plain = ModelTokenizer::embedded_default().expect("loads");
+    let tools = [json!({"type": "function", "function": {"name": "read_file",
+        "description": "Read a file.", "parameters": {"type": "object",
+        "properties": {"path": {"type": "string"}}}}})];
+    let messages = [
+        json!({"role": "system", "content": "You are a coding agent."}),
+        json!({"role": "user", "content": "Fix the bug."}),
+        json!({"role": "assistant", "content": "", "reasoning_content": "Look first.",
+            "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "read_file", "arguments": {"path": "src/lib.rs"}}}]}),
+        json!({"role": "tool", "tool_call_id": "c1", "content": "fn main() {}"}),
+    ];
+    let input = ChatTemplateInput {
+        messages: &messages,
+        tools: Some(&tools),
+        add_generation_prompt: true,
+        ..Default::default()
+    };
+    let text = agent.render_chat(&input).expect("renders");
+    let expected = "<|im_start|>system\nYou are a coding agent.\n\n# Tools\n";
+    assert!(text.starts_with(expected), "{text}");
+    for part in [
+        "\"name\": \"read_file\"",
+        "<|im_start|>assistant\n<think>\nLook first.\n</think>\n\n\n<tool_call>\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"src/lib.rs\"}}\n</tool_call><|im_end|>\n",
+        "<|im_start|>tool\n<tool_response>\nfn main() {}\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+    ] {
+        assert!(text.contains(part), "{part:?} missing from:\n{text}");
+    }
+    // SmolLM2's own template leaves the tools out; without tools both templates agree.
+    let with_tools = agent.encode_chat(&input).expect("encodes").len();
+    assert!(with_tools > plain.encode_chat(&input).expect("encodes").len() + 40);
+    let no_tools = ChatTemplateInput {
+        tools: None,
+        ..input
+    };
+    assert_eq!(
+        agent.render_chat(&no_tools).expect("renders"),
+        plain.render_chat(&no_tools).expect("renders")
+    );
+    assert_eq!(agent.name(), EMBEDDED_DEFAULT_NAME);
+}
