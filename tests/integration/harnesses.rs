@@ -52,7 +52,7 @@ impl Served {
         let holder = TempFile::new("switchyard.toml", "");
         let trace = holder.path.with_file_name("trace");
         let config = format!(
-            "{extra_toml}\n[trace]\npath = \"{}/\"\ninclude_content = true\ngzip = false\n",
+            "{extra_toml}\n[trace]\npath = \"{}/\"\ninclude_content = true\n",
             trace.display()
         );
         std::fs::write(&holder.path, config).unwrap();

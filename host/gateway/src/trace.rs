@@ -16,8 +16,7 @@ pub use timeline::live_timeline;
 pub use tool_events::parse_tool_events;
 
 use flate2::read::MultiGzDecoder;
-use std::fs::File;
-use std::io::{self, BufRead, BufReader};
+use std::io::{self, Read};
 use std::path::Path;
 
 /// Every line of a trace: one segment file (gzip or not), or all segments under a sink's `path`
@@ -32,14 +31,17 @@ pub fn read_trace(path: &Path) -> io::Result<Vec<TraceLine>> {
     let mut lines = Vec::new();
     let mut skipped = 0usize;
     for file in files {
-        let mut reader = BufReader::new(File::open(&file)?);
-        let gzip = reader.fill_buf()?.starts_with(&[0x1f, 0x8b]);
-        let reader: Box<dyn BufRead> = if gzip {
-            Box::new(BufReader::new(MultiGzDecoder::new(reader)))
+        let bytes = std::fs::read(&file)?;
+        let text = if bytes.starts_with(&[0x1f, 0x8b]) {
+            // An unfinished segment has no gzip trailer: its decoder fails at the end, after
+            // handing over everything up to the last flush, which `read_to_end` keeps.
+            let mut text = Vec::new();
+            let _ = MultiGzDecoder::new(bytes.as_slice()).read_to_end(&mut text);
+            text
         } else {
-            Box::new(reader)
+            bytes
         };
-        read_lines(reader, &mut lines, &mut skipped);
+        read_lines(&text, &mut lines, &mut skipped);
     }
     if skipped > 0 {
         tracing::warn!(skipped, "skipped lines that are not trace lines");
@@ -47,14 +49,17 @@ pub fn read_trace(path: &Path) -> io::Result<Vec<TraceLine>> {
     Ok(lines)
 }
 
-fn read_lines(reader: impl BufRead, lines: &mut Vec<TraceLine>, skipped: &mut usize) {
-    for text in reader.lines() {
-        // An unfinished gzip segment ends in an error after its last complete line.
-        let Ok(text) = text else { break };
-        if text.trim().is_empty() {
+/// The trace lines of `text`; a last line without its newline is still being written.
+fn read_lines(text: &[u8], lines: &mut Vec<TraceLine>, skipped: &mut usize) {
+    let complete = match text.iter().rposition(|&b| b == b'\n') {
+        Some(end) => &text[..end],
+        None => &[][..],
+    };
+    for text in complete.split(|&b| b == b'\n') {
+        if text.trim_ascii().is_empty() {
             continue;
         }
-        match serde_json::from_str::<TraceLine>(&text) {
+        match serde_json::from_slice::<TraceLine>(text) {
             Ok(line) if line.schema == record::SCHEMA => lines.push(line),
             _ => *skipped += 1,
         }
