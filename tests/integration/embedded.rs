@@ -30,11 +30,38 @@ async fn serve_without_config_chats_at_once() {
     assert_eq!(completion.status(), 200);
     let health = client().get(format!("{url}/health")).send().await.unwrap();
     assert_eq!(health.status(), 200);
+    // A harness's probes are answered, not rejected.
+    for probe in [client().get(&url), client().head(&url)] {
+        assert_eq!(probe.send().await.unwrap().status(), 200);
+    }
+    // The embedded model renders tools into the prompt, as a real model's template does, and
+    // count_tokens counts them.
+    let count = |tools: serde_json::Value| {
+        let body = json!({"model": model, "messages": [{"role": "user", "content": "Hi"}], "tools": tools});
+        let request = client()
+            .post(format!("{url}/v1/messages/count_tokens"))
+            .json(&body);
+        async move {
+            let r = request.send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            r.json::<serde_json::Value>().await.unwrap()["input_tokens"]
+                .as_u64()
+                .unwrap()
+        }
+    };
+    let tool = json!([{"name": "read_file", "description": "Read a file from the repository.",
+        "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}]);
+    assert!(count(tool).await > count(json!([])).await + 30);
     let metrics = get_text(&format!("{url}/metrics")).await;
     assert_eq!(
         metric_sum(&metrics, "switchyard_routing_decisions_total"),
         3.0,
         "{metrics}"
     );
-    assert!(metrics.contains("switchyard_requests_total"));
+    assert!(
+        metrics.contains(
+            "switchyard_requests_total{endpoint=\"/v1/messages/count_tokens\",status=\"200\",harness=\"other\"} 2"
+        ),
+        "{metrics}"
+    );
 }
