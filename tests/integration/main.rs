@@ -13,4 +13,5 @@ mod policy_reload;
 mod routing;
 mod scheduling;
 mod support;
+mod tiers;
 mod trace;

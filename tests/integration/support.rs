@@ -76,7 +76,14 @@ pub(crate) struct MockEngine {
 impl MockEngine {
     /// Start one on ports the OS picks; `speedup` scales simulated compute time.
     pub(crate) fn start(speedup: f64, num_blocks: u32) -> MockEngine {
-        let proc = Proc::switchyard(&[
+        MockEngine::start_with(speedup, num_blocks, &[])
+    }
+
+    /// Like [`MockEngine::start`], with more `mock-engine` flags (a host KV tier, say).
+    pub(crate) fn start_with(speedup: f64, num_blocks: u32, extra: &[&str]) -> MockEngine {
+        let speedup = speedup.to_string();
+        let num_blocks = num_blocks.to_string();
+        let mut args = vec![
             "mock-engine",
             "--port",
             "0",
@@ -85,10 +92,12 @@ impl MockEngine {
             "--replay",
             "tcp://127.0.0.1:0",
             "--speedup",
-            &speedup.to_string(),
+            &speedup,
             "--num-blocks",
-            &num_blocks.to_string(),
-        ]);
+            &num_blocks,
+        ];
+        args.extend_from_slice(extra);
+        let proc = Proc::switchyard(&args);
         let url = proc.wait_for("listening on ");
         let kv_events = proc.wait_for("kv events on ");
         let replay = proc.wait_for("replay on ");
