@@ -25,5 +25,7 @@ mod worker;
 pub mod workload;
 
 pub use metrics::{Outcome, RequestRecord};
-pub use report::{AdmissionStats, KvUtilization, LatencyStats, REPORT_SCHEMA, Report, RunReport};
+pub use report::{
+    AdmissionStats, KvUtilization, LatencyStats, REPORT_SCHEMA, Report, RunReport, TierReport,
+};
 pub use sim::{SimConfig, SimError, Simulation};

@@ -1,6 +1,6 @@
 //! What a run recorded, and the statistics computed from it.
 
-use crate::report::{AdmissionStats, KvUtilization, LatencyStats, RunReport};
+use crate::report::{AdmissionStats, KvUtilization, LatencyStats, RunReport, TierReport};
 use hdrhistogram::Histogram;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -85,6 +85,8 @@ pub struct Outcome {
     pub sample_interval: Duration,
     /// Per worker, the fraction of KV blocks in use at each sample.
     pub kv_samples: Vec<Vec<f64>>,
+    /// The engines' host-tier counters summed over workers; `None` without a host tier.
+    pub tiers: Option<switchyard_core::engine::TierStats>,
 }
 
 /// Latencies are kept in microseconds, up to an hour, to 3 significant digits.
@@ -207,6 +209,20 @@ impl Outcome {
                 interval_s: self.sample_interval.as_secs_f64(),
                 workers: self.kv_samples.clone(),
             },
+            tiers: self.tiers.map(|t| TierReport {
+                device_hit_tokens: cached.saturating_sub(t.host_hit_tokens),
+                host_hit_tokens: t.host_hit_tokens,
+                host_hit_ratio: if prompt == 0 {
+                    0.0
+                } else {
+                    t.host_hit_tokens as f64 / prompt as f64
+                },
+                offloaded_blocks: t.offloaded_blocks,
+                onboarded_blocks: t.onboarded_blocks,
+                onboarded_bytes: t.onboarded_bytes,
+                onboard_s: t.onboard_time.as_secs_f64(),
+                host_evictions: t.host_evictions,
+            }),
         }
     }
 }

@@ -333,6 +333,7 @@ mod tests {
                 interval_s: 1.0,
                 workers: vec![vec![0.5]],
             },
+            tiers: None,
         }
     }
 

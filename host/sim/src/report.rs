@@ -68,6 +68,30 @@ pub struct RunReport {
     pub ttft_cdf: Vec<(f64, f64)>,
     /// Per-worker KV utilization over time.
     pub kv_utilization: KvUtilization,
+    /// Hits and traffic of the engines' host tier, summed over workers; absent without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tiers: Option<TierReport>,
+}
+
+/// What the engines' host KV tier (G2) did in a run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct TierReport {
+    /// Prompt tokens found on the device (G1).
+    pub device_hit_tokens: u64,
+    /// Prompt tokens loaded from the host tier instead of recomputed (G2).
+    pub host_hit_tokens: u64,
+    /// Host-tier hit tokens / prompt tokens.
+    pub host_hit_ratio: f64,
+    /// Blocks written through device -> host.
+    pub offloaded_blocks: u64,
+    /// Blocks loaded host -> device.
+    pub onboarded_blocks: u64,
+    /// Bytes loaded host -> device (the modelled block size).
+    pub onboarded_bytes: u64,
+    /// Virtual seconds spent loading, summed over workers.
+    pub onboard_s: f64,
+    /// Blocks the host tiers evicted.
+    pub host_evictions: u64,
 }
 
 /// What admission (and the router queue) did in a run.
@@ -170,7 +194,7 @@ impl Report {
     /// Runs side by side: one column per run, one row per metric.
     pub fn table(&self) -> String {
         let labels: Vec<String> = self.runs.iter().map(RunReport::label).collect();
-        let rows: Vec<Metric> = vec![
+        let mut rows: Vec<Metric> = vec![
             ("requests", |r| format!("{}", r.requests)),
             ("failed", |r| format!("{}", r.failed_requests)),
             ("TTFT mean ms", |r| format!("{:.1}", r.ttft_ms.mean)),
@@ -205,6 +229,20 @@ impl Report {
                 format!("{:.2}", mean.iter().sum::<f64>() / mean.len().max(1) as f64)
             }),
         ];
+        if self.runs.iter().any(|r| r.tiers.is_some()) {
+            rows.push(("host hit ratio", |r| {
+                format!("{:.3}", r.tiers.unwrap_or_default().host_hit_ratio)
+            }));
+            rows.push(("onboarded GB", |r| {
+                format!(
+                    "{:.2}",
+                    r.tiers.unwrap_or_default().onboarded_bytes as f64 / 1e9
+                )
+            }));
+            rows.push(("onboard s", |r| {
+                format!("{:.2}", r.tiers.unwrap_or_default().onboard_s)
+            }));
+        }
         let width = labels.iter().map(String::len).max().unwrap_or(0).max(10);
         let mut out = String::new();
         let _ = write!(out, "{:<18}", "");

@@ -19,7 +19,7 @@ use switchyard_core::admission::{
     AdmissionConfig, AdmissionController, AdmissionPolicy, AdmissionRequest, ParamError,
     RankUtilization, Release, native_admission_spec,
 };
-use switchyard_core::engine::{EngineConfig, EngineModel, EngineRequest, TokenOut};
+use switchyard_core::engine::{EngineConfig, EngineModel, EngineRequest, TierStats, TokenOut};
 use switchyard_core::hash::{BlockHasher, SequenceHash};
 use switchyard_core::index::KvIndex;
 use switchyard_core::programs::{TurnEnd, Usage};
@@ -324,6 +324,22 @@ impl<'w> Simulation<'w> {
             recomputed_tokens: self.recomputed_tokens,
             sample_interval: self.config.sample_interval,
             kv_samples: self.kv_samples,
+            tiers: self.config.engine.host_tier.as_ref().map(|_| {
+                self.workers.iter().map(|w| w.engine.stats().tiers).fold(
+                    TierStats::default(),
+                    |sum, t| TierStats {
+                        host_capacity_blocks: sum.host_capacity_blocks + t.host_capacity_blocks,
+                        host_blocks: sum.host_blocks + t.host_blocks,
+                        offloaded_blocks: sum.offloaded_blocks + t.offloaded_blocks,
+                        onboarded_blocks: sum.onboarded_blocks + t.onboarded_blocks,
+                        offloaded_bytes: sum.offloaded_bytes + t.offloaded_bytes,
+                        onboarded_bytes: sum.onboarded_bytes + t.onboarded_bytes,
+                        host_evictions: sum.host_evictions + t.host_evictions,
+                        host_hit_tokens: sum.host_hit_tokens + t.host_hit_tokens,
+                        onboard_time: sum.onboard_time + t.onboard_time,
+                    },
+                )
+            }),
         }
     }
 
