@@ -64,6 +64,16 @@ pub(crate) struct SimulateArgs {
     /// KV blocks per worker.
     #[arg(long, default_value_t = 16_384)]
     num_blocks: usize,
+    /// Host KV tier (G2) per worker, in blocks (at least --num-blocks); none without it.
+    #[arg(long)]
+    host_tier_blocks: Option<usize>,
+    /// Bytes of one KV block across layers, for the host tier's load time (default: 16 tokens
+    /// of a Llama-3-8B-class model in bf16).
+    #[arg(long, default_value_t = switchyard_core::engine::DEFAULT_BLOCK_BYTES)]
+    kv_block_bytes: u64,
+    /// Host-to-device bandwidth of loads from the host tier, in GB/s.
+    #[arg(long, default_value_t = switchyard_core::engine::DEFAULT_HOST_BANDWIDTH / 1e9)]
+    host_gb_per_s: f64,
     /// Most running requests per worker.
     #[arg(long, default_value_t = 256)]
     max_num_seqs: usize,
@@ -179,6 +189,13 @@ fn configs(args: &SimulateArgs, workload: &Workload) -> Vec<SimConfig> {
         num_blocks: args.num_blocks,
         max_num_seqs: args.max_num_seqs,
         max_batched_tokens: args.max_batched_tokens,
+        host_tier: args.host_tier_blocks.map(|num_blocks| {
+            switchyard_core::engine::HostTierConfig {
+                num_blocks,
+                block_bytes: args.kv_block_bytes,
+                bandwidth_bytes_per_s: args.host_gb_per_s * 1e9,
+            }
+        }),
         ..EngineConfig::default()
     };
     let queue = (args.queue_threshold > 0.0).then(|| QueueConfig {
