@@ -67,10 +67,10 @@ pub(crate) struct SimulateArgs {
     /// Host KV tier (G2) per worker, in blocks (at least --num-blocks); none without it.
     #[arg(long)]
     host_tier_blocks: Option<usize>,
-    /// Bytes of one KV block across layers, for the host tier's load time (default: 16 tokens
-    /// of a Llama-3-8B-class model in bf16).
-    #[arg(long, default_value_t = switchyard_core::engine::DEFAULT_BLOCK_BYTES)]
-    kv_block_bytes: u64,
+    /// Bytes of one KV block across layers, for the host tier's load time (default: 128 KiB
+    /// per token, a Llama-3-8B-class model in bf16, times the block size).
+    #[arg(long)]
+    kv_block_bytes: Option<u64>,
     /// Host-to-device bandwidth of loads from the host tier, in GB/s.
     #[arg(long, default_value_t = switchyard_core::engine::DEFAULT_HOST_BANDWIDTH / 1e9)]
     host_gb_per_s: f64,
@@ -192,7 +192,10 @@ fn configs(args: &SimulateArgs, workload: &Workload) -> Vec<SimConfig> {
         host_tier: args.host_tier_blocks.map(|num_blocks| {
             switchyard_core::engine::HostTierConfig {
                 num_blocks,
-                block_bytes: args.kv_block_bytes,
+                block_bytes: args.kv_block_bytes.unwrap_or(
+                    switchyard_core::engine::DEFAULT_BLOCK_BYTES / 16
+                        * u64::from(workload.block_size),
+                ),
                 bandwidth_bytes_per_s: args.host_gb_per_s * 1e9,
             }
         }),
