@@ -10,6 +10,11 @@
 //! a request can need (prompt and output), so running requests are never preempted; a request that
 //! does not fit waits, first come first served, until finished requests free blocks.
 //!
+//! With [`EngineConfig::host_tier`] the device cache gets a host tier behind it (`tiers`, on
+//! `switchyard-kvbm`'s block pool): computed blocks are written through, a prefix the device
+//! lost is loaded back at the tier's bandwidth, and the events carry each tier as vLLM's
+//! `medium`. Without it nothing differs.
+//!
 //! ```
 //! use switchyard_core::engine::{EngineConfig, EngineModel, EngineRequest};
 //!
