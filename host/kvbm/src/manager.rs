@@ -16,8 +16,8 @@ use crate::error::KvbmError;
 use crate::metrics::KvbmMetrics;
 use crate::pool::{BlockPool, CompleteBlock, ImmutableBlock, MutableBlock};
 use crate::retention::{PinOutcome, Retention, TokenRangeRetention, block_retentions};
-use crate::sketch::FrequencySketch;
 use crate::shared_pool::SharedPool;
+use crate::sketch::FrequencySketch;
 use crate::types::{BlockId, SequenceHash, Tick, Tier};
 
 static NEXT_MANAGER: AtomicU64 = AtomicU64::new(1);
