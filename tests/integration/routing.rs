@@ -206,3 +206,41 @@ async fn kv_routing_follows_the_prefix_and_beats_round_robin() {
         "prefix-hit tokens: kv {kv_hits} vs round robin {rr_hits}"
     );
 }
+
+/// One identical prompt sent again and again at concurrency 1, streaming or not, with no session
+/// header: each request finds the previous one finished, so all stay on the worker that holds the
+/// prefix (issue 13 saw streaming ones spread over four fake backends without KV events; with
+/// engines that publish events they do not).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_prompt_stays_on_its_worker_streaming_or_not() {
+    let engines: Vec<MockEngine> = (0..4).map(|_| MockEngine::start(50.0, 4096)).collect();
+    let refs: Vec<&MockEngine> = engines.iter().collect();
+    let gateway = Gateway::start(&Gateway::config_for(&refs, "kv-cost"));
+    let http = client();
+    let prompt = "Summarise the repository layout and its build. ".repeat(60);
+    for stream in [false, true] {
+        let mut served = std::collections::BTreeMap::<String, u32>::new();
+        for _ in 0..12 {
+            let body = json!({"model": MODEL, "max_tokens": 8, "stream": stream,
+                "messages": [{"role": "user", "content": prompt}]});
+            let r = http
+                .post(format!("{}/v1/chat/completions", gateway.url))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            let worker = r.headers()["x-switchyard-worker"]
+                .to_str()
+                .unwrap()
+                .to_owned();
+            chat_text(&r.text().await.unwrap(), stream);
+            *served.entry(worker).or_default() += 1;
+        }
+        // The first request may land anywhere; after it, the prefix holder wins every time.
+        assert!(
+            served.values().any(|&n| n >= 11),
+            "stream={stream}: {served:?}"
+        );
+    }
+}
