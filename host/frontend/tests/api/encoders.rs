@@ -442,3 +442,92 @@ fn an_empty_reply_still_ends_well_formed() {
         }
     }
 }
+
+/// A Codex turn: namespaced and custom calls go back in Codex's shapes, reasoning carries its
+/// summary and sealed content, and those items sent back as the next input decode to the same
+/// conversation the model produced.
+#[test]
+fn responses_items_round_trip_codex_tools_and_reasoning() {
+    let request = switchyard_frontend::responses::decode(&json!({
+    "model": "m", "input": "go", "store": false,
+    "reasoning": {"summary": "auto"}, "include": ["reasoning.encrypted_content"],
+    "tools": [
+        {"type": "namespace", "name": "multi_agent_v1", "description": "agents", "tools": [
+            {"type": "function", "name": "spawn_agent", "parameters": {"type": "object"}}]},
+        {"type": "custom", "name": "apply_patch", "description": "Patch."},
+    ]}))
+    .unwrap();
+    let out = ReplyEvent::Output;
+    let events = [
+        out(ParsedEvent::Reasoning("Plan it.".into())),
+        out(ParsedEvent::ToolCallStart {
+            index: 0,
+            id: "c1".into(),
+            name: "multi_agent_v1.spawn_agent".into(),
+        }),
+        out(ParsedEvent::ToolCallArguments {
+            index: 0,
+            delta: "{\"task\":\"look\"}".into(),
+        }),
+        out(ParsedEvent::ToolCallStart {
+            index: 1,
+            id: "c2".into(),
+            name: "apply_patch".into(),
+        }),
+        out(ParsedEvent::ToolCallArguments {
+            index: 1,
+            delta: "{\"input\":\"*** Begin Patch\"}".into(),
+        }),
+        ReplyEvent::Finish {
+            reason: FinishReason::ToolCalls,
+        },
+    ];
+    let frames = parsed(&stream(Api::Responses, request.reply_meta("r", 0), &events));
+    let (_, last) = frames.last().unwrap();
+    let output = last["response"]["output"].as_array().unwrap().clone();
+    assert_eq!(output[0]["type"], "reasoning");
+    assert_eq!(output[0]["summary"][0]["text"], "Plan it.");
+    assert!(output[0]["encrypted_content"].is_string());
+    assert_eq!(
+        (
+            &output[1]["type"],
+            &output[1]["namespace"],
+            &output[1]["name"]
+        ),
+        (
+            &json!("function_call"),
+            &json!("multi_agent_v1"),
+            &json!("spawn_agent")
+        )
+    );
+    assert_eq!(
+        (&output[2]["type"], &output[2]["input"]),
+        (&json!("custom_tool_call"), &json!("*** Begin Patch"))
+    );
+    assert!(
+        frames
+            .iter()
+            .any(|(e, _)| *e == Some("response.custom_tool_call_input.done"))
+    );
+
+    // Codex sends the items back without the reasoning text (summary and sealed content only).
+    let mut input = vec![json!({"role": "user", "content": "go"})];
+    input.extend(output.iter().cloned());
+    input[1].as_object_mut().unwrap().remove("content");
+    let next = switchyard_frontend::responses::decode(
+        &json!({"model": "m", "input": input, "tools": request.echo["tools"]}),
+    )
+    .unwrap();
+    let answer = &next.conversation.messages[1];
+    let reply_blocks: Vec<_> = answer.blocks.iter().collect();
+    assert!(
+        matches!(reply_blocks[0], switchyard_frontend::Block::Thinking { text, .. } if text == "Plan it.")
+    );
+    assert!(
+        matches!(reply_blocks[1], switchyard_frontend::Block::ToolCall { name, .. } if name == "multi_agent_v1.spawn_agent")
+    );
+    assert!(
+        matches!(reply_blocks[2], switchyard_frontend::Block::ToolCall { name, arguments, .. }
+        if name == "apply_patch" && arguments == r#"{"input":"*** Begin Patch"}"#)
+    );
+}
