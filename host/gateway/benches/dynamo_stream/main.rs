@@ -26,11 +26,12 @@
 //! `DYNWL_WORKLOAD` (default `/tmp/dynamo-anchor-data/workload.bin.zst`); without it the bench
 //! says so and exits. Under `cargo test --benches` it replays the first 20,000 ops once per mode.
 
+#[path = "../support/heap.rs"]
 mod heap;
 mod workload;
 
 use heap::CountingAlloc;
-use left_right::{Absorb, ReadHandle, WriteHandle};
+use left_right::{ReadHandle, WriteHandle};
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, mpsc};
@@ -38,6 +39,7 @@ use std::time::Instant;
 use switchyard_core::hash::{BlockHasher, LocalBlockHash, SequenceHash};
 use switchyard_core::index::{IndexOp, KvIndex, Matches};
 use switchyard_core::worker::{Rank, Tier};
+use switchyard_gateway::index::IndexCopy;
 use switchyard_kv_events::ingest::Ingestor;
 use workload::{Op, Workload};
 
@@ -301,24 +303,6 @@ fn serial(wl: &Workload) -> Run {
     run
 }
 
-/// One copy of a shard's index, as left-right keeps it (the gateway's `IndexCopy`).
-#[derive(Debug, Clone, Default)]
-struct Copy(KvIndex);
-
-impl Absorb<IndexOp> for Copy {
-    fn absorb_first(&mut self, op: &mut IndexOp, _: &Self) {
-        self.0.apply(op);
-    }
-
-    fn absorb_second(&mut self, op: IndexOp, _: &Self) {
-        self.0.apply(&op);
-    }
-
-    fn sync_with(&mut self, first: &Self) {
-        self.0 = first.0.clone();
-    }
-}
-
 /// What the query thread hands an event thread: an engine event to translate there, or a change
 /// it already translated (`DYNWL_TRANSLATE=caller`, the gateway's split: subscriber tasks
 /// translate, the index writer applies).
@@ -330,7 +314,7 @@ enum Work<'a> {
 /// An event thread's share: its ranks' ingestors and the write side of its shard.
 struct Shard {
     ingestors: Ingestors,
-    write: WriteHandle<Copy, IndexOp>,
+    write: WriteHandle<IndexCopy, IndexOp>,
 }
 
 fn pipelined<'a>(wl: &'a Workload, threads: usize) -> Run {
@@ -347,12 +331,12 @@ fn pipelined<'a>(wl: &'a Workload, threads: usize) -> Run {
     let base = heap::live_bytes();
     let done: Arc<Vec<Progress>> = Arc::new((0..threads).map(|_| Progress::default()).collect());
     let mut senders = Vec::new();
-    let mut readers: Vec<ReadHandle<Copy>> = Vec::new();
+    let mut readers: Vec<ReadHandle<IndexCopy>> = Vec::new();
     let shards: Vec<Shard> = std::thread::scope(|scope| {
         let mut handles = Vec::new();
         for s in 0..threads {
             let (tx, rx) = mpsc::channel::<Vec<Work<'a>>>();
-            let (write, read) = left_right::new::<Copy, IndexOp>();
+            let (write, read) = left_right::new::<IndexCopy, IndexOp>();
             senders.push(tx);
             readers.push(read);
             let done = Arc::clone(&done);

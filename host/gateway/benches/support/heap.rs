@@ -1,5 +1,6 @@
 //! Live and peak heap bytes, counted by a wrapper around the system allocator; CPU pinning and
-//! process CPU time through libc.
+//! process CPU time through libc. Shared by the gateway's benches (`#[path]`), each of which uses
+//! part of it.
 #![expect(
     unsafe_code,
     reason = "a global allocator is an unsafe trait, and affinity/CPU time are libc calls"
