@@ -14,7 +14,10 @@
 //! run), `INDEX_BENCH_ROUNDS` (rounds of the three modes; medians are reported, default 3).
 
 #[path = "../support/heap.rs"]
-#[allow(dead_code, reason = "shared with the dynamo_stream bench, which uses all of it")]
+#[allow(
+    dead_code,
+    reason = "shared with the dynamo_stream bench, which uses all of it"
+)]
 mod heap;
 mod report;
 mod workload;
