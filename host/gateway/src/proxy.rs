@@ -188,21 +188,15 @@ async fn proxy(
 
 /// What the client API's encoder is told about the request it answers.
 fn reply_meta(shared: &Shared, turn: &Turn, request_id: String, received: Received) -> ReplyMeta {
-    let (_, include_usage) = turn.request.streaming();
-    let mut meta = ReplyMeta::new(
-        request_id,
-        crate::trace::record::unix_ms(received.wall) / 1000,
-        shared.model_name.clone(),
-    );
-    meta.include_usage = include_usage;
+    let created = crate::trace::record::unix_ms(received.wall) / 1000;
+    // The Responses API's meta also carries its echoed fields, tool shapes and reasoning items.
+    let mut meta = match &turn.request {
+        Request::Responses(responses) => responses.reply_meta(request_id, created),
+        _ => ReplyMeta::new(request_id, created, String::new()),
+    };
+    meta.model = shared.model_name.clone();
+    meta.include_usage = turn.request.streaming().1;
     meta.prompt_tokens = Some(turn.tokens.len() as u64);
-    if let Request::Responses(responses) = &turn.request {
-        let own = responses.reply_meta(String::new(), 0);
-        meta.echo = own.echo;
-        meta.tool_origins = own.tool_origins;
-        meta.reasoning_summary = own.reasoning_summary;
-        meta.encrypted_reasoning = own.encrypted_reasoning;
-    }
     meta
 }
 
