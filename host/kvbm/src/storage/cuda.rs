@@ -92,20 +92,9 @@ impl DeviceSlab {
     }
 
     fn range(&self, slot: BlockId, len: usize) -> Result<std::ops::Range<usize>, StorageError> {
-        if slot.index() >= self.holds.len() {
-            return Err(StorageError::SlotOutOfRange {
-                slot: slot.0,
-                capacity: self.holds.len(),
-            });
-        }
-        if len != self.block_bytes {
-            return Err(StorageError::WrongBlockSize {
-                expected: self.block_bytes,
-                got: len,
-            });
-        }
-        let start = slot.index() * self.block_bytes;
-        Ok(start..start + self.block_bytes)
+        let range = super::slot_range(slot, self.holds.len(), self.block_bytes)?;
+        super::check_block_len(self.block_bytes, len)?;
+        Ok(range)
     }
 }
 

@@ -123,14 +123,7 @@ impl DiskStore {
     }
 
     fn check_slot(&self, slot: BlockId) -> Result<(), StorageError> {
-        if slot.index() < self.capacity_blocks {
-            Ok(())
-        } else {
-            Err(StorageError::SlotOutOfRange {
-                slot: slot.0,
-                capacity: self.capacity_blocks,
-            })
-        }
+        super::check_slot(slot, self.capacity_blocks)
     }
 
     fn checksum(hash: SequenceHash, payload: &[u8]) -> u64 {
@@ -184,12 +177,7 @@ impl BlockStore for DiskStore {
         data: &[u8],
     ) -> Result<(), StorageError> {
         self.check_slot(slot)?;
-        if data.len() != self.block_bytes {
-            return Err(StorageError::WrongBlockSize {
-                expected: self.block_bytes,
-                got: data.len(),
-            });
-        }
+        super::check_block_len(self.block_bytes, data.len())?;
         if self.full {
             self.skipped_since_full += 1;
             if !self.skipped_since_full.is_multiple_of(FULL_PROBE_EVERY) {
@@ -230,12 +218,7 @@ impl BlockStore for DiskStore {
         out: &mut [u8],
     ) -> Result<(), StorageError> {
         self.check_slot(slot)?;
-        if out.len() != self.block_bytes {
-            return Err(StorageError::WrongBlockSize {
-                expected: self.block_bytes,
-                got: out.len(),
-            });
-        }
+        super::check_block_len(self.block_bytes, out.len())?;
         if !self.written[slot.index()] {
             return Err(StorageError::Miss { hash });
         }

@@ -26,6 +26,38 @@ use crate::error::{KvbmError, StorageError};
 use crate::manager::TransferBatch;
 use crate::types::{BlockId, SequenceHash, Tier};
 
+/// `got` bytes are exactly one block of `expected` bytes.
+fn check_block_len(expected: usize, got: usize) -> Result<(), StorageError> {
+    if got == expected {
+        Ok(())
+    } else {
+        Err(StorageError::WrongBlockSize { expected, got })
+    }
+}
+
+/// `slot` is one of `capacity` slots.
+fn check_slot(slot: BlockId, capacity: usize) -> Result<(), StorageError> {
+    if slot.index() < capacity {
+        Ok(())
+    } else {
+        Err(StorageError::SlotOutOfRange {
+            slot: slot.0,
+            capacity,
+        })
+    }
+}
+
+/// The bytes of `slot` in a slab of `capacity` blocks of `block_bytes`.
+fn slot_range(
+    slot: BlockId,
+    capacity: usize,
+    block_bytes: usize,
+) -> Result<std::ops::Range<usize>, StorageError> {
+    check_slot(slot, capacity)?;
+    let start = slot.index() * block_bytes;
+    Ok(start..start + block_bytes)
+}
+
 /// Fixed-size block slots holding real bytes.
 pub trait BlockStore: Debug + Send {
     /// Bytes of one block.

@@ -52,14 +52,7 @@ impl MemoryPool {
     }
 
     fn check_len(&self, len: usize) -> Result<(), StorageError> {
-        if len == self.block_bytes {
-            Ok(())
-        } else {
-            Err(StorageError::WrongBlockSize {
-                expected: self.block_bytes,
-                got: len,
-            })
-        }
+        super::check_block_len(self.block_bytes, len)
     }
 }
 

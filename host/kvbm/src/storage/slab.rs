@@ -32,16 +32,8 @@ impl HostSlab {
     }
 
     fn range(&self, slot: BlockId) -> Result<std::ops::Range<usize>, StorageError> {
-        if slot.index() >= self.holds.len() {
-            return Err(StorageError::SlotOutOfRange {
-                slot: slot.0,
-                capacity: self.holds.len(),
-            });
-        }
-        let start = slot.index() * self.block_bytes;
-        Ok(start..start + self.block_bytes)
+        super::slot_range(slot, self.holds.len(), self.block_bytes)
     }
-
     /// The bytes of `slot`, whatever it holds.
     pub fn block(&self, slot: BlockId) -> Result<&[u8], StorageError> {
         let range = self.range(slot)?;
@@ -70,14 +62,7 @@ impl HostSlab {
     }
 
     fn check_len(&self, len: usize) -> Result<(), StorageError> {
-        if len == self.block_bytes {
-            Ok(())
-        } else {
-            Err(StorageError::WrongBlockSize {
-                expected: self.block_bytes,
-                got: len,
-            })
-        }
+        super::check_block_len(self.block_bytes, len)
     }
 }
 
