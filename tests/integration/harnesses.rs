@@ -321,7 +321,8 @@ async fn second_session_reuse(extra_toml: &str) -> (u64, u64, u64) {
     let sandbox = Sandbox::new();
     for prompt in ["Say hello.", "Now say goodbye, please."] {
         let out = run(claude(&sandbox, &served, "claude-sonnet-4-5", prompt)).await;
-        assert_success(&out, "a session");
+        let result: Value = serde_json::from_str(&assert_success(&out, "a session")).unwrap();
+        assert_eq!(result["is_error"], false, "{result}");
     }
     let lines = served.requests(2).await;
     let mut firsts: Vec<&TraceLine> = Vec::new();
