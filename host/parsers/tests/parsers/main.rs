@@ -1,5 +1,6 @@
 //! Integration tests of `switchyard-parsers`, one module per area.
 
+mod fuzz;
 mod malformed;
 mod output;
 mod reasoning_fixtures;
