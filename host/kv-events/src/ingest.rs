@@ -150,7 +150,9 @@ impl Ingestor {
         self.last_seq = Some(seq);
         if seq > expected {
             self.stats.gaps += 1;
-            self.missing = Some(expected..seq + 1);
+            // `seq` itself is missing too; saturating, since `u64::MAX` is the replay socket's
+            // end marker and cannot be replayed anyway (a hostile `seq` overflowed here).
+            self.missing = Some(expected..seq.saturating_add(1));
             out.gap = Some(Gap {
                 expected,
                 received: seq,

@@ -133,6 +133,11 @@ pub enum DecodeError {
     },
 }
 
+/// Nesting budget for one payload. A batch is at most five levels deep (batch, events, event,
+/// hashes, extra keys); rmpv's default of 1,024 (two per array level) recurses deep enough to
+/// overflow a 2 MiB thread stack on a few hundred bytes of nested arrays.
+const MAX_DEPTH: usize = 64;
+
 const BATCH_FIELDS: [&str; 3] = ["ts", "events", "data_parallel_rank"];
 const STORED_FIELDS: [&str; 11] = [
     "block_hashes",
@@ -155,7 +160,7 @@ const REMOVED_FIELDS: [&str; 3] = ["block_hashes", "medium", "group_idx"];
 /// batch's other events are still worth applying.
 pub fn decode_batch(payload: &[u8]) -> Result<EventBatch, DecodeError> {
     let mut reader = payload;
-    let value = rmpv::decode::read_value(&mut reader)?;
+    let value = rmpv::decode::read_value_with_max_depth(&mut reader, MAX_DEPTH)?;
     if !reader.is_empty() {
         return Err(DecodeError::TrailingBytes(reader.len()));
     }
