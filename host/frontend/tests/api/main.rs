@@ -5,5 +5,6 @@ mod canonical;
 mod encoders;
 mod fixtures;
 mod garbage;
+mod hostile;
 mod previous_response;
 mod support;
