@@ -619,10 +619,19 @@ pub fn rank_endpoint(base: &str, dp_rank: u32) -> Result<String, ConfigError> {
     let (head, port) = base
         .rsplit_once(':')
         .ok_or_else(|| ConfigError::Invalid(format!("endpoint {base:?} has no port")))?;
-    let port: u32 = port
+    let port: u16 = port
         .parse()
         .map_err(|_| ConfigError::Invalid(format!("endpoint {base:?} has no numeric port")))?;
-    Ok(format!("{head}:{}", port + dp_rank))
+    // Checked: a port near the top plus the rank overflowed (a panic in debug builds).
+    let port = u16::try_from(dp_rank)
+        .ok()
+        .and_then(|rank| port.checked_add(rank))
+        .ok_or_else(|| {
+            ConfigError::Invalid(format!(
+                "endpoint {base:?}: port + rank {dp_rank} is past 65535"
+            ))
+        })?;
+    Ok(format!("{head}:{port}"))
 }
 
 #[cfg(test)]
