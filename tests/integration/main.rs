@@ -10,6 +10,7 @@ mod frontends;
 mod harnesses;
 mod llama;
 mod policy_reload;
+mod readme;
 mod routing;
 mod scheduling;
 mod support;

@@ -40,21 +40,31 @@ impl Proc {
 
     /// Wait for a printed line containing `marker`; return the word after it.
     pub(crate) fn wait_for(&self, marker: &str) -> String {
+        let line = self.wait_for_line(marker);
+        let rest = line.split(marker).nth(1).unwrap_or_default();
+        rest.split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    /// Wait for a printed line containing `marker`; return it whole.
+    pub(crate) fn wait_for_line(&self, marker: &str) -> String {
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
             let line = self
-                .lines
-                .recv_timeout(left)
-                .unwrap_or_else(|_| panic!("process never printed {marker:?}"));
-            if let Some(rest) = line.split(marker).nth(1) {
-                return rest
-                    .split_whitespace()
-                    .next()
-                    .unwrap_or_default()
-                    .to_string();
+                .next_line(deadline)
+                .unwrap_or_else(|| panic!("process never printed {marker:?}"));
+            if line.contains(marker) {
+                return line;
             }
         }
+    }
+
+    /// The next printed line, if one comes before `deadline`.
+    pub(crate) fn next_line(&self, deadline: std::time::Instant) -> Option<String> {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        self.lines.recv_timeout(left).ok()
     }
 }
 

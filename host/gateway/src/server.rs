@@ -189,6 +189,7 @@ impl Shared {
 #[derive(Debug)]
 pub struct GatewayHandle {
     addr: SocketAddr,
+    model_name: String,
     tasks: TaskTracker,
     shutdown: CancellationToken,
 }
@@ -197,6 +198,11 @@ impl GatewayHandle {
     /// The address it listens on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The model name clients ask for.
+    pub fn model_name(&self) -> &str {
+        &self.model_name
     }
 
     /// Wait until it has shut down (after the shutdown token is cancelled).
@@ -359,7 +365,7 @@ pub async fn start(
         trace,
         policies,
         client,
-        model_name,
+        model_name: model_name.clone(),
         model_aliases: config.model.alias_matcher()?,
         context_length: config
             .model
@@ -415,6 +421,7 @@ pub async fn start(
     tasks.close();
     Ok(GatewayHandle {
         addr,
+        model_name,
         tasks,
         shutdown,
     })

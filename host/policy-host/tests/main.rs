@@ -303,14 +303,13 @@ mod containment {
             route: format!("{SPIN} {}", route::PICK_FIRST),
             ..Router::default()
         });
-        let started = std::time::Instant::now();
         for _ in 0..20 {
             router.select(&request(100), &candidates(2));
         }
+        // Three calls ran into the deadline; the other 17 never entered the guest.
         let stats = router.stats().snapshot();
         assert_eq!(stats.fallbacks.get("deadline"), Some(&3), "{stats:?}");
         assert_eq!(stats.fallbacks.get("circuit_open"), Some(&17));
-        assert!(started.elapsed() < Duration::from_millis(500));
     }
 }
 

@@ -209,7 +209,7 @@ async fn serve(
     } else {
         println!("switchyard: gateway on http://{addr}");
     }
-    let model = tokenizer.name();
+    let model = gateway.model_name();
     println!(
         "try:\n  curl http://{addr}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}], \"stream\": true}}'"
     );

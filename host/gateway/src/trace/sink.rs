@@ -192,7 +192,7 @@ struct Segment {
 
 #[derive(Debug)]
 enum SegmentOut {
-    Gzip(GzEncoder<Counting>),
+    Gzip(Box<GzEncoder<Counting>>),
     Plain(Counting),
 }
 
@@ -203,7 +203,7 @@ impl Segment {
             bytes: 0,
         };
         let out = if gzip {
-            SegmentOut::Gzip(GzEncoder::new(file, Compression::default()))
+            SegmentOut::Gzip(Box::new(GzEncoder::new(file, Compression::default())))
         } else {
             SegmentOut::Plain(file)
         };

@@ -256,19 +256,32 @@ fn mooncake_writes_dense_ids_at_open_loop_times() {
 }
 
 #[test]
-fn the_shared_traces_load_when_present() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces");
-    let mooncake = root.join("mooncake/conversation_trace.jsonl");
-    if mooncake.exists() {
-        let w = load(&mooncake, None).expect("mooncake");
-        assert_eq!(w.request_count(), 12_031);
-    }
-    let weka = root.join("weka");
-    if weka.exists() {
-        let w = load(&weka, None).expect("claude code");
-        let roots = w.sessions.iter().filter(|s| s.parent.is_none()).count();
-        assert_eq!(roots, 50);
-        assert_eq!(w.sessions.len() - roots, 12);
-        assert_eq!(w.block_size, 64);
-    }
+fn the_repository_fixtures_load() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/traces");
+    let mooncake = load(&root.join("mooncake/conversation_500.jsonl"), None).expect("mooncake");
+    assert_eq!(mooncake.request_count(), 500);
+    let claude = load(&root.join("claude-code"), None).expect("claude code");
+    let roots = claude
+        .sessions
+        .iter()
+        .filter(|s| s.parent.is_none())
+        .count();
+    assert_eq!(roots, 3);
+    assert_eq!(claude.sessions.len() - roots, 6, "sub-agents");
+    assert_eq!(claude.block_size, 64);
+}
+
+/// The whole traces, where `SWITCHYARD_TRACES` names a folder holding them.
+#[test]
+fn the_full_traces_load_when_given() {
+    let Some(root) = std::env::var_os("SWITCHYARD_TRACES").map(std::path::PathBuf::from) else {
+        return;
+    };
+    let w = load(&root.join("mooncake/conversation_trace.jsonl"), None).expect("mooncake");
+    assert_eq!(w.request_count(), 12_031);
+    let w = load(&root.join("weka"), None).expect("claude code");
+    let roots = w.sessions.iter().filter(|s| s.parent.is_none()).count();
+    assert_eq!(roots, 50);
+    assert_eq!(w.sessions.len() - roots, 12);
+    assert_eq!(w.block_size, 64);
 }
