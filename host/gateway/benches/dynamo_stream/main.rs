@@ -1,5 +1,5 @@
-//! Our KV index on Dynamo's own event stream (`DYNWL001`, from `shared/bench/dynamo-anchor`),
-//! replayed with the anchor's protocols so the numbers sit in one table with Dynamo's.
+//! Our KV index on Dynamo's own event stream (`DYNWL001`, from the dynamo-anchor harness at
+//! `$DYNAMO_ANCHOR`), replayed with the anchor's protocols so the numbers sit in one table with Dynamo's.
 //!
 //! Every event goes through the path the gateway runs: the per-rank [`Ingestor`] translates the
 //! engine's hashes into our sequence hashes (chaining each block's local hash from its parent's
@@ -84,7 +84,7 @@ fn main() {
     if !path.exists() {
         eprintln!(
             "dynamo_stream: no workload at {} (set DYNWL_WORKLOAD=/path/to/workload.bin.zst; \
-             generate it with shared/bench/dynamo-anchor/scripts/gen_workload.sh); skipping",
+             generate it with $DYNAMO_ANCHOR/scripts/gen_workload.sh); skipping",
             path.display()
         );
         return;

@@ -1,5 +1,5 @@
 //! Reader of the `DYNWL001` event stream (format documented in
-//! `shared/bench/dynamo-anchor/README.md`, section 1): our own decoder, no dependency on the
+//! the dynamo-anchor harness README, section 1): our own decoder, no dependency on the
 //! anchor crate.
 //!
 //! ```text
