@@ -1,5 +1,6 @@
 //! Our KV index on Dynamo's own event stream (`DYNWL001`, from the dynamo-anchor harness at
-//! `$DYNAMO_ANCHOR`), replayed with the anchor's protocols so the numbers sit in one table with Dynamo's.
+//! `$DYNAMO_ANCHOR`), replayed with the anchor's protocols so the numbers sit in one table with
+//! Dynamo's.
 //!
 //! Every event goes through the path the gateway runs: the per-rank [`Ingestor`] translates the
 //! engine's hashes into our sequence hashes (chaining each block's local hash from its parent's
