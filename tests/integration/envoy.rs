@@ -600,3 +600,176 @@ async fn sessions_stick_to_replicas_behind_envoy_and_survive_a_replica_kill() {
     );
     drop(envoy);
 }
+
+/// One streamed answer through Envoy, as the rolling-restart traffic saw it.
+struct Streamed {
+    replica: String,
+    started: Instant,
+    ended: Instant,
+}
+
+/// A streaming request through `url` for `session`; an error says what went wrong.
+async fn stream_once(url: &str, session: &str, turn: usize) -> Result<Streamed, String> {
+    let started = Instant::now();
+    let body = json!({"model": MODEL, "max_tokens": 48, "stream": true, "messages": [
+        {"role": "user", "content": user_turn(session, turn)}]});
+    let response = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .header("x-dynamo-session-id", session)
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| format!("{session} turn {turn}: {e}"))?;
+    let status = response.status();
+    let replica = response
+        .headers()
+        .get("x-switchyard-replica")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let text = response
+        .text()
+        .await
+        .map_err(|e| format!("{session} turn {turn}: cut mid-stream: {e}"))?;
+    if status != 200 || !text.trim_end().ends_with("data: [DONE]") {
+        return Err(format!("{session} turn {turn}: {status}: {text}"));
+    }
+    Ok(Streamed {
+        replica,
+        started,
+        ended: Instant::now(),
+    })
+}
+
+/// A rolling restart, as Kubernetes does it: each replica in turn gets SIGTERM under steady
+/// streaming traffic, finishes the streams it has in flight, exits by itself, and a new one takes
+/// its address. Envoy retries what meets the closed listener on the other replica; no request
+/// fails, and no stream is cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rolling_restart_behind_envoy_fails_no_request() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let engines: Vec<MockEngine> = (0..2).map(|_| MockEngine::start(1.0, 4096)).collect();
+    let refs: Vec<&MockEngine> = engines.iter().collect();
+    let config = format!(
+        "[server]\ndrain_timeout = \"30s\"\n{}",
+        Gateway::config_for(&refs, "kv-cost")
+    );
+    let mut gateways: Vec<Option<Gateway>> =
+        (0..2).map(|_| Some(Gateway::start(&config))).collect();
+    let addrs: Vec<String> = gateways
+        .iter()
+        .map(|g| {
+            g.as_ref()
+                .unwrap()
+                .url
+                .trim_start_matches("http://")
+                .to_string()
+        })
+        .collect();
+    let envoy = Envoy::start(&render(&addrs)).await;
+    let all_healthy = async || {
+        let health = envoy.health().await;
+        health.len() == addrs.len() && health.values().all(|f| f == "healthy")
+    };
+    assert!(
+        eventually(30, all_healthy).await,
+        "{:?}",
+        envoy.health().await
+    );
+
+    // Lanes of sessions, each streaming turn after turn; Maglev spreads them over both replicas.
+    let stop = Arc::new(AtomicBool::new(false));
+    let served = Arc::new(Mutex::new(Vec::<Streamed>::new()));
+    let failures = Arc::new(Mutex::new(Vec::<String>::new()));
+    let lanes: Vec<_> = (0..12)
+        .map(|lane| {
+            let (url, stop) = (envoy.url.clone(), stop.clone());
+            let (served, failures) = (served.clone(), failures.clone());
+            tokio::spawn(async move {
+                let session = format!("lane-{lane}");
+                for turn in 0.. {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    match stream_once(&url, &session, turn).await {
+                        Ok(s) => served.lock().unwrap().push(s),
+                        Err(e) => failures.lock().unwrap().push(e),
+                    }
+                }
+            })
+        })
+        .collect();
+
+    let mut back_at = Vec::new();
+    for victim in 0..gateways.len() {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let addr = addrs[victim].clone();
+        let old = gateways[victim].take().unwrap();
+        let signalled = Instant::now();
+        old.proc.terminate();
+        let (old, status) = tokio::task::spawn_blocking(move || {
+            let mut old = old;
+            let status = old.proc.exited_within(Duration::from_secs(40));
+            (old, status)
+        })
+        .await
+        .unwrap();
+        let drained = signalled.elapsed();
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "{addr} did not exit cleanly after SIGTERM: {status:?}"
+        );
+        // It had streams in flight when told to stop, and they finished whole.
+        let finished_after: usize = served
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.replica == addr && s.started < signalled && s.ended > signalled)
+            .count();
+        eprintln!(
+            "{addr}: drained in {drained:?}, {finished_after} streams finished after SIGTERM"
+        );
+        assert!(
+            finished_after > 0,
+            "no stream was in flight on {addr} at SIGTERM"
+        );
+        drop(old);
+        // The new replica takes the same address, and Envoy finds it healthy again.
+        let port: u16 = addr.rsplit(':').next().unwrap().parse().unwrap();
+        gateways[victim] = Some(Gateway::start_on(&config, port));
+        assert!(
+            eventually(30, all_healthy).await,
+            "{:?}",
+            envoy.health().await
+        );
+        back_at.push(Instant::now());
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::Relaxed);
+    for lane in lanes {
+        lane.await.unwrap();
+    }
+    let retries = envoy.stat("cluster.switchyard.upstream_rq_retry").await;
+    let failures = std::mem::take(&mut *failures.lock().unwrap());
+    let served = std::mem::take(&mut *served.lock().unwrap());
+    assert!(
+        failures.is_empty(),
+        "{} of {} requests failed: {failures:?}",
+        failures.len(),
+        served.len() + failures.len()
+    );
+    eprintln!(
+        "{} streams through two rolling restarts, none failed; {retries} retried by Envoy",
+        served.len()
+    );
+    // Each new replica took traffic once Envoy found it healthy.
+    for (addr, back) in addrs.iter().zip(&back_at) {
+        assert!(
+            served
+                .iter()
+                .any(|s| &s.replica == addr && s.started > *back),
+            "nothing reached {addr} after its restart"
+        );
+    }
+}

@@ -8,6 +8,7 @@ mod embedded;
 mod envoy;
 mod frontends;
 mod harnesses;
+mod lifecycle;
 mod llama;
 mod policy_reload;
 mod readme;

@@ -61,6 +61,26 @@ impl Proc {
         }
     }
 
+    /// Ask it to stop as Kubernetes does (SIGTERM).
+    pub(crate) fn terminate(&self) {
+        let sent = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        assert!(sent.is_ok_and(|s| s.success()), "kill -TERM failed");
+    }
+
+    /// Its exit status, once it has exited by itself within `limit`.
+    pub(crate) fn exited_within(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + limit;
+        while std::time::Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
     /// The next printed line, if one comes before `deadline`.
     pub(crate) fn next_line(&self, deadline: std::time::Instant) -> Option<String> {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
@@ -140,20 +160,26 @@ pub(crate) fn metric_sum(text: &str, name: &str) -> f64 {
 /// A gateway process.
 pub(crate) struct Gateway {
     pub(crate) url: String,
-    _proc: Proc,
+    pub(crate) proc: Proc,
     _config: TempFile,
 }
 
 impl Gateway {
     /// Start one with this TOML configuration (its port is chosen by the OS).
     pub(crate) fn start(config_toml: &str) -> Gateway {
+        Gateway::start_on(config_toml, 0)
+    }
+
+    /// Start one listening on `port` (0: chosen by the OS).
+    pub(crate) fn start_on(config_toml: &str, port: u16) -> Gateway {
         let config = TempFile::new("switchyard.toml", config_toml);
         let path = config.path.to_string_lossy().to_string();
-        let proc = Proc::switchyard(&["serve", "--config", &path, "--port", "0"]);
+        let port = port.to_string();
+        let proc = Proc::switchyard(&["serve", "--config", &path, "--port", &port]);
         let url = proc.wait_for("gateway on ");
         Gateway {
             url,
-            _proc: proc,
+            proc,
             _config: config,
         }
     }

@@ -63,6 +63,10 @@ pub struct ServerConfig {
     /// How often each worker's `/health` is probed. Default: 2 s.
     #[serde(with = "humantime_serde")]
     pub health_interval: Duration,
+    /// On shutdown (SIGTERM, Ctrl-C), how long requests in flight may take to finish after the
+    /// listener closes; what is left then is cut. Default: 30 s (Kubernetes' default grace).
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -74,6 +78,7 @@ impl Default for ServerConfig {
             request_timeout: Duration::from_secs(600),
             connect_timeout: Duration::from_secs(5),
             health_interval: Duration::from_secs(2),
+            drain_timeout: Duration::from_secs(30),
         }
     }
 }

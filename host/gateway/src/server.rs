@@ -191,7 +191,6 @@ pub struct GatewayHandle {
     addr: SocketAddr,
     model_name: String,
     tasks: TaskTracker,
-    shutdown: CancellationToken,
 }
 
 impl GatewayHandle {
@@ -205,9 +204,9 @@ impl GatewayHandle {
         &self.model_name
     }
 
-    /// Wait until it has shut down (after the shutdown token is cancelled).
+    /// Wait until it has shut down: the shutdown token was cancelled, the requests in flight
+    /// finished (or the drain deadline passed), and the background work stopped.
     pub async fn wait(self) {
-        self.shutdown.cancelled().await;
         self.tasks.wait().await;
     }
 }
@@ -247,7 +246,10 @@ pub async fn start(
 ) -> Result<GatewayHandle, StartError> {
     let tasks = TaskTracker::new();
     let metrics = Arc::new(Metrics::new());
-    let (ops, index, writer) = spawn_index_writer(shutdown.clone());
+    // `shutdown` starts the drain; the background work (index, events, health checks, trace)
+    // stops only once the last request is done, since in-flight requests still use it.
+    let background = CancellationToken::new();
+    let (ops, index, writer) = spawn_index_writer(background.clone());
     tasks.spawn(async move {
         let _ = writer.await;
     });
@@ -308,7 +310,7 @@ pub async fn start(
                 subscriber,
                 ops.clone(),
                 stats,
-                shutdown.clone(),
+                background.clone(),
             ));
         }
     }
@@ -319,8 +321,6 @@ pub async fn start(
         .pool_idle_timeout(Duration::from_secs(90))
         .tcp_nodelay(true)
         .build()?;
-    // Stopped once the server has drained, so every finished request is written first.
-    let trace_stop = CancellationToken::new();
     let trace = match &config.trace {
         Some(t) => {
             let (sink, writer) =
@@ -330,7 +330,7 @@ pub async fn start(
                         source,
                     }
                 })?;
-            let stop = trace_stop.clone();
+            let stop = background.clone();
             let writer = tokio::task::spawn_blocking(move || writer.run(stop));
             tasks.spawn(async move {
                 let _ = writer.await;
@@ -379,10 +379,10 @@ pub async fn start(
         config,
     });
 
-    tasks.spawn(expire_sessions(shared.clone(), shutdown.clone()));
+    tasks.spawn(expire_sessions(shared.clone(), background.clone()));
     tasks.spawn(crate::admission::run_ticker(
         shared.clone(),
-        shutdown.clone(),
+        background.clone(),
     ));
     shared
         .metrics
@@ -393,7 +393,7 @@ pub async fn start(
         shared.client.clone(),
         shared.metrics.clone(),
         shared.config.server.health_interval,
-        shutdown.clone(),
+        background.clone(),
     ));
 
     let addr = shared.config.listen;
@@ -403,27 +403,38 @@ pub async fn start(
     let addr = listener
         .local_addr()
         .map_err(|source| StartError::Bind { addr, source })?;
+    let drain_timeout = shared.config.server.drain_timeout;
     let app = routes(shared);
-    let stop = shutdown.clone();
     tasks.spawn(async move {
         // Token-sized SSE writes must not wait for delayed ACKs (Nagle's algorithm).
         let listener = listener.tap_io(|tcp| {
             let _ = tcp.set_nodelay(true);
         });
+        // On shutdown: stop accepting, close idle connections, let in-flight requests finish
+        // for up to `drain_timeout`, then cut what is left.
         let served = axum::serve(listener, app)
-            .with_graceful_shutdown(stop.cancelled_owned())
-            .await;
-        if let Err(e) = served {
-            tracing::error!(error = %e, "http server stopped");
+            .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+            .into_future();
+        let deadline = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(drain_timeout).await;
+        };
+        tokio::select! {
+            served = served => if let Err(e) = served {
+                tracing::error!(error = %e, "http server stopped");
+            },
+            () = deadline => tracing::warn!(
+                ?drain_timeout,
+                "requests still in flight at the drain deadline were cut"
+            ),
         }
-        trace_stop.cancel();
+        background.cancel();
     });
     tasks.close();
     Ok(GatewayHandle {
         addr,
         model_name,
         tasks,
-        shutdown,
     })
 }
 

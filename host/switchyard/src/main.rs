@@ -103,11 +103,7 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
     let shutdown = CancellationToken::new();
-    let on_signal = shutdown.clone();
-    tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
-        on_signal.cancel();
-    });
+    tokio::spawn(stop_on_signals(shutdown.clone()));
     match Cli::parse().command {
         Command::Simulate(args) => simulate::run(*args),
         Command::Trace(command) => trace::run(command),
@@ -173,6 +169,30 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
+/// SIGTERM (Kubernetes, systemd) or Ctrl-C starts a graceful stop; a second one ends the process
+/// at once.
+async fn stop_on_signals(shutdown: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::warn!("cannot listen for signals; stop the process by killing it");
+        return;
+    };
+    for first in [true, false] {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        if first {
+            tracing::info!("stopping: draining the requests in flight (signal again to quit now)");
+            shutdown.cancel();
+        }
+    }
+    std::process::exit(130);
+}
+
 async fn serve(
     path: Option<PathBuf>,
     host: Option<String>,
@@ -192,8 +212,10 @@ async fn serve(
         None => ModelTokenizer::embedded_agent_model()?,
     };
     let embedded = raw.workers.is_empty();
+    // Embedded engines outlive the gateway's drain: its last requests still run on them.
+    let engines_stop = CancellationToken::new();
     let _engines = if embedded {
-        let engines = embedded::start(mock_engines, &tokenizer, shutdown.clone()).await?;
+        let engines = embedded::start(mock_engines, &tokenizer, engines_stop.clone()).await?;
         raw.workers = engines.iter().map(embedded::worker_config).collect();
         raw.policies.get_or_insert_with(embedded::policies);
         embedded::model(&mut raw.model);
@@ -214,5 +236,6 @@ async fn serve(
         "try:\n  curl http://{addr}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}], \"stream\": true}}'"
     );
     gateway.wait().await;
+    engines_stop.cancel();
     Ok(())
 }
