@@ -37,3 +37,101 @@ async fn a_stream_longer_than_the_drain_timeout_is_cut_and_the_gateway_exits() {
     assert!(status.is_some_and(|s| s.success()), "{status:?}");
     assert!(signalled.elapsed() >= Duration::from_secs(1));
 }
+
+/// The status a chat request for `model` gets.
+async fn status_of(url: &str, model: &str) -> u16 {
+    let body = json!({"model": model, "max_tokens": 4,
+        "messages": [{"role": "user", "content": "Hello!"}]});
+    let r = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    r.status().as_u16()
+}
+
+/// Configuration reloads under traffic: a change of the file takes effect without a restart, a
+/// file that does not validate changes nothing (and the log names what is wrong), SIGHUP reloads
+/// too, a change that needs a restart is said to; no request fails meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_configuration_reloads_under_traffic_and_a_bad_one_changes_nothing() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let engine = MockEngine::start(20.0, 4096);
+    let base = Gateway::config_for(&[&engine], "kv-cost");
+    let gateway = Gateway::start_logged(&base, "info");
+    let url = gateway.url.clone();
+    // Traffic under the served model's name the whole time.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (served, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let lanes: Vec<_> = (0..3)
+        .map(|_| {
+            let (stop, served, failed) = (stop.clone(), served.clone(), failed.clone());
+            let url = url.clone();
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let n = if status_of(&url, "smollm2-135m-instruct").await == 200 {
+                        &served
+                    } else {
+                        &failed
+                    };
+                    n.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    assert_eq!(
+        status_of(&url, "claude-sonnet-4-5").await,
+        404,
+        "no alias yet"
+    );
+
+    // The file changes: the alias is in force without a restart.
+    let aliased = format!("[model]\naliases = [\"claude-*\"]\n{base}");
+    std::fs::write(&gateway.config.path, &aliased).unwrap();
+    let line = gateway.proc.wait_for_line("configuration reloaded");
+    assert!(line.contains("model.aliases"), "{line}");
+    assert_eq!(status_of(&url, "claude-sonnet-4-5").await, 200);
+
+    // A file that does not validate: refused, named, and the alias stays.
+    std::fs::write(
+        &gateway.config.path,
+        format!("[server]\nmax_body_byte = 1\n{aliased}"),
+    )
+    .unwrap();
+    let line = gateway.proc.wait_for_line("configuration not reloaded");
+    assert!(line.contains("max_body_byte"), "{line}");
+    assert_eq!(status_of(&url, "claude-sonnet-4-5").await, 200);
+
+    // SIGHUP reads the file again; a second worker takes a restart, and says so.
+    let other = MockEngine::start(20.0, 4096);
+    let listed = Gateway::config_for(&[&other], "kv-cost");
+    let grown = format!(
+        "{aliased}{}",
+        &listed[listed.find("[[workers]]").unwrap()..]
+    );
+    std::fs::write(&gateway.config.path, &grown).unwrap();
+    let line = gateway.proc.wait_for_line("in force only after a restart");
+    assert!(line.contains("workers"), "{line}");
+    gateway.proc.hang_up();
+    let line = gateway.proc.wait_for_line("configuration reloaded");
+    assert!(line.contains("SIGHUP"), "{line}");
+
+    stop.store(true, Ordering::Relaxed);
+    for lane in lanes {
+        lane.await.unwrap();
+    }
+    let metrics = crate::support::get_text(&format!("{}/metrics", gateway.url)).await;
+    assert!(
+        metrics.contains("switchyard_config_reloads_total{outcome=\"refused\"} 1"),
+        "{metrics}"
+    );
+    assert_eq!(
+        failed.load(Ordering::Relaxed),
+        0,
+        "{} served",
+        served.load(Ordering::Relaxed)
+    );
+    assert!(served.load(Ordering::Relaxed) > 0);
+}

@@ -7,7 +7,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-/// A child process killed on drop, with the lines it printed on stdout.
+/// A child process killed on drop, with the lines it printed on stdout (and, when asked, its
+/// log on stderr).
 pub(crate) struct Proc {
     child: Child,
     lines: mpsc::Receiver<String>,
@@ -16,25 +17,47 @@ pub(crate) struct Proc {
 impl Proc {
     /// Start `switchyard` with `args`.
     pub(crate) fn switchyard(args: &[&str]) -> Proc {
+        Proc::spawn(args, None)
+    }
+
+    /// Start `switchyard` with `args`, its log at `level` read with its output.
+    pub(crate) fn switchyard_logged(args: &[&str], level: &str) -> Proc {
+        Proc::spawn(args, Some(level))
+    }
+
+    fn spawn(args: &[&str], log: Option<&str>) -> Proc {
+        let level = log.map_or_else(
+            || std::env::var("SWITCHYARD_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+            str::to_owned,
+        );
         let mut child = Command::new(env!("CARGO_BIN_EXE_switchyard"))
             .args(args)
-            .env(
-                "RUST_LOG",
-                std::env::var("SWITCHYARD_TEST_LOG").unwrap_or_else(|_| "warn".into()),
-            )
+            .env("RUST_LOG", level)
+            .env("NO_COLOR", "1")
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(if log.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::inherit()
+            })
             .spawn()
             .expect("start switchyard");
-        let stdout = child.stdout.take().expect("stdout");
         let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
+        let stdout: Box<dyn std::io::Read + Send> = Box::new(child.stdout.take().expect("stdout"));
+        let mut outputs = vec![stdout];
+        if let Some(stderr) = child.stderr.take() {
+            outputs.push(Box::new(stderr));
+        }
+        for output in outputs {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(output).lines().map_while(Result::ok) {
+                    if tx.send(line).is_err() {
+                        break;
+                    }
                 }
-            }
-        });
+            });
+        }
         Proc { child, lines }
     }
 
@@ -63,10 +86,19 @@ impl Proc {
 
     /// Ask it to stop as Kubernetes does (SIGTERM).
     pub(crate) fn terminate(&self) {
+        self.signal("TERM");
+    }
+
+    /// Ask it to reload its configuration (SIGHUP).
+    pub(crate) fn hang_up(&self) {
+        self.signal("HUP");
+    }
+
+    fn signal(&self, name: &str) {
         let sent = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
+            .args([&format!("-{name}"), &self.child.id().to_string()])
             .status();
-        assert!(sent.is_ok_and(|s| s.success()), "kill -TERM failed");
+        assert!(sent.is_ok_and(|s| s.success()), "kill -{name} failed");
     }
 
     /// Its exit status, once it has exited by itself within `limit`.
@@ -161,7 +193,8 @@ pub(crate) fn metric_sum(text: &str, name: &str) -> f64 {
 pub(crate) struct Gateway {
     pub(crate) url: String,
     pub(crate) proc: Proc,
-    _config: TempFile,
+    /// Its configuration file (a reload reads it again).
+    pub(crate) config: TempFile,
 }
 
 impl Gateway {
@@ -172,16 +205,25 @@ impl Gateway {
 
     /// Start one listening on `port` (0: chosen by the OS).
     pub(crate) fn start_on(config_toml: &str, port: u16) -> Gateway {
+        Gateway::spawn(config_toml, port, None)
+    }
+
+    /// Start one whose log at `level` reaches [`Proc::wait_for_line`].
+    pub(crate) fn start_logged(config_toml: &str, level: &str) -> Gateway {
+        Gateway::spawn(config_toml, 0, Some(level))
+    }
+
+    fn spawn(config_toml: &str, port: u16, log: Option<&str>) -> Gateway {
         let config = TempFile::new("switchyard.toml", config_toml);
         let path = config.path.to_string_lossy().to_string();
         let port = port.to_string();
-        let proc = Proc::switchyard(&["serve", "--config", &path, "--port", &port]);
+        let args = ["serve", "--config", &path, "--port", &port];
+        let proc = match log {
+            Some(level) => Proc::switchyard_logged(&args, level),
+            None => Proc::switchyard(&args),
+        };
         let url = proc.wait_for("gateway on ");
-        Gateway {
-            url,
-            proc,
-            _config: config,
-        }
+        Gateway { url, proc, config }
     }
 
     /// Configuration for `engines` behind this gateway.

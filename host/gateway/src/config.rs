@@ -45,7 +45,7 @@ pub struct RawConfig {
 }
 
 /// Listener and request limits.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServerConfig {
     /// Address to listen on. Default: 127.0.0.1.
@@ -84,7 +84,7 @@ impl Default for ServerConfig {
 }
 
 /// The model every worker serves.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelConfig {
     /// Name clients put in `model`. Default: the tokenizer directory's name.
@@ -132,7 +132,7 @@ impl ModelConfig {
 
 /// The router queue (`[queue]`): requests wait in the gateway only while every worker they may go
 /// to is over a threshold. No threshold (the default): nothing ever waits.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct QueueSettings {
     /// Order of waiting requests: `fcfs` (priority is a head start), `lcfs`, `wspt` (weighted
@@ -188,7 +188,7 @@ impl QueueSettings {
 }
 
 /// Session-aware admission (`[admission]`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AdmissionSettings {
     /// The admission policy: `none` (request-level, the default), `thunder-agent`, `continuum`,
@@ -265,7 +265,7 @@ impl AdmissionSettings {
 }
 
 /// Client API state (`[frontend]`), all of it bounded.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FrontendConfig {
     /// Responses API answers kept for `previous_response_id`. Default: 10,000.
@@ -370,7 +370,7 @@ pub enum EngineKind {
 }
 
 /// One engine server.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkerConfig {
     /// HTTP base URL, e.g. `http://10.0.0.5:8000`.
@@ -412,7 +412,7 @@ pub enum UpstreamMode {
 }
 
 /// The request trace sink (`[trace]`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TraceConfig {
     /// A directory (existing, or written with a trailing `/`) that gets `trace-<ms>-<n>.jsonl.gz`

@@ -6,7 +6,8 @@
 //! background tasks), [`upstream`] (engines and health), [`index`] (the shared index, lock-free
 //! for readers), [`events`] (ingestion metrics), [`policies`] (Wasm routing policies, hot
 //! reload) with its token-protected admin API (`/admin/policies`), [`metrics`], [`error`] (the
-//! one mapping of failures to HTTP responses), [`config`].
+//! one mapping of failures to HTTP responses), [`config`] and [`reload`] (a new configuration
+//! put in force without a restart where it can be).
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -34,9 +35,11 @@ pub mod metrics;
 pub mod policies;
 pub mod proxy;
 mod queue;
+pub mod reload;
 pub mod server;
 pub mod sse;
 pub mod trace;
 pub mod upstream;
 
+pub use reload::Reloaded;
 pub use server::{GatewayHandle, StartError, start};

@@ -89,6 +89,8 @@ pub struct Metrics {
     pub in_flight: Family<WorkerLabels, Gauge>,
     /// Trace lines dropped because the writer was behind or failing.
     pub trace_dropped: Counter,
+    /// Configuration reloads, by outcome (`applied`, `refused`).
+    pub config_reloads: Family<OutcomeLabels, Counter>,
     /// Requests with `cache_control`, by what became of the pin (`sent`, `unsupported`).
     pub cache_pins: Family<OutcomeLabels, Counter>,
     /// Speculative prefills of a next turn, by outcome (`sent`, `failed`).
@@ -132,6 +134,7 @@ impl Metrics {
             worker_healthy: Family::default(),
             in_flight: Family::default(),
             trace_dropped: Counter::default(),
+            config_reloads: Family::default(),
             cache_pins: Family::default(),
             speculative_prefills: Family::default(),
             reused_prompt_tokens: Counter::default(),
@@ -194,6 +197,11 @@ impl Metrics {
             "trace_dropped",
             "Trace lines dropped (writer behind or failing)",
             m.trace_dropped.clone(),
+        );
+        registry.register(
+            "config_reloads",
+            "Configuration reloads, by outcome (applied, or refused as invalid)",
+            m.config_reloads.clone(),
         );
         registry.register(
             "cache_pins",

@@ -20,7 +20,7 @@ use switchyard_policy_host::{
 };
 
 /// `[policies]`: Wasm policies for every decision point, hot-reloaded from a directory.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PoliciesConfig {
     /// Directory of policy components (`<name>.wasm`), watched for changes. Absent: only

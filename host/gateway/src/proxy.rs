@@ -83,7 +83,8 @@ async fn proxy(
     (mut agent, do_not_queue): (AgentContext, bool),
     received: Received,
 ) -> Result<Response, GatewayError> {
-    let bytes = read_body(body, shared.config.server.max_body_bytes).await?;
+    let limit = shared.live().config.server.max_body_bytes;
+    let bytes = read_body(body, limit).await?;
     let mut turn = prepare(shared, api, &bytes, &mut agent).await?;
     let hashes = shared.hasher.sequence(&turn.tokens);
     let id = RequestId(shared.next_request_id());
@@ -108,7 +109,8 @@ async fn proxy(
     let mut ticket = Some(ticket);
     let mut excluded: Vec<Rank> = Vec::new();
     let mut last_failure = String::new();
-    for attempt in 0..shared.config.max_attempts {
+    let max_attempts = shared.live().config.max_attempts;
+    for attempt in 0..max_attempts {
         let request = RouteRequest {
             hashes: &hashes,
             tokens: turn.tokens.len() as u32,
@@ -158,13 +160,14 @@ async fn proxy(
         match send(shared, &turn, &decision, release.priority).await {
             Ok((upstream, parse)) => {
                 let request_id = shared.request_id(id);
-                let parsers = (
-                    shared.config.model.reasoning_parser.as_deref(),
-                    Some(shared.config.model.tool_parser()),
-                );
                 let streaming = turn.request.streaming().0;
-                let decoder = ReplyDecoder::new(&request_id, parse, streaming, parsers)
-                    .map_err(|e| GatewayError::Internal(e.to_string()))?;
+                let decoder = {
+                    let live = shared.live();
+                    let model = &live.config.model;
+                    let parsers = (model.reasoning_parser.as_deref(), Some(model.tool_parser()));
+                    ReplyDecoder::new(&request_id, parse, streaming, parsers)
+                        .map_err(|e| GatewayError::Internal(e.to_string()))?
+                };
                 let meta = reply_meta(shared, &turn, request_id, received);
                 let routed_at = (received, routed);
                 booking.admission = ticket.take();
@@ -225,7 +228,7 @@ fn trace_draft(
         },
         // Others booked on the rank when this one was placed.
         queue_depth: shared.in_flight(rank).saturating_sub(1),
-        block_size: shared.config.router.block_size,
+        block_size: shared.live().config.router.block_size,
         prompt_tokens: turn.tokens.len() as u64,
         hashes: hashes.into_iter().map(|h| h.0).collect(),
         // Already sent: the body is not needed any more.
@@ -263,7 +266,7 @@ async fn send(
     let parse = path == "/v1/completions" && turn.request.conversation().is_some();
     let response = upstream
         .request(&shared.client, path, decision.rank.dp_rank, body)
-        .timeout(shared.config.server.request_timeout)
+        .timeout(shared.live().config.server.request_timeout)
         .send()
         .await?;
     Ok((response, parse))

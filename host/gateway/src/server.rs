@@ -2,7 +2,7 @@
 
 use crate::admission::{Admission, AdmissionCollector};
 use crate::agent::AgentContext;
-use crate::config::{Config, rank_endpoint};
+use crate::config::{Config, ConfigError, rank_endpoint};
 use crate::error::GatewayError;
 use crate::events::EventMetrics;
 use crate::index::{IndexReader, spawn_index_writer};
@@ -12,6 +12,7 @@ use crate::proxy::{count_tokens, handle, read_body};
 use crate::queue::{Queue, Routed};
 use crate::trace::{TraceSink, parse_tool_events};
 use crate::upstream::{Upstream, health_loop};
+use arc_swap::ArcSwap;
 use axum::Router as HttpRouter;
 use axum::body::Body;
 use axum::extract::State;
@@ -38,16 +39,37 @@ use tokio_util::task::TaskTracker;
 /// The context window assumed when neither the config nor the tokenizer names one.
 const DEFAULT_CONTEXT_LENGTH: u32 = 32_768;
 
-/// State shared by every request.
+/// The configuration in force and what is derived from it; a reload swaps it whole, and readers
+/// never wait for that.
 #[derive(Debug)]
-pub struct Shared {
+pub(crate) struct Live {
     pub(crate) config: Config,
-    pub(crate) tokenizer: ModelTokenizer,
-    pub(crate) model_name: String,
     /// Other names clients may use for the model (`[model] aliases`).
     pub(crate) model_aliases: globset::GlobSet,
     /// The model's context window, in tokens.
     pub(crate) context_length: u32,
+}
+
+impl Live {
+    pub(crate) fn new(config: Config, tokenizer: &ModelTokenizer) -> Result<Live, ConfigError> {
+        Ok(Live {
+            model_aliases: config.model.alias_matcher()?,
+            context_length: config
+                .model
+                .context_length
+                .or(tokenizer.model_max_length())
+                .unwrap_or(DEFAULT_CONTEXT_LENGTH),
+            config,
+        })
+    }
+}
+
+/// State shared by every request.
+#[derive(Debug)]
+pub struct Shared {
+    live: ArcSwap<Live>,
+    pub(crate) tokenizer: ModelTokenizer,
+    pub(crate) model_name: String,
     pub(crate) hasher: BlockHasher,
     pub(crate) workers: Arc<Vec<Upstream>>,
     pub(crate) client: reqwest::Client,
@@ -74,6 +96,16 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// The configuration in force (a reload may replace it between two calls).
+    pub(crate) fn live(&self) -> arc_swap::Guard<Arc<Live>> {
+        self.live.load()
+    }
+
+    /// Put `live` in force.
+    pub(crate) fn replace_live(&self, live: Live) {
+        self.live.store(Arc::new(live));
+    }
+
     pub(crate) fn next_request_id(&self) -> u64 {
         self.next_request.fetch_add(1, Ordering::Relaxed)
     }
@@ -90,15 +122,16 @@ impl Shared {
 
     /// Every rank's load and capacity, as admission policies see them.
     pub(crate) fn utilization(&self) -> Vec<RankUtilization> {
+        let live = self.live();
         let router = self.router();
         router
             .ranks()
             .map(|(rank, healthy)| {
                 let load = router.load(rank);
-                let capacity = self.config.workers[rank.worker.0 as usize]
+                let capacity = live.config.workers[rank.worker.0 as usize]
                     .kv_capacity_tokens
                     .unwrap_or(0);
-                let used = load.decode_blocks * u64::from(self.config.router.block_size);
+                let used = load.decode_blocks * u64::from(live.config.router.block_size);
                 RankUtilization {
                     rank,
                     kv_usage: if capacity == 0 {
@@ -120,7 +153,7 @@ impl Shared {
         self.epoch.elapsed()
     }
 
-    fn router(&self) -> std::sync::MutexGuard<'_, Router> {
+    pub(crate) fn router(&self) -> std::sync::MutexGuard<'_, Router> {
         // The router holds plain data: a panic elsewhere cannot leave it half-updated in a way
         // that matters more than refusing all traffic would.
         self.router.lock().unwrap_or_else(|e| e.into_inner())
@@ -189,7 +222,7 @@ impl Shared {
 #[derive(Debug)]
 pub struct GatewayHandle {
     addr: SocketAddr,
-    model_name: String,
+    shared: Arc<Shared>,
     tasks: TaskTracker,
 }
 
@@ -201,12 +234,22 @@ impl GatewayHandle {
 
     /// The model name clients ask for.
     pub fn model_name(&self) -> &str {
-        &self.model_name
+        &self.shared.model_name
+    }
+
+    /// Put a new configuration in force where it can be without a restart: the file as read
+    /// again, or why it could not be read or validated. One that does not validate changes
+    /// nothing (see [`crate::reload`]); either way the attempt is counted.
+    pub fn reload(
+        &self,
+        config: Result<Config, ConfigError>,
+    ) -> Result<crate::Reloaded, ConfigError> {
+        crate::reload::reload(&self.shared, config)
     }
 
     /// Wait until it has shut down: the shutdown token was cancelled, the requests in flight
     /// finished (or the drain deadline passed), and the background work stopped.
-    pub async fn wait(self) {
+    pub async fn wait(&self) {
         self.tasks.wait().await;
     }
 }
@@ -366,17 +409,11 @@ pub async fn start(
         policies,
         client,
         model_name: model_name.clone(),
-        model_aliases: config.model.alias_matcher()?,
-        context_length: config
-            .model
-            .context_length
-            .or(tokenizer.model_max_length())
-            .unwrap_or(DEFAULT_CONTEXT_LENGTH),
+        live: ArcSwap::from_pointee(Live::new(config, &tokenizer)?),
         tokenizer,
         index,
         epoch: Instant::now(),
         next_request: AtomicU64::new(1),
-        config,
     });
 
     tasks.spawn(expire_sessions(shared.clone(), background.clone()));
@@ -392,18 +429,19 @@ pub async fn start(
         shared.router.clone(),
         shared.client.clone(),
         shared.metrics.clone(),
-        shared.config.server.health_interval,
+        shared.live().config.server.health_interval,
         background.clone(),
     ));
 
-    let addr = shared.config.listen;
+    let addr = shared.live().config.listen;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| StartError::Bind { addr, source })?;
     let addr = listener
         .local_addr()
         .map_err(|source| StartError::Bind { addr, source })?;
-    let drain_timeout = shared.config.server.drain_timeout;
+    let draining = shared.clone();
+    let handle_shared = shared.clone();
     let app = routes(shared);
     tasks.spawn(async move {
         // Token-sized SSE writes must not wait for delayed ACKs (Nagle's algorithm).
@@ -417,13 +455,15 @@ pub async fn start(
             .into_future();
         let deadline = async {
             shutdown.cancelled().await;
+            let drain_timeout = draining.live().config.server.drain_timeout;
             tokio::time::sleep(drain_timeout).await;
+            drain_timeout
         };
         tokio::select! {
             served = served => if let Err(e) = served {
                 tracing::error!(error = %e, "http server stopped");
             },
-            () = deadline => tracing::warn!(
+            drain_timeout = deadline => tracing::warn!(
                 ?drain_timeout,
                 "requests still in flight at the drain deadline were cut"
             ),
@@ -433,7 +473,7 @@ pub async fn start(
     tasks.close();
     Ok(GatewayHandle {
         addr,
-        model_name,
+        shared: handle_shared,
         tasks,
     })
 }
@@ -499,7 +539,8 @@ async fn messages_count_tokens(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let counted = match read_body(body, shared.config.server.max_body_bytes).await {
+    let limit = shared.live().config.server.max_body_bytes;
+    let counted = match read_body(body, limit).await {
         Ok(bytes) => count_tokens(&shared, &bytes).await,
         Err(err) => Err(err),
     };
@@ -541,7 +582,8 @@ async fn tool_events(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let bytes = match read_body(body, shared.config.server.max_body_bytes).await {
+    let limit = shared.live().config.server.max_body_bytes;
+    let bytes = match read_body(body, limit).await {
         Ok(bytes) => bytes,
         Err(err) => return err.into_response(),
     };

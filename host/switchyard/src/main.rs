@@ -2,13 +2,13 @@
 
 mod embedded;
 mod replay;
+mod serve;
 mod simulate;
 mod trace;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
-use switchyard_gateway::config::{Config, RawConfig};
 use switchyard_kv_events::wire::Encoding;
 use switchyard_mock_engine::{AnswerLength, HostTierConfig, MockEngineConfig};
 use switchyard_tokenizer::ModelTokenizer;
@@ -103,7 +103,7 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
     let shutdown = CancellationToken::new();
-    tokio::spawn(stop_on_signals(shutdown.clone()));
+    tokio::spawn(serve::stop_on_signals(shutdown.clone()));
     match Cli::parse().command {
         Command::Simulate(args) => simulate::run(*args),
         Command::Trace(command) => trace::run(command),
@@ -113,7 +113,7 @@ async fn main() -> anyhow::Result<()> {
             host,
             port,
             mock_engines,
-        } => serve(config, host, port, mock_engines, shutdown).await,
+        } => serve::run(config, host, port, mock_engines, shutdown).await,
         Command::MockEngine {
             host,
             port,
@@ -167,75 +167,4 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
-}
-
-/// SIGTERM (Kubernetes, systemd) or Ctrl-C starts a graceful stop; a second one ends the process
-/// at once.
-async fn stop_on_signals(shutdown: CancellationToken) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::warn!("cannot listen for signals; stop the process by killing it");
-        return;
-    };
-    for first in [true, false] {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        if first {
-            tracing::info!("stopping: draining the requests in flight (signal again to quit now)");
-            shutdown.cancel();
-        }
-    }
-    std::process::exit(130);
-}
-
-async fn serve(
-    path: Option<PathBuf>,
-    host: Option<String>,
-    port: Option<u16>,
-    mock_engines: u32,
-    shutdown: CancellationToken,
-) -> anyhow::Result<()> {
-    let mut raw = match &path {
-        Some(path) => RawConfig::from_file(path)?,
-        None => RawConfig::default(),
-    };
-    raw.server.host = host.unwrap_or(raw.server.host);
-    raw.server.port = port.unwrap_or(raw.server.port);
-    let tokenizer = match &raw.model.path {
-        Some(dir) => ModelTokenizer::from_dir(dir)
-            .with_context(|| format!("loading the tokenizer from {}", dir.display()))?,
-        None => ModelTokenizer::embedded_agent_model()?,
-    };
-    let embedded = raw.workers.is_empty();
-    // Embedded engines outlive the gateway's drain: its last requests still run on them.
-    let engines_stop = CancellationToken::new();
-    let _engines = if embedded {
-        let engines = embedded::start(mock_engines, &tokenizer, engines_stop.clone()).await?;
-        raw.workers = engines.iter().map(embedded::worker_config).collect();
-        raw.policies.get_or_insert_with(embedded::policies);
-        embedded::model(&mut raw.model);
-        engines
-    } else {
-        Vec::new()
-    };
-    let config = Config::try_from(raw)?;
-    let gateway = switchyard_gateway::start(config, tokenizer.clone(), shutdown).await?;
-    let addr = gateway.addr();
-    if embedded {
-        println!("switchyard: embedded default, {mock_engines} mock engines behind http://{addr}");
-    } else {
-        println!("switchyard: gateway on http://{addr}");
-    }
-    let model = gateway.model_name();
-    println!(
-        "try:\n  curl http://{addr}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}], \"stream\": true}}'"
-    );
-    gateway.wait().await;
-    engines_stop.cancel();
-    Ok(())
 }

@@ -189,6 +189,18 @@ impl Router {
         self.policy.name()
     }
 
+    /// Take new cost weights, temperature and lifetimes (a configuration reload); bookings, ranks
+    /// and predictions are kept. The block size, the prediction bound and the seed shape state
+    /// already built and stay as they are.
+    pub fn retune(&mut self, config: &RouterConfig) {
+        self.config = RouterConfig {
+            block_size: self.config.block_size,
+            approx_max_blocks: self.config.approx_max_blocks,
+            seed: self.config.seed,
+            ..config.clone()
+        };
+    }
+
     /// Replace the routing policy (bookings and ranks are kept).
     pub fn set_policy(&mut self, policy: Box<dyn RoutingPolicy>) {
         self.policy = policy;

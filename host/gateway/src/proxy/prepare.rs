@@ -142,7 +142,7 @@ fn normalise(shared: &Shared, request: &mut Request) -> Result<(), GatewayError>
         Request::Responses(r) => &mut r.conversation.model,
     };
     if *model != shared.model_name {
-        if !shared.model_aliases.is_match(model.as_str()) {
+        if !shared.live().model_aliases.is_match(model.as_str()) {
             return Err(GatewayError::UnknownModel(model.clone()));
         }
         *model = shared.model_name.clone();
@@ -152,7 +152,7 @@ fn normalise(shared: &Shared, request: &mut Request) -> Result<(), GatewayError>
         Request::Chat(c) => c,
         Request::Responses(r) => &mut r.conversation,
     };
-    conversation.strip_volatile_lines(&shared.config.frontend.volatile_system_lines);
+    conversation.strip_volatile_lines(&shared.live().config.frontend.volatile_system_lines);
     for kind in &conversation.dropped_tools {
         shared
             .metrics
@@ -166,7 +166,7 @@ fn normalise(shared: &Shared, request: &mut Request) -> Result<(), GatewayError>
 /// What is left of the context window after a prompt of `prompt_tokens`; a prompt that fills it
 /// is refused, as an engine would.
 fn room_to_generate(shared: &Shared, prompt_tokens: usize) -> Result<u32, GatewayError> {
-    let context = shared.context_length;
+    let context = shared.live().context_length;
     match u32::try_from(prompt_tokens) {
         Ok(prompt) if prompt < context => Ok(context - prompt),
         _ => Err(GatewayError::Api(

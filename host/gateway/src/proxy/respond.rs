@@ -316,7 +316,7 @@ impl Booking {
         started: Instant,
     ) -> Self {
         let label = worker_label(decision.rank);
-        let bs = u64::from(shared.config.router.block_size);
+        let bs = u64::from(shared.live().config.router.block_size);
         shared.metrics.decisions.get_or_create(&label).inc();
         shared
             .metrics

@@ -58,7 +58,7 @@ impl Speculation {
         };
         let response = upstream
             .request(&shared.client, path, self.rank.dp_rank, body)
-            .timeout(shared.config.server.request_timeout)
+            .timeout(shared.live().config.server.request_timeout)
             .send()
             .await
             .map_err(|e| e.to_string())?;

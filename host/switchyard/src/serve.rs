@@ -1,0 +1,190 @@
+//! `switchyard serve`: the gateway (or the embedded default) for the life of the process: a
+//! graceful stop on SIGTERM or Ctrl-C, and its configuration file reloaded on SIGHUP or when the
+//! file changes.
+
+use crate::embedded;
+use anyhow::Context;
+use notify::RecursiveMode;
+use notify_debouncer_full::new_debouncer;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use switchyard_gateway::GatewayHandle;
+use switchyard_gateway::config::{Config, RawConfig, WorkerConfig};
+use switchyard_tokenizer::ModelTokenizer;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio_util::sync::CancellationToken;
+
+/// How the command line shapes a configuration file: the listener overrides, and the embedded
+/// engines' workers when the file names none.
+struct Overrides {
+    host: Option<String>,
+    port: Option<u16>,
+    embedded_workers: Option<Vec<WorkerConfig>>,
+}
+
+impl Overrides {
+    fn apply(&self, raw: &mut RawConfig) {
+        raw.server.host = self
+            .host
+            .clone()
+            .unwrap_or(std::mem::take(&mut raw.server.host));
+        raw.server.port = self.port.unwrap_or(raw.server.port);
+        if let Some(workers) = &self.embedded_workers
+            && raw.workers.is_empty()
+        {
+            raw.workers.clone_from(workers);
+            raw.policies.get_or_insert_with(embedded::policies);
+            embedded::model(&mut raw.model);
+        }
+    }
+}
+
+pub(crate) async fn run(
+    path: Option<PathBuf>,
+    host: Option<String>,
+    port: Option<u16>,
+    mock_engines: u32,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let mut raw = match &path {
+        Some(path) => RawConfig::from_file(path)?,
+        None => RawConfig::default(),
+    };
+    let tokenizer = match &raw.model.path {
+        Some(dir) => ModelTokenizer::from_dir(dir)
+            .with_context(|| format!("loading the tokenizer from {}", dir.display()))?,
+        None => ModelTokenizer::embedded_agent_model()?,
+    };
+    let embedded = raw.workers.is_empty();
+    // Embedded engines outlive the gateway's drain: its last requests still run on them.
+    let engines_stop = CancellationToken::new();
+    let mut overrides = Overrides {
+        host,
+        port,
+        embedded_workers: None,
+    };
+    let _engines = if embedded {
+        let engines = embedded::start(mock_engines, &tokenizer, engines_stop.clone()).await?;
+        overrides.embedded_workers = Some(engines.iter().map(embedded::worker_config).collect());
+        engines
+    } else {
+        Vec::new()
+    };
+    overrides.apply(&mut raw);
+    let config = Config::try_from(raw)?;
+    let gateway = switchyard_gateway::start(config, tokenizer.clone(), shutdown.clone()).await?;
+    let addr = gateway.addr();
+    if embedded {
+        println!("switchyard: embedded default, {mock_engines} mock engines behind http://{addr}");
+    } else {
+        println!("switchyard: gateway on http://{addr}");
+    }
+    let model = gateway.model_name();
+    println!(
+        "try:\n  curl http://{addr}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}], \"stream\": true}}'"
+    );
+    match &path {
+        Some(path) => {
+            tokio::select! {
+                () = gateway.wait() => {}
+                result = reload_on_change(path, &overrides, &gateway, &shutdown) => {
+                    result?;
+                    gateway.wait().await;
+                }
+            }
+        }
+        None => gateway.wait().await,
+    }
+    engines_stop.cancel();
+    Ok(())
+}
+
+/// Reload `path` into `gateway` on SIGHUP and whenever the file changes, until shutdown.
+async fn reload_on_change(
+    path: &Path,
+    overrides: &Overrides,
+    gateway: &GatewayHandle,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
+    let (tx, mut changed) = tokio::sync::mpsc::unbounded_channel();
+    let name = path.file_name().map(|n| n.to_owned());
+    // Editors save by writing in steps or by renaming a new file over the old one: watch the
+    // directory, debounced, and keep the events that touch this file.
+    let mut watcher = new_debouncer(Duration::from_millis(200), None, {
+        let tx = tx.clone();
+        move |result: notify_debouncer_full::DebounceEventResult| {
+            let ours = result.is_ok_and(|events| {
+                events.iter().any(|e| {
+                    (e.kind.is_create() || e.kind.is_modify())
+                        && e.paths.iter().any(|p| p.file_name() == name.as_deref())
+                })
+            });
+            if ours {
+                let _ = tx.send("file changed");
+            }
+        }
+    })?;
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    watcher
+        .watch(dir, RecursiveMode::NonRecursive)
+        .with_context(|| format!("watching {}", dir.display()))?;
+    let mut hangup = signal(SignalKind::hangup())?;
+    loop {
+        let why = tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            Some(why) = changed.recv() => why,
+            Some(()) = hangup.recv() => "SIGHUP",
+        };
+        let config = RawConfig::from_file(path).and_then(|mut raw| {
+            overrides.apply(&mut raw);
+            Config::try_from(raw)
+        });
+        match gateway.reload(config) {
+            Ok(done) => {
+                tracing::info!(why, applied = ?done.applied, "configuration reloaded");
+                if !done.need_restart.is_empty() {
+                    tracing::warn!(settings = ?done.need_restart, "changed, but in force only after a restart");
+                }
+            }
+            Err(error) => {
+                // One log line: parse errors come as a multi-line snippet of the file.
+                let error = error
+                    .to_string()
+                    .split_whitespace()
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                tracing::error!(
+                    why,
+                    error,
+                    "configuration not reloaded; the one in force stays"
+                );
+            }
+        }
+    }
+}
+
+/// SIGTERM (Kubernetes, systemd) or Ctrl-C starts a graceful stop; a second one ends the process
+/// at once.
+pub(crate) async fn stop_on_signals(shutdown: CancellationToken) {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::warn!("cannot listen for signals; stop the process by killing it");
+        return;
+    };
+    for first in [true, false] {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        if first {
+            tracing::info!("stopping: draining the requests in flight (signal again to quit now)");
+            shutdown.cancel();
+        }
+    }
+    std::process::exit(130);
+}
