@@ -108,15 +108,19 @@ async fn reload_on_change(
 ) -> anyhow::Result<()> {
     let (tx, mut changed) = tokio::sync::mpsc::unbounded_channel();
     let name = path.file_name().map(|n| n.to_owned());
-    // Editors save by writing in steps or by renaming a new file over the old one: watch the
-    // directory, debounced, and keep the events that touch this file.
+    // Editors save by writing in steps or by renaming a new file over the old one, and a
+    // Kubernetes ConfigMap volume swaps its `..data` symlink: watch the directory, debounced,
+    // and keep the events that touch this file or that link.
     let mut watcher = new_debouncer(Duration::from_millis(200), None, {
         let tx = tx.clone();
         move |result: notify_debouncer_full::DebounceEventResult| {
             let ours = result.is_ok_and(|events| {
                 events.iter().any(|e| {
                     (e.kind.is_create() || e.kind.is_modify())
-                        && e.paths.iter().any(|p| p.file_name() == name.as_deref())
+                        && e.paths.iter().any(|p| {
+                            let file = p.file_name();
+                            file == name.as_deref() || file == Some("..data".as_ref())
+                        })
                 })
             });
             if ours {
