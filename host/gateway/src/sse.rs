@@ -128,10 +128,56 @@ fn str_at<'a>(value: &'a Value, pointer: &str) -> &'a str {
         .unwrap_or_default()
 }
 
+/// The largest SSE event an engine may send (a token delta is bytes; a whole tool call's
+/// arguments, kilobytes): bounds what one stream can make the gateway hold.
+pub const MAX_EVENT_BYTES: usize = 4 << 20;
+
+/// An engine sent an event larger than [`MAX_EVENT_BYTES`] (or one that never ends).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the engine sent a server-sent event over {MAX_EVENT_BYTES} bytes")]
+pub struct EventTooLarge;
+
+/// Cuts a byte stream at event boundaries (a blank line), scanning each byte once.
+#[derive(Debug, Default)]
+struct Events {
+    pending: BytesMut,
+    /// How far `pending` is known to hold no boundary.
+    scanned: usize,
+}
+
+impl Events {
+    fn push(&mut self, chunk: &[u8]) {
+        self.pending.extend_from_slice(chunk);
+    }
+
+    /// The next complete event, with its terminator.
+    fn next(&mut self) -> Result<Option<BytesMut>, EventTooLarge> {
+        // A boundary may straddle the previous chunk's end: look back up to 3 bytes.
+        let from = self.scanned.saturating_sub(3);
+        match event_end(&self.pending[from..]) {
+            Some(end) => {
+                self.scanned = 0;
+                Ok(Some(self.pending.split_to(from + end)))
+            }
+            None if self.pending.len() > MAX_EVENT_BYTES => Err(EventTooLarge),
+            None => {
+                self.scanned = self.pending.len();
+                Ok(None)
+            }
+        }
+    }
+
+    /// Whatever is left: an unterminated last event.
+    fn rest(&mut self) -> BytesMut {
+        self.scanned = 0;
+        self.pending.split()
+    }
+}
+
 /// Splits a byte stream into SSE events and inspects each one.
 #[derive(Debug, Default)]
 pub struct SseTap {
-    pending: BytesMut,
+    events: Events,
     hide_usage_chunk: bool,
     usage: Option<Usage>,
     capture_text: bool,
@@ -171,14 +217,20 @@ impl SseTap {
         std::mem::take(&mut self.finish)
     }
 
-    /// Feed bytes from the engine; returns the complete events to forward.
+    /// Feed bytes from the engine; returns the complete events to forward. An event too large
+    /// to hold is forwarded uninspected as far as it has come.
     pub fn feed(&mut self, chunk: &[u8]) -> Bytes {
-        self.pending.extend_from_slice(chunk);
+        self.events.push(chunk);
         let mut out = BytesMut::new();
-        while let Some(end) = event_end(&self.pending) {
-            let event = self.pending.split_to(end);
-            if self.inspect(&event) {
-                out.extend_from_slice(&event);
+        loop {
+            match self.events.next() {
+                Ok(Some(event)) => {
+                    if self.inspect(&event) {
+                        out.extend_from_slice(&event);
+                    }
+                }
+                Ok(None) => break,
+                Err(EventTooLarge) => out.extend_from_slice(&self.events.rest()),
             }
         }
         out.freeze()
@@ -186,7 +238,7 @@ impl SseTap {
 
     /// The stream ended: whatever is left (an unterminated last event) is forwarded as is.
     pub fn finish(&mut self) -> Bytes {
-        let rest = self.pending.split();
+        let rest = self.events.rest();
         if self.inspect(&rest) {
             rest.freeze()
         } else {
@@ -229,25 +281,23 @@ impl SseTap {
 /// Splits an engine's byte stream into the `data` of its server-sent events.
 #[derive(Debug, Default)]
 pub struct SseReader {
-    pending: BytesMut,
+    events: Events,
 }
 
 impl SseReader {
     /// Feed bytes; returns the `data` of every event they complete, in order.
-    pub fn push(&mut self, chunk: &[u8]) -> Vec<String> {
-        self.pending.extend_from_slice(chunk);
+    pub fn push(&mut self, chunk: &[u8]) -> Result<Vec<String>, EventTooLarge> {
+        self.events.push(chunk);
         let mut out = Vec::new();
-        while let Some(end) = event_end(&self.pending) {
-            let event = self.pending.split_to(end);
+        while let Some(event) = self.events.next()? {
             out.extend(event_data(&event));
         }
-        out
+        Ok(out)
     }
 
     /// The stream ended: the data of an unterminated last event, if any.
     pub fn finish(&mut self) -> Option<String> {
-        let rest = self.pending.split();
-        event_data(&rest)
+        event_data(&self.events.rest())
     }
 }
 
@@ -298,7 +348,7 @@ mod tests {
             let mut reader = SseReader::default();
             let mut data = Vec::new();
             for piece in STREAM.as_bytes().chunks(split) {
-                data.extend(reader.push(piece));
+                data.extend(reader.push(piece).unwrap());
             }
             data.extend(reader.finish());
             assert_eq!(data.len(), 3, "split {split}");
@@ -307,10 +357,40 @@ mod tests {
         }
         let mut reader = SseReader::default();
         assert_eq!(
-            reader.push(b": keep-alive\n\nevent: x\ndata: a\ndata: b\n\ndata: tail"),
+            reader
+                .push(b": keep-alive\n\nevent: x\ndata: a\ndata: b\n\ndata: tail")
+                .unwrap(),
             ["a\nb"]
         );
         assert_eq!(reader.finish().as_deref(), Some("tail"));
+    }
+
+    /// An engine that never ends its event cannot make the gateway hold more than the bound:
+    /// the reader gives up, the tap passes the bytes on.
+    #[test]
+    fn an_event_that_never_ends_is_bounded() {
+        let line = vec![b'x'; 64 << 10];
+        let mut reader = SseReader::default();
+        let mut tap = SseTap::new(false);
+        let mut forwarded = 0;
+        let mut failed = false;
+        reader.push(b"data: ").unwrap();
+        for _ in 0..(MAX_EVENT_BYTES / line.len() + 2) {
+            failed |= reader.push(&line) == Err(EventTooLarge);
+            forwarded += tap.feed(&line).len();
+        }
+        assert!(failed, "the reader held the whole event");
+        assert!(
+            forwarded >= MAX_EVENT_BYTES,
+            "the tap held {forwarded} back"
+        );
+        // Ordinary events around a boundary split one byte at a time still come out.
+        let mut reader = SseReader::default();
+        let mut data = Vec::new();
+        for byte in b"data: a\r\n\r\ndata: b\n\n" {
+            data.extend(reader.push(&[*byte]).unwrap());
+        }
+        assert_eq!(data, ["a", "b"]);
     }
 
     #[test]

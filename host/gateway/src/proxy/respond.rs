@@ -122,7 +122,14 @@ impl Answer {
     async fn next_events(&mut self) -> Option<Result<Vec<ReplyEvent>, GatewayError>> {
         while !self.ended {
             let data = match self.chunks.next().await {
-                Some(Ok(chunk)) => self.reader.push(&chunk),
+                Some(Ok(chunk)) => match self.reader.push(&chunk) {
+                    Ok(data) => data,
+                    Err(e) => {
+                        self.ended = true;
+                        self.booking.status = StatusCode::BAD_GATEWAY.as_u16();
+                        return Some(Err(GatewayError::Upstream(e.to_string())));
+                    }
+                },
                 Some(Err(e)) => {
                     self.ended = true;
                     self.booking.status = StatusCode::BAD_GATEWAY.as_u16();
