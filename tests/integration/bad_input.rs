@@ -205,3 +205,63 @@ async fn a_client_that_disconnects_cancels_the_engine_request() {
         "the engine kept generating for a client that left"
     );
 }
+
+/// Beyond `[server] max_concurrent_requests`, a 503 with `Retry-After` in the client API's own
+/// shape; a stream holds its place until it ends, then the next request gets in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beyond_the_concurrency_limit_requests_are_shed_until_a_stream_ends() {
+    let engine = MockEngine::start(1.0, 4096);
+    let config = format!(
+        "[server]\nmax_concurrent_requests = 2\n{}",
+        Gateway::config_for(&[&engine], "kv-cost")
+    );
+    let gateway = Gateway::start(&config);
+    let url = gateway.url.clone();
+    let stream = json!({"model": MODEL, "max_tokens": 40, "stream": true,
+        "messages": [{"role": "user", "content": "Tell me a story."}]});
+    // Two streams in flight: their headers are back, their bodies still coming.
+    let mut open = Vec::new();
+    for _ in 0..2 {
+        let r = client()
+            .post(format!("{url}/v1/chat/completions"))
+            .json(&stream)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        open.push(r);
+    }
+    let (status, body, headers) = post_raw(&url, chat("One more?").to_string()).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(headers["retry-after"], "1");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("limit of 2"),
+        "{body}"
+    );
+    // Anthropic's API answers in its own shape.
+    let r = client()
+        .post(format!("{url}/v1/messages"))
+        .json(&json!({"model": MODEL, "max_tokens": 4,
+            "messages": [{"role": "user", "content": "Hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["type"], "error", "{body}");
+    assert_eq!(body["error"]["type"], "overloaded_error", "{body}");
+    // The streams end; their places free up.
+    for r in open {
+        assert!(r.text().await.unwrap().contains("[DONE]"));
+    }
+    let (status, body, _) = post_raw(&url, chat("Now?").to_string()).await;
+    assert_eq!(status, 200, "{body}");
+    let metrics = get_text(&format!("{url}/metrics")).await;
+    assert!(
+        metrics.contains("switchyard_rejected_total{reason=\"overloaded\"} 2"),
+        "{metrics}"
+    );
+}

@@ -63,6 +63,10 @@ pub struct ServerConfig {
     /// How often each worker's `/health` is probed. Default: 2 s.
     #[serde(with = "humantime_serde")]
     pub health_interval: Duration,
+    /// Requests (streams included) the gateway holds at once; beyond it, a 503 with
+    /// `Retry-After` in the client API's shape. Bounds memory and file descriptors under a
+    /// flood. Default: 10,000.
+    pub max_concurrent_requests: usize,
     /// On shutdown (SIGTERM, Ctrl-C), how long requests in flight may take to finish after the
     /// listener closes; what is left then is cut. Default: 30 s (Kubernetes' default grace).
     #[serde(with = "humantime_serde")]
@@ -79,6 +83,7 @@ impl Default for ServerConfig {
             connect_timeout: Duration::from_secs(5),
             health_interval: Duration::from_secs(2),
             drain_timeout: Duration::from_secs(30),
+            max_concurrent_requests: 10_000,
         }
     }
 }
@@ -563,8 +568,10 @@ impl TryFrom<RawConfig> for Config {
         if !(raw.router.temperature >= 0.0 && raw.router.temperature.is_finite()) {
             return invalid("router.temperature must be >= 0".into());
         }
-        if raw.server.max_body_bytes == 0 {
-            return invalid("server.max_body_bytes must be positive".into());
+        if raw.server.max_body_bytes == 0 || raw.server.max_concurrent_requests == 0 {
+            return invalid(
+                "server.max_body_bytes and server.max_concurrent_requests must be positive".into(),
+            );
         }
         if let Some(trace) = &raw.trace
             && (trace.segment_bytes == 0 || trace.buffer == 0)

@@ -30,6 +30,13 @@ pub enum GatewayError {
     /// No worker can take the request now.
     #[error("no healthy worker available")]
     NoHealthyWorker,
+    /// The gateway holds as many requests as it is configured to (`[server]
+    /// max_concurrent_requests`).
+    #[error("the gateway is at its limit of {limit} requests in flight; retry shortly")]
+    Overloaded {
+        /// The limit.
+        limit: usize,
+    },
     /// The routing policy refused the request, or the router queue is full.
     #[error("{0}")]
     Rejected(String),
@@ -55,6 +62,9 @@ pub enum GatewayError {
     /// The admin API was called without the right bearer token.
     #[error("missing or invalid admin token")]
     Unauthorized,
+    /// The admin token is valid but its role may not do this (a `read` token on a change).
+    #[error("{0}")]
+    Forbidden(String),
     /// A bug or an impossible state; logged.
     #[error("internal error: {0}")]
     Internal(String),
@@ -68,8 +78,9 @@ impl GatewayError {
             Self::Api(e) => StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST),
             Self::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnknownModel(_) | Self::NoSuchEndpoint(_) => StatusCode::NOT_FOUND,
-            Self::NoHealthyWorker => StatusCode::SERVICE_UNAVAILABLE,
+            Self::NoHealthyWorker | Self::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::Forbidden(_) => StatusCode::FORBIDDEN,
             Self::Rejected(_) | Self::Busy { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::Upstream(_) => StatusCode::BAD_GATEWAY,
             Self::Engine { status, .. } => *status,
@@ -87,7 +98,9 @@ impl GatewayError {
             Self::UnknownModel(_) => "unknown_model",
             Self::NoSuchEndpoint(_) => "no_such_endpoint",
             Self::NoHealthyWorker => "no_healthy_worker",
+            Self::Overloaded { .. } => "overloaded",
             Self::Unauthorized => "unauthorized",
+            Self::Forbidden(_) => "forbidden",
             Self::Rejected(_) => "rejected",
             Self::Busy { .. } => "busy",
             Self::Upstream(_) => "upstream",
@@ -100,10 +113,12 @@ impl GatewayError {
     fn kind(&self) -> ErrorKind {
         match self {
             Self::Api(e) => e.kind,
-            Self::BadRequest(_) | Self::Unauthorized => ErrorKind::InvalidRequest,
+            Self::BadRequest(_) | Self::Unauthorized | Self::Forbidden(_) => {
+                ErrorKind::InvalidRequest
+            }
             Self::TooLarge { .. } => ErrorKind::RequestTooLarge,
             Self::UnknownModel(_) | Self::NoSuchEndpoint(_) => ErrorKind::NotFound,
-            Self::NoHealthyWorker => ErrorKind::Overloaded,
+            Self::NoHealthyWorker | Self::Overloaded { .. } => ErrorKind::Overloaded,
             Self::Rejected(_) | Self::Busy { .. } => ErrorKind::RateLimited,
             Self::Upstream(_) => ErrorKind::Upstream,
             // The engine's own verdict: a 4xx is the request's fault, not the server's.
@@ -135,6 +150,8 @@ impl GatewayError {
             param: None,
             code: match self {
                 Self::UnknownModel(_) => Some("model_not_found".into()),
+                Self::Unauthorized => Some("invalid_api_key".into()),
+                Self::Forbidden(_) => Some("insufficient_permissions".into()),
                 _ => None,
             },
         }
@@ -145,7 +162,7 @@ impl GatewayError {
         let status = self.status();
         let body = api.error_body(&self.to_api_error());
         let retry_after = match &self {
-            Self::NoHealthyWorker | Self::Rejected(_) => Some(1),
+            Self::NoHealthyWorker | Self::Overloaded { .. } | Self::Rejected(_) => Some(1),
             Self::Busy { retry_after } => Some(retry_after.as_secs().max(1)),
             _ => None,
         };

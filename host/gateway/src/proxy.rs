@@ -15,6 +15,7 @@ use axum::body::Body;
 use axum::http::HeaderMap;
 use axum::response::Response;
 use bytes::Bytes;
+use http_body_util::BodyExt;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 use switchyard_core::admission::AdmissionRequest;
@@ -54,7 +55,29 @@ pub async fn handle(shared: Arc<Shared>, api: Api, headers: &HeaderMap, body: Bo
         .get("x-switchyard-do-not-queue")
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
-    match proxy(&shared, api, body, (agent, do_not_queue), received).await {
+    // Held until the response body is done (a stream's end), so it bounds streams too.
+    let admitted =
+        shared
+            .in_flight
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| GatewayError::Overloaded {
+                limit: shared.live().config.server.max_concurrent_requests,
+            });
+    let result = match admitted {
+        Ok(permit) => proxy(&shared, api, body, (agent, do_not_queue), received)
+            .await
+            .map(|response| {
+                response.map(|body| {
+                    Body::new(body.map_frame(move |frame| {
+                        let _held = &permit;
+                        frame
+                    }))
+                })
+            }),
+        Err(overloaded) => Err(overloaded),
+    };
+    match result {
         Ok(response) => response,
         Err(err) => {
             shared.metrics.reject(err.reason());

@@ -135,6 +135,12 @@ fn apply(shared: &Shared, new: Config) -> Result<Reloaded, ConfigError> {
         &new.server.health_interval,
         pending,
     );
+    differs(
+        "server.max_concurrent_requests",
+        &old.server.max_concurrent_requests,
+        &new.server.max_concurrent_requests,
+        pending,
+    );
     differs("model.name", &old.model.name, &new.model.name, pending);
     differs("model.path", &old.model.path, &new.model.path, pending);
     let same_block = (

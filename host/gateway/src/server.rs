@@ -82,6 +82,8 @@ pub struct Shared {
     pub(crate) admission: Admission,
     /// Requests waiting for a worker with room.
     pub(crate) queue: Queue,
+    /// One permit per request the gateway may hold (`[server] max_concurrent_requests`).
+    pub(crate) in_flight: Arc<tokio::sync::Semaphore>,
     /// Each live session's last prompt, so its next turn tokenizes only what it added.
     pub(crate) sessions: SessionCache,
     /// Responses API answers kept for `previous_response_id`.
@@ -386,6 +388,9 @@ pub async fn start(
         hasher: BlockHasher::new(config.router.block_size as usize),
         workers: Arc::new(workers),
         queue: Queue::new(config.queue.core()?),
+        in_flight: Arc::new(tokio::sync::Semaphore::new(
+            config.server.max_concurrent_requests,
+        )),
         admission: Admission::new(
             config.admission.controller(),
             // A Wasm or native policy named in `[policies] admission` (hot-swapped by the
