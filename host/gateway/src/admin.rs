@@ -1,11 +1,15 @@
 //! The policy admin API: list, load and unload routing policies at runtime.
 //!
-//! Every call needs `Authorization: Bearer <policies.admin_token>`; without a configured token
-//! the API refuses all calls. Loads compile and canary the component on a blocking thread, off
-//! the request path; a failed load leaves the running policy in place and says why.
+//! Every call needs `Authorization: Bearer <token>` with one of the tokens of `[policies]`:
+//! a `read` token (`admin_tokens`, `role = "read"`) may list, a `write` token (`role =
+//! "write"`, or the older `admin_token`) may also load, unload and roll back. A missing or
+//! unknown token is a 401, a read token on a change a 403, both in OpenAI's error shape; without
+//! any configured token the API refuses all calls. Loads compile and canary the component on a
+//! blocking thread, off the request path; a failed load leaves the running policy in place and
+//! says why.
 
 use crate::error::GatewayError;
-use crate::policies::PolicyRuntime;
+use crate::policies::{AdminRole, AdminTokens, PolicyRuntime};
 use crate::server::Shared;
 use axum::Router as HttpRouter;
 use axum::extract::State;
@@ -58,32 +62,42 @@ struct RollbackRequest {
     role: Role,
 }
 
-/// The registry, once the caller has shown the admin token.
+/// The registry, once the caller has shown a token whose role may do `needed` (`what` names
+/// the endpoint in a 403).
 fn authorized<'a>(
     shared: &'a Shared,
     headers: &HeaderMap,
+    needed: AdminRole,
+    what: &str,
 ) -> Result<&'a Arc<PolicyRegistry>, GatewayError> {
     let runtime: &PolicyRuntime = shared.policies.as_ref().ok_or_else(|| {
         GatewayError::NoSuchEndpoint("/admin/policies (no [policies] section)".into())
     })?;
-    let expected = runtime
-        .admin_token
-        .as_deref()
-        .ok_or(GatewayError::Unauthorized)?;
+    check(&runtime.admin_tokens, headers, needed, what)?;
+    Ok(&runtime.registry)
+}
+
+/// 401 without a known bearer token, 403 when its role is below `needed`.
+fn check(
+    tokens: &AdminTokens,
+    headers: &HeaderMap,
+    needed: AdminRole,
+    what: &str,
+) -> Result<(), GatewayError> {
     let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .ok_or(GatewayError::Unauthorized)?;
-    if !constant_time_eq(given.as_bytes(), expected.as_bytes()) {
-        return Err(GatewayError::Unauthorized);
+    match tokens.role_of(given.as_bytes()) {
+        None => Err(GatewayError::Unauthorized),
+        Some(role) if role < needed => Err(GatewayError::Forbidden(format!(
+            "{what} needs an admin token with role `{}`; this one has `{}`",
+            needed.as_str(),
+            role.as_str()
+        ))),
+        Some(_) => Ok(()),
     }
-    Ok(&runtime.registry)
-}
-
-/// Compare without an early exit, so response time does not reveal the matching prefix.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, GatewayError> {
@@ -91,7 +105,7 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, GatewayError>
 }
 
 async fn list(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
-    match authorized(&shared, &headers) {
+    match authorized(&shared, &headers, AdminRole::Read, "GET /admin/policies") {
         Ok(registry) => {
             axum::Json(serde_json::json!({ "policies": registry.list() })).into_response()
         }
@@ -115,7 +129,13 @@ async fn load(
     body: axum::body::Bytes,
 ) -> Response {
     let result = async {
-        let registry = authorized(&shared, &headers)?.clone();
+        let registry = authorized(
+            &shared,
+            &headers,
+            AdminRole::Write,
+            "POST /admin/policies/load",
+        )?
+        .clone();
         let request: LoadRequest = parse(&body)?;
         blocking(registry, move |registry| {
             registry
@@ -136,7 +156,13 @@ async fn unload(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    let result = authorized(&shared, &headers).and_then(|registry| {
+    let result = authorized(
+        &shared,
+        &headers,
+        AdminRole::Write,
+        "POST /admin/policies/unload",
+    )
+    .and_then(|registry| {
         let request: UnloadRequest = parse(&body)?;
         let role = registry
             .unload(&request.name)
@@ -154,7 +180,13 @@ async fn rollback(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    let result = authorized(&shared, &headers).and_then(|registry| {
+    let result = authorized(
+        &shared,
+        &headers,
+        AdminRole::Write,
+        "POST /admin/policies/rollback",
+    )
+    .and_then(|registry| {
         let request: RollbackRequest = parse(&body)?;
         registry
             .rollback(request.role)
@@ -163,5 +195,95 @@ async fn rollback(
     match result {
         Ok(info) => axum::Json(info).into_response(),
         Err(e) => e.into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::{HeaderValue, StatusCode};
+
+    fn bearer(token: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        let value = HeaderValue::from_str(&format!("Bearer {token}")).unwrap();
+        headers.insert(header::AUTHORIZATION, value);
+        headers
+    }
+
+    fn tokens() -> AdminTokens {
+        AdminTokens::new(&[(AdminRole::Read, "reader"), (AdminRole::Write, "writer")])
+    }
+
+    async fn body(error: GatewayError) -> (StatusCode, serde_json::Value) {
+        let response = error.into_response();
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (status, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    #[test]
+    fn a_read_token_lists_and_a_write_token_does_everything() {
+        let tokens = tokens();
+        for (token, needed, ok) in [
+            ("reader", AdminRole::Read, true),
+            ("reader", AdminRole::Write, false),
+            ("writer", AdminRole::Read, true),
+            ("writer", AdminRole::Write, true),
+        ] {
+            let result = check(&tokens, &bearer(token), needed, "x");
+            assert_eq!(result.is_ok(), ok, "{token} {needed:?}: {result:?}");
+        }
+        let err = check(&tokens, &bearer("reader"), AdminRole::Write, "POST /x").unwrap_err();
+        assert!(matches!(&err, GatewayError::Forbidden(m) if m.contains("POST /x")));
+    }
+
+    #[test]
+    fn missing_wrong_or_near_tokens_are_unauthorized() {
+        let tokens = tokens();
+        let unauthorized = |headers: &HeaderMap| {
+            matches!(
+                check(&tokens, headers, AdminRole::Read, "x"),
+                Err(GatewayError::Unauthorized)
+            )
+        };
+        assert!(unauthorized(&HeaderMap::new()));
+        for token in ["", "reade", "readers", "Reader", "writer ", "nope"] {
+            assert!(unauthorized(&bearer(token)), "{token:?}");
+        }
+        let mut basic = HeaderMap::new();
+        basic.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Basic reader"),
+        );
+        assert!(unauthorized(&basic));
+        // No token configured: nothing gets in.
+        let none = AdminTokens::default();
+        assert!(matches!(
+            check(&none, &bearer("writer"), AdminRole::Read, "x"),
+            Err(GatewayError::Unauthorized)
+        ));
+    }
+
+    #[tokio::test]
+    async fn both_refusals_have_the_openai_error_shape() {
+        let (status, json) = body(GatewayError::Unauthorized).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        assert_eq!(json["error"]["type"], "invalid_request_error");
+        assert_eq!(json["error"]["code"], "invalid_api_key");
+        let tokens = tokens();
+        let forbidden = check(
+            &tokens,
+            &bearer("reader"),
+            AdminRole::Write,
+            "POST /admin/policies/load",
+        );
+        let (status, json) = body(forbidden.unwrap_err()).await;
+        assert_eq!(status, StatusCode::FORBIDDEN);
+        assert_eq!(json["error"]["type"], "invalid_request_error");
+        assert_eq!(json["error"]["code"], "insufficient_permissions");
+        let message = json["error"]["message"].as_str().unwrap();
+        assert!(message.contains("role `write`"), "{message}");
     }
 }

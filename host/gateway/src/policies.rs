@@ -40,8 +40,15 @@ pub struct PoliciesConfig {
     /// The KV-hint policy (world `kv-hints`), in the same forms as `admission`. Default: native
     /// `no-hints`.
     pub kv_hints: Option<String>,
-    /// Bearer token of the `/admin/policies` API; absent: the API refuses every call.
+    /// Bearer token of the `/admin/policies` API with full access (as a `write` entry of
+    /// `admin_tokens`); kept for older configurations. Without it and without `admin_tokens`
+    /// the API refuses every call.
     pub admin_token: Option<String>,
+    /// Bearer tokens of the `/admin/policies` API, each with a role: `read` (the listing) or
+    /// `write` (listing, load, unload, rollback). Each gives its secret in exactly one of
+    /// `token`, `token_env` (an environment variable) or `token_file` (a file, trailing
+    /// whitespace trimmed), so the secret need not sit in the configuration.
+    pub admin_tokens: Vec<AdminTokenConfig>,
     /// How long the directory must be quiet before a change is reloaded. Default: 250 ms.
     #[serde(with = "humantime_serde")]
     pub debounce: Duration,
@@ -62,6 +69,143 @@ pub struct PoliciesConfig {
     /// Per-model policies, overriding the ones above for that model: a routing policy name, or
     /// a table `{ router = "...", admission = "...", kv_hints = "..." }`.
     pub models: BTreeMap<String, ModelPolicies>,
+}
+
+/// What an admin token may do. `write` includes `read`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AdminRole {
+    /// `GET /admin/policies`.
+    Read,
+    /// Everything: also load, unload and rollback.
+    Write,
+}
+
+impl AdminRole {
+    /// The role's name in the configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Read => "read",
+            Self::Write => "write",
+        }
+    }
+}
+
+/// One `[[policies.admin_tokens]]` entry: a role and where its secret comes from.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminTokenConfig {
+    /// What the token may do.
+    pub role: AdminRole,
+    /// The token itself.
+    pub token: Option<String>,
+    /// An environment variable holding the token.
+    pub token_env: Option<String>,
+    /// A file holding the token (trailing whitespace and newline trimmed), e.g. a mounted
+    /// Kubernetes Secret.
+    pub token_file: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for AdminTokenConfig {
+    /// Never the secret itself: configurations are logged.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminTokenConfig")
+            .field("role", &self.role)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("token_env", &self.token_env)
+            .field("token_file", &self.token_file)
+            .finish()
+    }
+}
+
+impl AdminTokenConfig {
+    /// Exactly one source of the secret (`field` names the entry in errors).
+    fn validate(&self, field: &str) -> Result<(), ConfigError> {
+        let sources = [
+            self.token.is_some(),
+            self.token_env.is_some(),
+            self.token_file.is_some(),
+        ];
+        match sources.iter().filter(|s| **s).count() {
+            1 => Ok(()),
+            n => Err(ConfigError::Invalid(format!(
+                "{field}: give exactly one of token, token_env, token_file (found {n})"
+            ))),
+        }
+    }
+
+    /// The secret, read from wherever it is; an empty one is an error.
+    fn resolve(&self, field: &str) -> Result<String, ConfigError> {
+        self.validate(field)?;
+        let secret = if let Some(token) = &self.token {
+            token.clone()
+        } else if let Some(var) = &self.token_env {
+            std::env::var(var)
+                .map_err(|e| ConfigError::Invalid(format!("{field}.token_env: ${var}: {e}")))?
+        } else if let Some(path) = &self.token_file {
+            std::fs::read_to_string(path).map_err(|e| {
+                ConfigError::Invalid(format!("{field}.token_file: {}: {e}", path.display()))
+            })?
+        } else {
+            unreachable!("validate checked for exactly one source")
+        };
+        let secret = secret.trim_end().to_string();
+        if secret.trim().is_empty() {
+            return Err(ConfigError::Invalid(format!("{field}: the token is empty")));
+        }
+        Ok(secret)
+    }
+}
+
+/// The admin API's tokens, resolved at start; compared in constant time.
+#[derive(Clone, Default)]
+pub(crate) struct AdminTokens(Vec<(AdminRole, String)>);
+
+impl std::fmt::Debug for AdminTokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.0.iter().map(|(role, _)| role))
+            .finish()
+    }
+}
+
+impl AdminTokens {
+    /// `admin_token` (full access) and every `admin_tokens` entry.
+    pub(crate) fn from_config(config: &PoliciesConfig) -> Result<Self, ConfigError> {
+        let mut tokens = Vec::new();
+        if let Some(token) = &config.admin_token {
+            if token.trim().is_empty() {
+                return Err(ConfigError::Invalid(
+                    "policies.admin_token is empty: give a token or leave it out".into(),
+                ));
+            }
+            tokens.push((AdminRole::Write, token.clone()));
+        }
+        for (i, entry) in config.admin_tokens.iter().enumerate() {
+            let field = format!("policies.admin_tokens[{i}]");
+            tokens.push((entry.role, entry.resolve(&field)?));
+        }
+        Ok(Self(tokens))
+    }
+
+    /// A test's tokens.
+    #[cfg(test)]
+    pub(crate) fn new(tokens: &[(AdminRole, &str)]) -> Self {
+        Self(tokens.iter().map(|(r, t)| (*r, (*t).to_string())).collect())
+    }
+
+    /// The role `given` carries, if it is one of the tokens. Every token is compared, each in
+    /// constant time, so the time taken reveals neither which one matched nor how much of one.
+    pub(crate) fn role_of(&self, given: &[u8]) -> Option<AdminRole> {
+        use subtle::ConstantTimeEq;
+        let mut granted = None;
+        for (role, token) in &self.0 {
+            if bool::from(given.ct_eq(token.as_bytes())) {
+                granted = granted.max(Some(*role));
+            }
+        }
+        granted
+    }
 }
 
 /// The policies of one model (`[policies.models]`).
@@ -121,6 +265,7 @@ impl Default for PoliciesConfig {
             admission: None,
             kv_hints: None,
             admin_token: None,
+            admin_tokens: Vec::new(),
             debounce: Duration::from_millis(250),
             deadline: engine.deadline,
             startup_deadline: engine.startup_deadline,
@@ -161,6 +306,9 @@ impl PoliciesConfig {
                 )));
             }
         }
+        for (i, entry) in self.admin_tokens.iter().enumerate() {
+            entry.validate(&format!("policies.admin_tokens[{i}]"))?;
+        }
         for (model, policies) in &self.models {
             let table = policies.table();
             for (field, name) in [
@@ -183,7 +331,8 @@ impl PoliciesConfig {
 #[derive(Debug)]
 pub(crate) struct PolicyRuntime {
     pub(crate) registry: Arc<PolicyRegistry>,
-    pub(crate) admin_token: Option<String>,
+    /// The admin API's tokens (none: it refuses every call).
+    pub(crate) admin_tokens: AdminTokens,
     /// What `[policies]` names for the served model (`None`: nothing, so the native default or
     /// the caller's own native policy).
     pub(crate) selected: SelectedPolicies,
@@ -204,6 +353,7 @@ impl PolicyRuntime {
             ConfigError::Invalid(format!("policies.{what}: {e}"))
         };
         config.validate()?;
+        let admin_tokens = AdminTokens::from_config(config)?;
         let engine = PolicyEngine::new(EngineConfig {
             deadline: config.deadline,
             startup_deadline: config.startup_deadline,
@@ -252,7 +402,7 @@ impl PolicyRuntime {
         };
         Ok(Self {
             registry,
-            admin_token: config.admin_token.clone(),
+            admin_tokens,
             selected,
             _watcher: watcher,
         })
@@ -438,6 +588,79 @@ mod tests {
             PoliciesConfig::default().for_model("m"),
             SelectedPolicies::default()
         );
+    }
+
+    #[test]
+    fn admin_tokens_come_from_the_config_a_variable_or_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "from-file\n").unwrap();
+        // Never set (set_var is unsafe in a threaded test): a missing variable names the entry.
+        let var = "SWITCHYARD_TEST_ADMIN_TOKEN_ENV_ONLY_HERE";
+        let config = parse(&format!(
+            r#"
+            admin_token = "legacy"
+            [[admin_tokens]]
+            role = "read"
+            token = "inline"
+            [[admin_tokens]]
+            role = "write"
+            token_file = {file:?}
+            [[admin_tokens]]
+            role = "read"
+            token_env = "{var}"
+            "#
+        ));
+        let err = AdminTokens::from_config(&config).unwrap_err().to_string();
+        assert!(err.contains("policies.admin_tokens[2].token_env"), "{err}");
+        let config = PoliciesConfig {
+            admin_tokens: config.admin_tokens[..2].to_vec(),
+            ..config
+        };
+        let tokens = AdminTokens::from_config(&config).unwrap();
+        assert_eq!(tokens.role_of(b"legacy"), Some(AdminRole::Write));
+        assert_eq!(tokens.role_of(b"inline"), Some(AdminRole::Read));
+        assert_eq!(tokens.role_of(b"from-file"), Some(AdminRole::Write));
+        assert_eq!(tokens.role_of(b"from-file\n"), None);
+        assert_eq!(tokens.role_of(b""), None);
+        // The secrets stay out of logs.
+        let logged = format!("{config:?} {tokens:?}");
+        assert!(
+            !logged.contains("inline") && !logged.contains("from-file\""),
+            "{logged}"
+        );
+        assert!(!format!("{tokens:?}").contains("legacy"));
+    }
+
+    #[test]
+    fn admin_token_mistakes_name_the_entry() {
+        for (text, needle) in [
+            (
+                "[[admin_tokens]]\nrole = \"read\"",
+                "policies.admin_tokens[0]: give exactly one of token, token_env, token_file (found 0)",
+            ),
+            (
+                "[[admin_tokens]]\nrole = \"write\"\ntoken = \"a\"\ntoken_env = \"B\"",
+                "(found 2)",
+            ),
+        ] {
+            let err = parse(text).validate().unwrap_err().to_string();
+            assert!(err.contains(needle), "{text}: {err}");
+        }
+        assert!(
+            toml::from_str::<PoliciesConfig>("[[admin_tokens]]\nrole = \"admin\"\ntoken = \"a\"")
+                .is_err()
+        );
+        for text in [
+            "admin_token = \" \"",
+            "[[admin_tokens]]\nrole = \"read\"\ntoken = \"\"",
+            "[[admin_tokens]]\nrole = \"read\"\ntoken_file = \"/no/such/token\"",
+        ] {
+            let err = PolicyRuntime::start(&parse(text), "kv-cost", "m")
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("policies.admin_token"), "{text}: {err}");
+        }
     }
 
     #[test]

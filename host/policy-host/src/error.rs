@@ -28,6 +28,10 @@ pub enum PolicyError {
     /// The file could not be read.
     #[error("cannot read: {0}")]
     Io(String),
+    /// The file, or its directory, could be written by someone other than the gateway's user
+    /// (or root): the message names it and the `chmod`/`chown` that fixes it.
+    #[error("refused: {0}")]
+    Untrusted(String),
     /// The guest trapped (panic, `unreachable`, stack overflow, ...).
     #[error("trap: {0}")]
     Trap(String),
@@ -56,6 +60,7 @@ impl PolicyError {
             Self::IncompatibleVersion(_) => "incompatible_version",
             Self::Canary(_) => "canary",
             Self::Io(_) => "io",
+            Self::Untrusted(_) => "untrusted",
             Self::Trap(_) => "trap",
             Self::Deadline => "deadline",
             Self::OutOfMemory { .. } => "out_of_memory",

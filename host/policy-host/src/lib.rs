@@ -56,6 +56,7 @@ mod slot;
 mod stats;
 #[cfg(feature = "test-util")]
 pub mod test_util;
+mod trust;
 mod wasi;
 mod watch;
 

@@ -59,9 +59,7 @@ impl LoadContext {
                 .find(|(n, _)| n == name)
                 .map(|(_, bytes)| bytes.clone())
                 .ok_or_else(|| PolicyError::Io(format!("no built-in policy `{name}`"))),
-            PolicySource::File(path) => Ok(std::fs::read(path)
-                .map_err(|e| PolicyError::Io(format!("{}: {e}", path.display())))?
-                .into()),
+            PolicySource::File(path) => Ok(crate::trust::read_trusted(path)?.into()),
         }
     }
 }

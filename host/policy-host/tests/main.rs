@@ -55,6 +55,8 @@ fn assert_wrong_world<T: std::fmt::Debug>(loaded: Result<T, PolicyError>, mentio
 fn install(dir: &std::path::Path, name: &str, bytes: &[u8]) {
     let tmp = dir.join(format!(".{name}.tmp"));
     std::fs::write(&tmp, bytes).unwrap();
+    // Whatever the umask: the registry refuses group- or other-writable policy files.
+    std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
     std::fs::rename(tmp, dir.join(name)).unwrap();
 }
 
