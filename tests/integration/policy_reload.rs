@@ -33,6 +33,8 @@ fn component(route: String) -> Vec<u8> {
 fn install(dir: &Path, bytes: &[u8]) {
     let tmp = dir.join(".active.wasm.tmp");
     std::fs::write(&tmp, bytes).unwrap();
+    // Whatever the umask: the loader refuses group- or other-writable policy files.
+    std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
     std::fs::rename(tmp, dir.join("active.wasm")).unwrap();
 }
 
@@ -121,10 +123,12 @@ async fn swapping_policies_under_traffic_fails_no_request() {
     ];
     let marker = TempFile::new("README", "policy directory");
     let dir = marker.path.parent().unwrap().to_path_buf();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     install(&dir, &component(route::PICK_FIRST.into()));
     let mut config = Gateway::config_for(&[&engines[0], &engines[1]], "kv-cost");
     config += &format!(
-        "[policies]\ndir = {:?}\nrouter = \"active\"\nadmin_token = \"{TOKEN}\"\ndebounce = \"{}ms\"\n",
+        "[policies]\ndir = {:?}\nrouter = \"active\"\nadmin_token = \"{TOKEN}\"\ndebounce = \"{}ms\"\n\
+         [[policies.admin_tokens]]\nrole = \"read\"\ntoken = \"reader\"\n",
         dir.display().to_string(),
         DEBOUNCE.as_millis()
     );
@@ -139,6 +143,22 @@ async fn swapping_policies_under_traffic_fails_no_request() {
     assert_eq!(unauthorized.status(), 401);
     let body: Value = unauthorized.json().await.unwrap();
     assert_eq!(body["error"]["type"], "invalid_request_error");
+    // A read token lists but may not change anything.
+    let reader = |request: reqwest::RequestBuilder| request.bearer_auth("reader").send();
+    let listing = reader(client().get(format!("{url}/admin/policies")))
+        .await
+        .unwrap();
+    assert_eq!(listing.status(), 200);
+    let forbidden = reader(
+        client()
+            .post(format!("{url}/admin/policies/rollback"))
+            .body("{}"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(forbidden.status(), 403);
+    let body: Value = forbidden.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "insufficient_permissions");
 
     let traffic = Arc::new(Traffic::default());
     let lanes: Vec<_> = (0..4)
