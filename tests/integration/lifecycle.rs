@@ -1,14 +1,15 @@
 //! The gateway's own lifecycle: a graceful stop that cannot hang on a stream that never ends.
 //! (A rolling restart behind Envoy with no failed request is in `envoy.rs`.)
 
-use crate::support::{Gateway, MockEngine, client};
+use crate::support::{Gateway, MockEngine, client, eventually};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_longer_than_the_drain_timeout_is_cut_and_the_gateway_exits() {
-    // Slow engines (a tenth of real speed): a 2,000-token answer would take minutes.
-    let engine = MockEngine::start(0.1, 4096);
+    // A slow engine (a tenth of real speed) whose answers run to their limit: a 2,000-token
+    // answer would take minutes.
+    let engine = MockEngine::start_with(0.1, 4096, &["--answer-median-tokens", "1000000"]);
     let config = format!(
         "[server]\ndrain_timeout = \"1s\"\n{}",
         Gateway::config_for(&[&engine], "kv-cost")
@@ -104,16 +105,52 @@ async fn the_configuration_reloads_under_traffic_and_a_bad_one_changes_nothing()
     assert!(line.contains("max_body_byte"), "{line}");
     assert_eq!(status_of(&url, "claude-sonnet-4-5").await, 200);
 
-    // SIGHUP reads the file again; a second worker takes a restart, and says so.
+    // A second engine joins the fleet; then the first leaves: from then on every request is
+    // served by the newcomer, and the one that left is no longer probed or listed.
     let other = MockEngine::start(20.0, 4096);
     let listed = Gateway::config_for(&[&other], "kv-cost");
-    let grown = format!(
-        "{aliased}{}",
-        &listed[listed.find("[[workers]]").unwrap()..]
-    );
-    std::fs::write(&gateway.config.path, &grown).unwrap();
-    let line = gateway.proc.wait_for_line("in force only after a restart");
+    let second = &listed[listed.find("[[workers]]").unwrap()..];
+    std::fs::write(&gateway.config.path, format!("{aliased}{second}")).unwrap();
+    let line = gateway.proc.wait_for_line("configuration reloaded");
     assert!(line.contains("workers"), "{line}");
+    let both = eventually(20, async || {
+        other.metric("vllm:request_success_total").await > 0.0
+    })
+    .await;
+    assert!(both, "the engine that joined never got a request");
+    let first = &base[..base.find("[[workers]]").unwrap()];
+    std::fs::write(
+        &gateway.config.path,
+        format!("[model]\naliases = [\"claude-*\"]\n{first}{second}"),
+    )
+    .unwrap();
+    let line = gateway.proc.wait_for_line("configuration reloaded");
+    assert!(line.contains("workers"), "{line}");
+    for _ in 0..10 {
+        let r = client()
+            .post(format!("{url}/v1/chat/completions"))
+            .json(&json!({"model": "claude-x", "max_tokens": 4,
+                "messages": [{"role": "user", "content": "Who serves?"}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["x-switchyard-worker"], "1.0");
+    }
+    let metrics = crate::support::get_text(&format!("{url}/metrics")).await;
+    assert!(
+        metrics.contains("switchyard_worker_healthy{worker=\"0.0\"} 0"),
+        "{metrics}"
+    );
+
+    // SIGHUP reads the file again; a change that shaped state at start says it needs a restart.
+    std::fs::write(
+        &gateway.config.path,
+        format!("[frontend]\nresponse_store_entries = 10\n[model]\naliases = [\"claude-*\"]\n{first}{second}"),
+    )
+    .unwrap();
+    let line = gateway.proc.wait_for_line("in force only after a restart");
+    assert!(line.contains("frontend"), "{line}");
     gateway.proc.hang_up();
     let line = gateway.proc.wait_for_line("configuration reloaded");
     assert!(line.contains("SIGHUP"), "{line}");

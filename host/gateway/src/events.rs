@@ -5,23 +5,15 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use std::sync::Arc;
-use switchyard_core::worker::Rank;
-use switchyard_kv_events::subscriber::{SubscriberSnapshot, SubscriberStats};
+use switchyard_kv_events::subscriber::SubscriberSnapshot;
 
+use crate::fleet::Fleet;
 use crate::metrics::worker_label;
 
-/// The subscribers' statistics, exposed as `switchyard_kv_events_*` metrics.
-#[derive(Debug, Default)]
-pub struct EventMetrics {
-    ranks: Vec<(Rank, Arc<SubscriberStats>)>,
-}
-
-impl EventMetrics {
-    /// Expose the statistics of `rank`'s subscriber.
-    pub fn add(&mut self, rank: Rank, stats: Arc<SubscriberStats>) {
-        self.ranks.push((rank, stats));
-    }
-}
+/// The subscribers' statistics of the fleet's members, exposed as `switchyard_kv_events_*`
+/// metrics.
+#[derive(Debug)]
+pub struct EventMetrics(pub Arc<Fleet>);
 
 type Field = fn(&SubscriberSnapshot) -> u64;
 
@@ -59,8 +51,10 @@ const COUNTERS: [(&str, &str, Field); 6] = [
 impl Collector for EventMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let snapshots: Vec<_> = self
-            .ranks
+            .0
+            .members()
             .iter()
+            .flat_map(|m| m.events.iter())
             .map(|(r, s)| (worker_label(*r), s.snapshot()))
             .collect();
         for (name, help, field) in COUNTERS {

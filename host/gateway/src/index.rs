@@ -73,8 +73,18 @@ fn write_loop(
     mut rx: mpsc::Receiver<IndexOp>,
     shutdown: CancellationToken,
 ) {
-    // A blocking thread: left-right's publish waits for readers to leave the old copy.
-    while let Some(op) = rx.blocking_recv() {
+    // A blocking thread: left-right's publish waits for readers to leave the old copy. It ends
+    // when every sender is gone or on shutdown, whichever comes first (the fleet keeps a sender
+    // for workers that join later).
+    let next = |rx: &mut mpsc::Receiver<IndexOp>| {
+        futures::executor::block_on(async {
+            tokio::select! {
+                op = rx.recv() => op,
+                () = shutdown.cancelled() => None,
+            }
+        })
+    };
+    while let Some(op) = next(&mut rx) {
         write.append(op);
         // Bound a burst so a flood of events cannot hide all of them from readers for long.
         for _ in 1..MAX_OPS_PER_PUBLISH {
@@ -84,9 +94,6 @@ fn write_loop(
             };
         }
         write.publish();
-        if shutdown.is_cancelled() {
-            break;
-        }
     }
 }
 

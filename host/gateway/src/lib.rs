@@ -30,6 +30,7 @@ pub mod agent;
 pub mod config;
 pub mod error;
 pub mod events;
+pub mod fleet;
 pub mod index;
 pub mod metrics;
 pub mod policies;

@@ -247,7 +247,11 @@ fn trace_draft(
         routed,
         worker: WorkerRef {
             id: rank.to_string(),
-            url: shared.workers[rank.worker.0 as usize].base_url.clone(),
+            url: shared
+                .fleet
+                .get(rank.worker)
+                .map(|m| m.upstream.base_url.clone())
+                .unwrap_or_default(),
         },
         // Others booked on the rank when this one was placed.
         queue_depth: shared.in_flight(rank).saturating_sub(1),
@@ -282,15 +286,20 @@ async fn send(
     turn: &Turn,
     decision: &Decision,
     priority: i32,
-) -> Result<(reqwest::Response, bool), reqwest::Error> {
-    let upstream = &shared.workers[decision.rank.worker.0 as usize];
+) -> Result<(reqwest::Response, bool), String> {
+    let Some(member) = shared.fleet.get(decision.rank.worker) else {
+        return Err("the worker left the fleet".into());
+    };
+    let upstream = &member.upstream;
     let (path, body, pin) = engine::request(turn, upstream, priority);
     shared.metrics.pin(pin);
     let parse = path == "/v1/completions" && turn.request.conversation().is_some();
+    let timeout = shared.live().config.server.request_timeout;
     let response = upstream
         .request(&shared.client, path, decision.rank.dp_rank, body)
-        .timeout(shared.live().config.server.request_timeout)
+        .timeout(timeout)
         .send()
-        .await?;
+        .await
+        .map_err(|e| e.to_string())?;
     Ok((response, parse))
 }

@@ -1,8 +1,9 @@
 //! Configuration reload. A new configuration is validated whole first: one that does not
 //! validate changes nothing. Then what can change at run time takes effect at once (requests read
-//! the configuration through one atomic swap and never wait for it), and what shaped state built
-//! at start (the listener, the workers and their event streams, the queue, admission, caches, the
-//! trace, the policy directory) keeps its value until a restart and is named as such.
+//! the configuration through one atomic swap and never wait for it), workers join and leave the
+//! fleet ([`crate::fleet`]), and what shaped state built at start (the listener, the queue,
+//! admission, caches, the trace, the policy directory) keeps its value until a restart and is
+//! named as such.
 
 use crate::config::{Config, ConfigError};
 use crate::metrics::OutcomeLabels;
@@ -173,12 +174,22 @@ fn apply(shared: &Shared, new: Config) -> Result<Reloaded, ConfigError> {
     );
     differs("admission", &old.admission, &new.admission, pending);
     differs("queue", &old.queue, &new.queue, pending);
-    differs("workers", &old.workers, &new.workers, pending);
     differs("trace", &old.trace, &new.trace, pending);
     differs("policies", &old.policies, &new.policies, pending);
 
-    // Everything that can fail has been checked (the aliases compile here): commit.
+    // The fleet: workers that left the list leave, new ones join (and start cold).
+    let workers_changed = old.workers != new.workers;
+    next.workers.clone_from(&new.workers);
+
+    // Everything that can fail has been checked (the aliases compile here, the joining workers'
+    // endpoints in `reconcile`, which changes nothing when one is bad): commit.
     let next = Live::new(next, &shared.tokenizer)?;
+    if workers_changed {
+        shared
+            .fleet
+            .reconcile(&next.config.workers, &shared.router, &shared.metrics)?;
+        done.applied.push("workers");
+    }
     {
         let mut router = shared.router();
         router.retune(&next.config.router);

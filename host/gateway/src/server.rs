@@ -2,16 +2,17 @@
 
 use crate::admission::{Admission, AdmissionCollector};
 use crate::agent::AgentContext;
-use crate::config::{Config, ConfigError, rank_endpoint};
+use crate::config::{Config, ConfigError};
 use crate::error::GatewayError;
 use crate::events::EventMetrics;
+use crate::fleet::Fleet;
 use crate::index::{IndexReader, spawn_index_writer};
 use crate::metrics::{Metrics, RequestLabels, worker_label};
 use crate::policies::{PolicyMetrics, PolicyRuntime};
 use crate::proxy::{count_tokens, handle, read_body};
 use crate::queue::{Queue, Routed};
 use crate::trace::{TraceSink, parse_tool_events};
-use crate::upstream::{Upstream, health_loop};
+use crate::upstream::health_loop;
 use arc_swap::ArcSwap;
 use axum::Router as HttpRouter;
 use axum::body::Body;
@@ -31,7 +32,6 @@ use switchyard_core::router::{
 };
 use switchyard_core::worker::Rank;
 use switchyard_frontend::{Api, ResponseStore};
-use switchyard_kv_events::subscriber::{SubscriberConfig, SubscriberStats, run_subscriber};
 use switchyard_tokenizer::{ModelTokenizer, SessionCache};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -71,7 +71,8 @@ pub struct Shared {
     pub(crate) tokenizer: ModelTokenizer,
     pub(crate) model_name: String,
     pub(crate) hasher: BlockHasher,
-    pub(crate) workers: Arc<Vec<Upstream>>,
+    /// The engines, as they come and go.
+    pub(crate) fleet: Arc<Fleet>,
     pub(crate) client: reqwest::Client,
     pub(crate) metrics: Arc<Metrics>,
     /// Where finished requests are recorded, when tracing is on.
@@ -90,7 +91,7 @@ pub struct Shared {
     responses: Mutex<ResponseStore>,
     /// Prefix of the ids clients see (`chatcmpl-<prefix><n>`): unique across restarts.
     id_prefix: String,
-    router: Arc<Mutex<Router>>,
+    pub(crate) router: Arc<Mutex<Router>>,
     index: IndexReader,
     /// The router's clock starts here.
     epoch: Instant,
@@ -130,8 +131,10 @@ impl Shared {
             .ranks()
             .map(|(rank, healthy)| {
                 let load = router.load(rank);
-                let capacity = live.config.workers[rank.worker.0 as usize]
-                    .kv_capacity_tokens
+                let capacity = self
+                    .fleet
+                    .get(rank.worker)
+                    .and_then(|m| m.config.kv_capacity_tokens)
                     .unwrap_or(0);
                 let used = load.decode_blocks * u64::from(live.config.router.block_size);
                 RankUtilization {
@@ -209,8 +212,11 @@ impl Shared {
 
     /// The worker refused a connection: skip all its ranks until its health check passes.
     pub(crate) fn mark_unreachable(&self, rank: Rank) {
+        let Some(member) = self.fleet.get(rank.worker) else {
+            return; // it left meanwhile
+        };
         let mut router = self.router();
-        for r in self.workers[rank.worker.0 as usize].ranks() {
+        for r in member.upstream.ranks() {
             router.set_healthy(r, false);
             self.metrics
                 .worker_healthy
@@ -319,47 +325,10 @@ pub async fn start(
             crate::config::ConfigError::Invalid(format!("unknown policy {}", config.policy))
         })?,
     };
-    let mut router = Router::new(config.router.clone(), policy);
-    let workers: Vec<Upstream> = config
-        .workers
-        .iter()
-        .enumerate()
-        .map(|(i, w)| Upstream::new(i, w))
-        .collect();
-    let mut event_metrics = EventMetrics::default();
-    for (upstream, worker) in workers.iter().zip(&config.workers) {
-        for rank in upstream.ranks() {
-            router.add_rank(rank, !upstream.publishes_events);
-            metrics
-                .worker_healthy
-                .get_or_create(&worker_label(rank))
-                .set(1);
-            let Some(base) = &worker.kv_events else {
-                continue;
-            };
-            let stats = Arc::new(SubscriberStats::default());
-            event_metrics.add(rank, stats.clone());
-            let subscriber = SubscriberConfig {
-                rank,
-                block_size: worker.block_size,
-                endpoint: rank_endpoint(base, rank.dp_rank)?,
-                replay_endpoint: worker
-                    .replay
-                    .as_deref()
-                    .map(|r| rank_endpoint(r, rank.dp_rank))
-                    .transpose()?,
-                bind: false,
-                topic: String::new(),
-            };
-            tasks.spawn(run_subscriber(
-                subscriber,
-                ops.clone(),
-                stats,
-                background.clone(),
-            ));
-        }
-    }
-    metrics.register_collector(Box::new(event_metrics));
+    let router = Arc::new(Mutex::new(Router::new(config.router.clone(), policy)));
+    let fleet = Arc::new(Fleet::new(ops, tasks.clone(), background.clone()));
+    fleet.reconcile(&config.workers, &router, &metrics)?;
+    metrics.register_collector(Box::new(EventMetrics(fleet.clone())));
 
     let client = reqwest::Client::builder()
         .connect_timeout(config.server.connect_timeout)
@@ -386,7 +355,7 @@ pub async fn start(
     };
     let shared = Arc::new(Shared {
         hasher: BlockHasher::new(config.router.block_size as usize),
-        workers: Arc::new(workers),
+        fleet,
         queue: Queue::new(config.queue.core()?),
         in_flight: Arc::new(tokio::sync::Semaphore::new(
             config.server.max_concurrent_requests,
@@ -408,7 +377,7 @@ pub async fn start(
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis())
         ),
-        router: Arc::new(Mutex::new(router)),
+        router,
         metrics,
         trace,
         policies,
@@ -430,7 +399,7 @@ pub async fn start(
         .metrics
         .register_collector(Box::new(AdmissionCollector(Arc::downgrade(&shared))));
     tasks.spawn(health_loop(
-        shared.workers.clone(),
+        shared.fleet.clone(),
         shared.router.clone(),
         shared.client.clone(),
         shared.metrics.clone(),

@@ -69,7 +69,7 @@ impl Upstream {
 /// Probe every worker's `/health` each `interval`; failing workers are taken out of routing until
 /// they pass again.
 pub async fn health_loop(
-    workers: Arc<Vec<Upstream>>,
+    fleet: Arc<crate::fleet::Fleet>,
     router: Arc<Mutex<Router>>,
     client: reqwest::Client,
     metrics: Arc<Metrics>,
@@ -83,9 +83,10 @@ pub async fn health_loop(
             _ = shutdown.cancelled() => return,
             _ = ticker.tick() => {}
         }
+        let workers = fleet.members();
         let probes = workers.iter().map(|w| {
             let probe = client
-                .get(format!("{}/health", w.base_url))
+                .get(format!("{}/health", w.upstream.base_url))
                 .timeout(interval.max(Duration::from_secs(1)))
                 .send();
             async move { matches!(probe.await, Ok(r) if r.status().is_success()) }
@@ -93,7 +94,7 @@ pub async fn health_loop(
         let results = futures::future::join_all(probes).await;
         let mut router = router.lock().unwrap_or_else(|e| e.into_inner());
         for (worker, healthy) in workers.iter().zip(results) {
-            for rank in worker.ranks() {
+            for rank in worker.upstream.ranks() {
                 router.set_healthy(rank, healthy);
                 metrics
                     .worker_healthy

@@ -73,6 +73,7 @@ pub(crate) async fn run(
     overrides.apply(&mut raw);
     let config = Config::try_from(raw)?;
     let gateway = switchyard_gateway::start(config, tokenizer.clone(), shutdown.clone()).await?;
+    let watch = path.as_deref().map(ConfigWatch::start).transpose()?;
     let addr = gateway.addr();
     if embedded {
         println!("switchyard: embedded default, {mock_engines} mock engines behind http://{addr}");
@@ -83,64 +84,85 @@ pub(crate) async fn run(
     println!(
         "try:\n  curl http://{addr}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}], \"stream\": true}}'"
     );
-    match &path {
-        Some(path) => {
+    match (&path, watch) {
+        (Some(path), Some(watch)) => {
             tokio::select! {
                 () = gateway.wait() => {}
-                result = reload_on_change(path, &overrides, &gateway, &shutdown) => {
-                    result?;
+                () = reload_on_change(watch, path, &overrides, &gateway, &shutdown) => {
                     gateway.wait().await;
                 }
             }
         }
-        None => gateway.wait().await,
+        _ => gateway.wait().await,
     }
     engines_stop.cancel();
     Ok(())
 }
 
-/// Reload `path` into `gateway` on SIGHUP and whenever the file changes, until shutdown.
+/// What asks for a reload: the file changing, or SIGHUP. Set up before the gateway says it is
+/// listening, so that no change made after that is missed.
+struct ConfigWatch {
+    changed: tokio::sync::mpsc::UnboundedReceiver<&'static str>,
+    hangup: tokio::signal::unix::Signal,
+    _watcher: notify_debouncer_full::Debouncer<
+        notify::RecommendedWatcher,
+        notify_debouncer_full::RecommendedCache,
+    >,
+}
+
+impl ConfigWatch {
+    fn start(path: &Path) -> anyhow::Result<ConfigWatch> {
+        let (tx, changed) = tokio::sync::mpsc::unbounded_channel();
+        let name = path.file_name().map(|n| n.to_owned());
+        // Editors save by writing in steps or by renaming a new file over the old one, and a
+        // Kubernetes ConfigMap volume swaps its `..data` symlink: watch the directory,
+        // debounced, and keep the events that touch this file or that link.
+        let mut watcher = new_debouncer(
+            Duration::from_millis(200),
+            None,
+            move |result: notify_debouncer_full::DebounceEventResult| {
+                let ours = result.is_ok_and(|events| {
+                    events.iter().any(|e| {
+                        (e.kind.is_create() || e.kind.is_modify())
+                            && e.paths.iter().any(|p| {
+                                let file = p.file_name();
+                                file == name.as_deref() || file == Some("..data".as_ref())
+                            })
+                    })
+                });
+                if ours {
+                    let _ = tx.send("file changed");
+                }
+            },
+        )?;
+        let dir = match path.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir,
+            _ => Path::new("."),
+        };
+        watcher
+            .watch(dir, RecursiveMode::NonRecursive)
+            .with_context(|| format!("watching {}", dir.display()))?;
+        Ok(ConfigWatch {
+            changed,
+            hangup: signal(SignalKind::hangup())?,
+            _watcher: watcher,
+        })
+    }
+}
+
+/// Reload `path` into `gateway` whenever `watch` says so, until shutdown.
 async fn reload_on_change(
+    mut watch: ConfigWatch,
     path: &Path,
     overrides: &Overrides,
     gateway: &GatewayHandle,
     shutdown: &CancellationToken,
-) -> anyhow::Result<()> {
-    let (tx, mut changed) = tokio::sync::mpsc::unbounded_channel();
-    let name = path.file_name().map(|n| n.to_owned());
-    // Editors save by writing in steps or by renaming a new file over the old one, and a
-    // Kubernetes ConfigMap volume swaps its `..data` symlink: watch the directory, debounced,
-    // and keep the events that touch this file or that link.
-    let mut watcher = new_debouncer(Duration::from_millis(200), None, {
-        let tx = tx.clone();
-        move |result: notify_debouncer_full::DebounceEventResult| {
-            let ours = result.is_ok_and(|events| {
-                events.iter().any(|e| {
-                    (e.kind.is_create() || e.kind.is_modify())
-                        && e.paths.iter().any(|p| {
-                            let file = p.file_name();
-                            file == name.as_deref() || file == Some("..data".as_ref())
-                        })
-                })
-            });
-            if ours {
-                let _ = tx.send("file changed");
-            }
-        }
-    })?;
-    let dir = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir,
-        _ => Path::new("."),
-    };
-    watcher
-        .watch(dir, RecursiveMode::NonRecursive)
-        .with_context(|| format!("watching {}", dir.display()))?;
-    let mut hangup = signal(SignalKind::hangup())?;
+) {
     loop {
         let why = tokio::select! {
-            () = shutdown.cancelled() => return Ok(()),
-            Some(why) = changed.recv() => why,
-            Some(()) = hangup.recv() => "SIGHUP",
+            () = shutdown.cancelled() => return,
+            Some(why) = watch.changed.recv() => why,
+            Some(()) = watch.hangup.recv() => "SIGHUP",
         };
         let config = RawConfig::from_file(path).and_then(|mut raw| {
             overrides.apply(&mut raw);

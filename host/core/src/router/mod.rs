@@ -139,6 +139,8 @@ pub struct RankLoad {
 struct RankState {
     rank: Rank,
     healthy: bool,
+    /// Its worker left the fleet: never routed to again (the slot stays: bookings point at it).
+    retired: bool,
     /// Publishes no KV events: index it from our own decisions.
     approximate: bool,
     load: RankLoad,
@@ -214,6 +216,7 @@ impl Router {
         self.ranks.push(RankState {
             rank,
             healthy: true,
+            retired: false,
             approximate,
             load: RankLoad::default(),
         });
@@ -221,11 +224,20 @@ impl Router {
 
     /// Mark a rank healthy or not; an unhealthy rank gets no requests and loses its predictions.
     pub fn set_healthy(&mut self, rank: Rank, healthy: bool) {
-        if let Some(state) = self.ranks.iter_mut().find(|r| r.rank == rank) {
+        if let Some(state) = self.ranks.iter_mut().find(|r| r.rank == rank && !r.retired) {
             if state.healthy && !healthy {
                 self.predicted.clear(rank);
             }
             state.healthy = healthy;
+        }
+    }
+
+    /// Take `rank` out for good (its worker left): it gets no requests, loses its predictions
+    /// and is no longer listed; requests already on it finish and release their load.
+    pub fn retire_rank(&mut self, rank: Rank) {
+        self.set_healthy(rank, false);
+        if let Some(state) = self.ranks.iter_mut().find(|r| r.rank == rank) {
+            state.retired = true;
         }
     }
 
@@ -234,9 +246,12 @@ impl Router {
         self.predicted.clear(rank);
     }
 
-    /// Ranks with their health.
+    /// Ranks with their health (retired ones are gone).
     pub fn ranks(&self) -> impl Iterator<Item = (Rank, bool)> + '_ {
-        self.ranks.iter().map(|r| (r.rank, r.healthy))
+        self.ranks
+            .iter()
+            .filter(|r| !r.retired)
+            .map(|r| (r.rank, r.healthy))
     }
 
     /// Current load of `rank`.

@@ -148,6 +148,32 @@ fn unhealthy_and_excluded_ranks_are_skipped() {
 }
 
 #[test]
+fn a_retired_rank_finishes_its_requests_and_never_comes_back() {
+    let index = KvIndex::new();
+    let mut r = router(2, Box::new(KvCost));
+    let pinned = RouteRequest {
+        pinned_rank: Some(Rank::new(0, 0)),
+        ..request(&[], 8)
+    };
+    let d = r.route(RequestId(1), &pinned, &index, ms(0)).unwrap();
+    assert_eq!(d.rank, Rank::new(0, 0));
+    r.retire_rank(Rank::new(0, 0));
+    // A health check that passes cannot bring it back; it is no longer listed.
+    r.set_healthy(Rank::new(0, 0), true);
+    assert_eq!(r.ranks().collect::<Vec<_>>(), [(Rank::new(1, 0), true)]);
+    for i in 2..10 {
+        let d = r.route(RequestId(i), &pinned, &index, ms(i)).unwrap();
+        assert_eq!(d.rank, Rank::new(1, 0));
+        r.finish(RequestId(i), ms(i));
+    }
+    // The request already on it still releases its load.
+    assert_eq!(r.load(Rank::new(0, 0)).requests, 1);
+    r.finish(RequestId(1), ms(20));
+    assert_eq!(r.load(Rank::new(0, 0)), RankLoad::default());
+    assert_eq!(r.in_flight(), 0);
+}
+
+#[test]
 fn ties_go_to_the_emptier_rank() {
     let index = {
         let mut i = KvIndex::new();

@@ -43,7 +43,11 @@ impl Speculation {
     }
 
     async fn prefill(&self, shared: &Arc<Shared>) -> Result<(), String> {
-        let upstream = &shared.workers[self.rank.worker.0 as usize];
+        let member = shared
+            .fleet
+            .get(self.rank.worker)
+            .ok_or("the worker left")?;
+        let upstream = &member.upstream;
         let (path, body) = match upstream.mode {
             UpstreamMode::Chat => {
                 let mut body = to_chat_request(&self.conversation);
@@ -56,9 +60,10 @@ impl Speculation {
                 ("/v1/completions", limit(body))
             }
         };
+        let timeout = shared.live().config.server.request_timeout;
         let response = upstream
             .request(&shared.client, path, self.rank.dp_rank, body)
-            .timeout(shared.live().config.server.request_timeout)
+            .timeout(timeout)
             .send()
             .await
             .map_err(|e| e.to_string())?;
