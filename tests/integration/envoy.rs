@@ -194,6 +194,12 @@ impl Envoy {
             .collect()
     }
 
+    /// Whether Envoy sees `replicas` replicas, all healthy.
+    async fn all_healthy(&self, replicas: usize) -> bool {
+        let health = self.health().await;
+        health.len() == replicas && health.values().all(|f| f == "healthy")
+    }
+
     /// A counter from Envoy's `/stats` (0 when absent).
     async fn stat(&self, name: &str) -> u64 {
         get_text(&format!("{}/stats?filter={name}", self.admin))
@@ -209,6 +215,17 @@ impl Drop for Envoy {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// `n` gateway replicas on `config`, and their `host:port` addresses.
+fn replicas(config: &str, n: usize) -> (Vec<Option<Gateway>>, Vec<String>) {
+    let gateways: Vec<Option<Gateway>> = (0..n).map(|_| Some(Gateway::start(config))).collect();
+    let addrs = gateways
+        .iter()
+        .flatten()
+        .map(|g| g.url.trim_start_matches("http://").to_string())
+        .collect();
+    (gateways, addrs)
 }
 
 /// One agent conversation and the harness headers it is sent with.
@@ -425,26 +442,10 @@ async fn sessions_stick_to_replicas_behind_envoy_and_survive_a_replica_kill() {
     let engines: Vec<MockEngine> = (0..3).map(|_| MockEngine::start(20.0, 4096)).collect();
     let refs: Vec<&MockEngine> = engines.iter().collect();
     let config = Gateway::config_for(&refs, "kv-cost");
-    let mut gateways: Vec<Option<Gateway>> = (0..REPLICAS)
-        .map(|_| Some(Gateway::start(&config)))
-        .collect();
-    let addrs: Vec<String> = gateways
-        .iter()
-        .map(|g| {
-            g.as_ref()
-                .unwrap()
-                .url
-                .trim_start_matches("http://")
-                .to_string()
-        })
-        .collect();
+    let (mut gateways, addrs) = replicas(&config, REPLICAS);
     let urls: Vec<String> = addrs.iter().map(|a| format!("http://{a}")).collect();
     let envoy = Envoy::start(&render(&addrs)).await;
-    let all_healthy = eventually(30, async || {
-        let health = envoy.health().await;
-        health.len() == REPLICAS && health.values().all(|f| f == "healthy")
-    })
-    .await;
+    let all_healthy = eventually(30, async || envoy.all_healthy(REPLICAS).await).await;
     assert!(
         all_healthy,
         "replicas never healthy in Envoy: {:?}",
@@ -655,23 +656,9 @@ async fn a_rolling_restart_behind_envoy_fails_no_request() {
         "[server]\ndrain_timeout = \"30s\"\n{}",
         Gateway::config_for(&refs, "kv-cost")
     );
-    let mut gateways: Vec<Option<Gateway>> =
-        (0..2).map(|_| Some(Gateway::start(&config))).collect();
-    let addrs: Vec<String> = gateways
-        .iter()
-        .map(|g| {
-            g.as_ref()
-                .unwrap()
-                .url
-                .trim_start_matches("http://")
-                .to_string()
-        })
-        .collect();
+    let (mut gateways, addrs) = replicas(&config, 2);
     let envoy = Envoy::start(&render(&addrs)).await;
-    let all_healthy = async || {
-        let health = envoy.health().await;
-        health.len() == addrs.len() && health.values().all(|f| f == "healthy")
-    };
+    let all_healthy = async || envoy.all_healthy(addrs.len()).await;
     assert!(
         eventually(30, all_healthy).await,
         "{:?}",
