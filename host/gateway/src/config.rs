@@ -68,7 +68,8 @@ pub struct ServerConfig {
     /// flood. Default: 10,000.
     pub max_concurrent_requests: usize,
     /// On shutdown (SIGTERM, Ctrl-C), how long requests in flight may take to finish after the
-    /// listener closes; what is left then is cut. Default: 30 s (Kubernetes' default grace).
+    /// listener closes; streams still running then end with an error event in their API's shape.
+    /// Default: 30 s (Kubernetes' default grace).
     #[serde(with = "humantime_serde")]
     pub drain_timeout: Duration,
 }

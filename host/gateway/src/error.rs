@@ -37,6 +37,9 @@ pub enum GatewayError {
         /// The limit.
         limit: usize,
     },
+    /// The gateway is shutting down and its drain deadline passed.
+    #[error("the gateway is shutting down; retry on another replica")]
+    Stopping,
     /// The routing policy refused the request, or the router queue is full.
     #[error("{0}")]
     Rejected(String),
@@ -78,7 +81,9 @@ impl GatewayError {
             Self::Api(e) => StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST),
             Self::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnknownModel(_) | Self::NoSuchEndpoint(_) => StatusCode::NOT_FOUND,
-            Self::NoHealthyWorker | Self::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::NoHealthyWorker | Self::Overloaded { .. } | Self::Stopping => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::Forbidden(_) => StatusCode::FORBIDDEN,
             Self::Rejected(_) | Self::Busy { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -99,6 +104,7 @@ impl GatewayError {
             Self::NoSuchEndpoint(_) => "no_such_endpoint",
             Self::NoHealthyWorker => "no_healthy_worker",
             Self::Overloaded { .. } => "overloaded",
+            Self::Stopping => "stopping",
             Self::Unauthorized => "unauthorized",
             Self::Forbidden(_) => "forbidden",
             Self::Rejected(_) => "rejected",
@@ -118,7 +124,9 @@ impl GatewayError {
             }
             Self::TooLarge { .. } => ErrorKind::RequestTooLarge,
             Self::UnknownModel(_) | Self::NoSuchEndpoint(_) => ErrorKind::NotFound,
-            Self::NoHealthyWorker | Self::Overloaded { .. } => ErrorKind::Overloaded,
+            Self::NoHealthyWorker | Self::Overloaded { .. } | Self::Stopping => {
+                ErrorKind::Overloaded
+            }
             Self::Rejected(_) | Self::Busy { .. } => ErrorKind::RateLimited,
             Self::Upstream(_) => ErrorKind::Upstream,
             // The engine's own verdict: a 4xx is the request's fault, not the server's.
@@ -162,7 +170,10 @@ impl GatewayError {
         let status = self.status();
         let body = api.error_body(&self.to_api_error());
         let retry_after = match &self {
-            Self::NoHealthyWorker | Self::Overloaded { .. } | Self::Rejected(_) => Some(1),
+            Self::NoHealthyWorker
+            | Self::Overloaded { .. }
+            | Self::Stopping
+            | Self::Rejected(_) => Some(1),
             Self::Busy { retry_after } => Some(retry_after.as_secs().max(1)),
             _ => None,
         };

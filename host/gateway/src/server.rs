@@ -83,6 +83,8 @@ pub struct Shared {
     pub(crate) admission: Admission,
     /// Requests waiting for a worker with room.
     pub(crate) queue: Queue,
+    /// Cancelled when the drain deadline passes: streams still running end with an error event.
+    pub(crate) stopping: CancellationToken,
     /// One permit per request the gateway may hold (`[server] max_concurrent_requests`).
     pub(crate) in_flight: Arc<tokio::sync::Semaphore>,
     /// Each live session's last prompt, so its next turn tokenizes only what it added.
@@ -357,6 +359,7 @@ pub async fn start(
         hasher: BlockHasher::new(config.router.block_size as usize),
         fleet,
         queue: Queue::new(config.queue.core()?),
+        stopping: CancellationToken::new(),
         in_flight: Arc::new(tokio::sync::Semaphore::new(
             config.server.max_concurrent_requests,
         )),
@@ -423,24 +426,28 @@ pub async fn start(
             let _ = tcp.set_nodelay(true);
         });
         // On shutdown: stop accepting, close idle connections, let in-flight requests finish
-        // for up to `drain_timeout`, then cut what is left.
+        // for up to `drain_timeout`; then the streams still running end with an error event in
+        // their API's shape, and what is left after a moment more is cut.
         let served = axum::serve(listener, app)
             .with_graceful_shutdown(shutdown.clone().cancelled_owned())
             .into_future();
+        tokio::pin!(served);
         let deadline = async {
             shutdown.cancelled().await;
             let drain_timeout = draining.live().config.server.drain_timeout;
             tokio::time::sleep(drain_timeout).await;
             drain_timeout
         };
-        tokio::select! {
-            served = served => if let Err(e) = served {
-                tracing::error!(error = %e, "http server stopped");
-            },
-            drain_timeout = deadline => tracing::warn!(
-                ?drain_timeout,
-                "requests still in flight at the drain deadline were cut"
-            ),
+        let ended = tokio::select! {
+            served = &mut served => Some(served),
+            drain_timeout = deadline => {
+                tracing::warn!(?drain_timeout, "ending the requests still in flight at the drain deadline");
+                draining.stopping.cancel();
+                tokio::time::timeout(Duration::from_secs(2), &mut served).await.ok()
+            }
+        };
+        if let Some(Err(e)) = ended {
+            tracing::error!(error = %e, "http server stopped");
         }
         background.cancel();
     });

@@ -121,7 +121,16 @@ impl Answer {
     /// The next events (already added to `reply`), or `None` at the end. An error ends it.
     async fn next_events(&mut self) -> Option<Result<Vec<ReplyEvent>, GatewayError>> {
         while !self.ended {
-            let data = match self.chunks.next().await {
+            let next = tokio::select! {
+                next = self.chunks.next() => next,
+                // The drain deadline passed: end with an error event rather than a cut.
+                () = self.booking.shared.stopping.cancelled() => {
+                    self.ended = true;
+                    self.booking.status = StatusCode::SERVICE_UNAVAILABLE.as_u16();
+                    return Some(Err(GatewayError::Stopping));
+                }
+            };
+            let data = match next {
                 Some(Ok(chunk)) => match self.reader.push(&chunk) {
                     Ok(data) => data,
                     Err(e) => {
