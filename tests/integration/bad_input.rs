@@ -265,3 +265,43 @@ async fn beyond_the_concurrency_limit_requests_are_shed_until_a_stream_ends() {
         "{metrics}"
     );
 }
+
+/// An engine that accepts connections and never answers (the fault that blocked every request
+/// behind one hung backend in vLLM's production-stack router): requests sent to it time out and
+/// are retried on the other worker before any byte reached the client, its health check takes it
+/// out, and nothing else waits on it. The hung engine is a bare TCP listener: a fault, not a model
+/// of an engine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_never_answers_blocks_nothing() {
+    let hung = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let hung_url = format!("http://{}", hung.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in hung.incoming().flatten() {
+            held.push(stream); // kept open, never read, never answered
+        }
+    });
+    let engine = MockEngine::start(50.0, 4096);
+    let config = format!(
+        "[server]\nrequest_timeout = \"3s\"\nhealth_interval = \"500ms\"\n\
+         [router]\npolicy = \"round-robin\"\n\
+         [[workers]]\nurl = \"{hung_url}\"\nkind = \"mock\"\n\
+         [[workers]]\nurl = \"{}\"\nkind = \"mock\"\nkv_events = \"{}\"\nreplay = \"{}\"\n",
+        engine.url, engine.kv_events, engine.replay
+    );
+    let gateway = Gateway::start(&config);
+    let requests = (0..8).map(|i| {
+        let url = gateway.url.clone();
+        async move { post_raw(&url, chat(&format!("hung {i}")).to_string()).await }
+    });
+    for (status, body, headers) in futures::future::join_all(requests).await {
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(headers["x-switchyard-worker"], "1.0");
+    }
+    let metrics = get_text(&format!("{}/metrics", gateway.url)).await;
+    assert_eq!(
+        metric_sum(&metrics, "switchyard_worker_healthy{worker=\"0.0\"}"),
+        0.0,
+        "{metrics}"
+    );
+}
