@@ -349,6 +349,7 @@ fn apply(shared: &Shared, replica: &str, payload: &[u8]) {
     let now = shared.now();
     let mut router = shared.router();
     router.expire_peers(now);
+    tracing::debug!(peer = %message.replica, changes = deltas.len(), held = router.peer_bookings(), "cluster: peer bookings");
     for (delta, rank) in deltas {
         match delta {
             Delta::Booked {

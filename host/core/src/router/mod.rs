@@ -328,7 +328,10 @@ impl Router {
 
     /// The booking changes recorded since the last call, oldest first.
     pub fn take_deltas(&mut self) -> Vec<BookingDelta> {
-        self.journal.as_mut().map(std::mem::take).unwrap_or_default()
+        self.journal
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     fn journal(&mut self, delta: BookingDelta) {

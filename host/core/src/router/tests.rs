@@ -406,7 +406,11 @@ fn peer_load_steers_away_from_a_rank_another_replica_filled() {
             requests: 1
         }
     );
-    assert_eq!(r.load(Rank::new(0, 0)), RankLoad::default(), "own load apart");
+    assert_eq!(
+        r.load(Rank::new(0, 0)),
+        RankLoad::default(),
+        "own load apart"
+    );
     let d = r
         .route(RequestId(1), &request(&hashes, 64), &index, ms(0))
         .unwrap();
@@ -428,7 +432,11 @@ fn peer_bookings_expire_replace_and_ignore_unknown_ranks() {
     let rank = Rank::new(0, 0);
     r.peer_booked(a, RequestId(1), rank, (10, 2), ms(100));
     r.peer_booked(b, RequestId(1), rank, (20, 3), ms(300));
-    assert_eq!(r.peer_load(rank).requests, 2, "same id, two replicas: two bookings");
+    assert_eq!(
+        r.peer_load(rank).requests,
+        2,
+        "same id, two replicas: two bookings"
+    );
     // A retried request books again: it replaces its first booking, on whatever rank.
     r.peer_booked(a, RequestId(1), Rank::new(1, 0), (5, 1), ms(200));
     assert_eq!(r.peer_load(rank).prefill_tokens, 20);
@@ -488,7 +496,10 @@ fn the_journal_records_own_booking_changes_only_when_on() {
     else {
         panic!("{deltas:?}");
     };
-    assert_eq!((id, rank, decode_blocks), (RequestId(2), Rank::new(0, 0), 16));
+    assert_eq!(
+        (id, rank, decode_blocks),
+        (RequestId(2), Rank::new(0, 0), 16)
+    );
     assert_eq!(deltas[1], BookingDelta::PrefillDone { id: RequestId(2) });
     assert_eq!(deltas[2], BookingDelta::Finished { id: RequestId(2) });
     assert!(r.take_deltas().is_empty());
