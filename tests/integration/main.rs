@@ -10,6 +10,7 @@ mod frontends;
 mod harnesses;
 mod lifecycle;
 mod llama;
+mod nats;
 mod policy_reload;
 mod readme;
 mod routing;

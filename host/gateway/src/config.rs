@@ -42,6 +42,70 @@ pub struct RawConfig {
     /// Wasm policies (routing, admission, KV hints); absent: `router.policy` (native) routes,
     /// admission admits all, no KV hints.
     pub policies: Option<crate::policies::PoliciesConfig>,
+    /// Soft state shared with the other gateway replicas over NATS; absent: none.
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// In-flight load shared between gateway replicas over NATS Core (`[cluster]`): each replica
+/// publishes its bookings and adds the others' to its view of every worker. Soft state: a lost
+/// server or message only loses that signal.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// The NATS server(s), e.g. `nats://127.0.0.1:4222` (comma-separated for several).
+    pub nats_url: String,
+    /// Replicas sharing load: the subject is `switchyard.<name>.bookings`. Default: `default`.
+    #[serde(default = "default_cluster_name")]
+    pub name: String,
+    /// This replica's id (its own messages are ignored). Default: random at each start.
+    pub replica_id: Option<String>,
+    /// A peer's booking is forgotten this long after it was announced if no `finished` came.
+    /// Default: 30 s.
+    #[serde(default = "default_cluster_booking_ttl", with = "humantime_serde")]
+    pub booking_ttl: Duration,
+    /// Booking changes waiting to be published; more are dropped (and counted), never waited
+    /// for. Default: 8,192.
+    #[serde(default = "default_cluster_buffer")]
+    pub buffer: usize,
+}
+
+fn default_cluster_name() -> String {
+    "default".into()
+}
+fn default_cluster_booking_ttl() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_cluster_buffer() -> usize {
+    8192
+}
+
+impl ClusterConfig {
+    /// The subject booking changes go to.
+    pub fn subject(&self) -> String {
+        format!("switchyard.{}.bookings", self.name)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |msg: &str| Err(ConfigError::Invalid(format!("cluster.{msg}")));
+        if self.nats_url.trim().is_empty() {
+            return invalid("nats_url must not be empty");
+        }
+        let token = |s: &str| {
+            !s.is_empty()
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        };
+        if !token(&self.name) {
+            return invalid("name must be letters, digits, '-' or '_'");
+        }
+        if self.replica_id.as_deref().is_some_and(|id| id.is_empty()) {
+            return invalid("replica_id must not be empty");
+        }
+        if self.booking_ttl.is_zero() || self.buffer == 0 {
+            return invalid("booking_ttl and buffer must be positive");
+        }
+        Ok(())
+    }
 }
 
 /// Listener and request limits.
@@ -486,6 +550,8 @@ pub struct Config {
     pub trace: Option<TraceConfig>,
     /// Wasm policies (routing, admission, KV hints), if configured.
     pub policies: Option<crate::policies::PoliciesConfig>,
+    /// Load shared with other replicas over NATS, if configured.
+    pub cluster: Option<ClusterConfig>,
 }
 
 /// Why a configuration was refused.
@@ -582,6 +648,9 @@ impl TryFrom<RawConfig> for Config {
         if let Some(policies) = &raw.policies {
             policies.validate()?;
         }
+        if let Some(cluster) = &raw.cluster {
+            cluster.validate()?;
+        }
         raw.admission.native_policy()?;
         raw.model.alias_matcher()?;
         if raw.model.context_length == Some(0) {
@@ -620,6 +689,7 @@ impl TryFrom<RawConfig> for Config {
             workers: raw.workers,
             trace: raw.trace,
             policies: raw.policies,
+            cluster: raw.cluster,
         })
     }
 }

@@ -27,6 +27,7 @@
 mod admin;
 mod admission;
 pub mod agent;
+mod cluster;
 pub mod config;
 pub mod error;
 pub mod events;

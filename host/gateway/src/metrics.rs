@@ -102,6 +102,17 @@ pub struct Metrics {
     pub session_tokenizations: Family<SessionLabels, Counter>,
     /// Hosted tools offered by clients that no engine can run, left out of prompts, by type.
     pub dropped_tools: Family<ToolTypeLabels, Counter>,
+    /// Booking messages over NATS, by direction (`sent`, `received`, `dropped`).
+    pub cluster_messages: Family<DirectionLabels, Counter>,
+    /// 1 while the NATS connection of `[cluster]` is up.
+    pub cluster_connected: Gauge,
+}
+
+/// Labels of the cluster's message counter.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct DirectionLabels {
+    /// `sent`, `received` or `dropped`.
+    pub direction: &'static str,
 }
 
 /// Labels of counters split by outcome.
@@ -140,6 +151,8 @@ impl Metrics {
             reused_prompt_tokens: Counter::default(),
             session_tokenizations: Family::default(),
             dropped_tools: Family::default(),
+            cluster_messages: Family::default(),
+            cluster_connected: Gauge::default(),
             registry: Mutex::new(Registry::default()),
         };
         registry.register("requests", "Requests answered", m.requests.clone());
@@ -227,6 +240,16 @@ impl Metrics {
             "dropped_tools",
             "Hosted tools (web search, code interpreter, ...) left out of prompts: no engine runs them",
             m.dropped_tools.clone(),
+        );
+        registry.register(
+            "cluster_messages",
+            "Booking messages shared with other replicas over NATS, by direction (sent, received, dropped)",
+            m.cluster_messages.clone(),
+        );
+        registry.register(
+            "cluster_connected",
+            "1 while the NATS connection of [cluster] is up",
+            m.cluster_connected.clone(),
         );
         *m.registry.lock().unwrap_or_else(|e| e.into_inner()) = registry;
         m

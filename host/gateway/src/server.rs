@@ -2,6 +2,7 @@
 
 use crate::admission::{Admission, AdmissionCollector};
 use crate::agent::AgentContext;
+use crate::cluster::Cluster;
 use crate::config::{Config, ConfigError};
 use crate::error::GatewayError;
 use crate::events::EventMetrics;
@@ -94,6 +95,8 @@ pub struct Shared {
     /// Prefix of the ids clients see (`chatcmpl-<prefix><n>`): unique across restarts.
     id_prefix: String,
     pub(crate) router: Arc<Mutex<Router>>,
+    /// Where this replica's booking changes go for the others, when `[cluster]` is on.
+    cluster: Option<Cluster>,
     index: IndexReader,
     /// The router's clock starts here.
     epoch: Instant,
@@ -173,7 +176,16 @@ impl Shared {
     ) -> T {
         let now = self.now();
         let mut router = self.router();
-        self.index.read(|index| f(&mut router, index, now))
+        let result = self.index.read(|index| f(&mut router, index, now));
+        self.share_bookings(&mut router);
+        result
+    }
+
+    /// Hand the router's booking changes to the cluster (never waits); nothing without one.
+    fn share_bookings(&self, router: &mut Router) {
+        if let Some(cluster) = &self.cluster {
+            cluster.publish(router.take_deltas());
+        }
     }
 
     /// Route `request` now, or queue it while every worker it may go to is saturated.
@@ -197,7 +209,11 @@ impl Shared {
     }
 
     pub(crate) fn first_token(&self, id: RequestId) {
-        self.router().first_token(id);
+        {
+            let mut router = self.router();
+            router.first_token(id);
+            self.share_bookings(&mut router);
+        }
         Queue::drain(self);
     }
 
@@ -208,7 +224,11 @@ impl Shared {
 
     pub(crate) fn finish(&self, id: RequestId) {
         let now = self.now();
-        self.router().finish(id, now);
+        {
+            let mut router = self.router();
+            router.finish(id, now);
+            self.share_bookings(&mut router);
+        }
         Queue::drain(self);
     }
 
@@ -327,7 +347,13 @@ pub async fn start(
             crate::config::ConfigError::Invalid(format!("unknown policy {}", config.policy))
         })?,
     };
-    let router = Arc::new(Mutex::new(Router::new(config.router.clone(), policy)));
+    let mut router = Router::new(config.router.clone(), policy);
+    let cluster = config.cluster.as_ref().map(|c| {
+        router.record_deltas(true);
+        Cluster::new(c, metrics.clone())
+    });
+    let (cluster, cluster_tasks) = cluster.unzip();
+    let router = Arc::new(Mutex::new(router));
     let fleet = Arc::new(Fleet::new(ops, tasks.clone(), background.clone()));
     fleet.reconcile(&config.workers, &router, &metrics)?;
     metrics.register_collector(Box::new(EventMetrics(fleet.clone())));
@@ -381,6 +407,7 @@ pub async fn start(
                 .map_or(0, |d| d.as_millis())
         ),
         router,
+        cluster,
         metrics,
         trace,
         policies,
@@ -394,6 +421,9 @@ pub async fn start(
     });
 
     tasks.spawn(expire_sessions(shared.clone(), background.clone()));
+    if let Some(cluster) = cluster_tasks {
+        cluster.spawn(shared.clone(), &tasks, background.clone());
+    }
     tasks.spawn(crate::admission::run_ticker(
         shared.clone(),
         background.clone(),

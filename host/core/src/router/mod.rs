@@ -135,6 +135,47 @@ pub struct RankLoad {
     pub requests: u32,
 }
 
+/// A change to this router's own bookings, for other gateway replicas to add to their view
+/// (see [`Router::record_deltas`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BookingDelta {
+    /// A request was booked on `rank` (again, if it was retried: the new booking replaces the
+    /// old one).
+    Booked {
+        /// The request.
+        id: RequestId,
+        /// Where it went.
+        rank: Rank,
+        /// Uncached prompt tokens it loads the rank with until its first token.
+        prefill_tokens: u64,
+        /// KV blocks it holds while it runs.
+        decode_blocks: u64,
+    },
+    /// The request produced its first token.
+    PrefillDone {
+        /// The request.
+        id: RequestId,
+    },
+    /// The request ended.
+    Finished {
+        /// The request.
+        id: RequestId,
+    },
+}
+
+/// Identifies another gateway replica whose bookings this router holds as peer load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PeerId(pub u64);
+
+#[derive(Debug, Clone)]
+struct PeerBooking {
+    slot: usize,
+    prefill_tokens: u64,
+    decode_blocks: u64,
+    prefill_done: bool,
+    expires: Duration,
+}
+
 #[derive(Debug, Clone)]
 struct RankState {
     rank: Rank,
@@ -144,6 +185,8 @@ struct RankState {
     /// Publishes no KV events: index it from our own decisions.
     approximate: bool,
     load: RankLoad,
+    /// What other gateway replicas booked on it (soft state; zero without a cluster).
+    peer: RankLoad,
 }
 
 #[derive(Debug, Clone)]
@@ -163,6 +206,12 @@ pub struct Router {
     ranks: Vec<RankState>,
     predicted: PredictedBlocks,
     bookings: HashMap<RequestId, Booking>,
+    /// Other replicas' bookings, by replica and their request id.
+    peer_bookings: HashMap<(PeerId, RequestId), PeerBooking>,
+    /// The earliest expiry among `peer_bookings` (nothing to scan before then).
+    next_peer_expiry: Option<Duration>,
+    /// Changes to our own bookings not yet taken, when recording is on.
+    journal: Option<Vec<BookingDelta>>,
     rng: SmallRng,
 }
 
@@ -178,6 +227,9 @@ impl Router {
             policy,
             ranks: Vec::new(),
             bookings: HashMap::new(),
+            peer_bookings: HashMap::new(),
+            next_peer_expiry: None,
+            journal: None,
         }
     }
 
@@ -219,6 +271,7 @@ impl Router {
             retired: false,
             approximate,
             load: RankLoad::default(),
+            peer: RankLoad::default(),
         });
     }
 
@@ -267,6 +320,135 @@ impl Router {
         self.bookings.len()
     }
 
+    /// Record every change to this router's own bookings for [`Router::take_deltas`] (on), or
+    /// stop and drop what was recorded (off). Off by default.
+    pub fn record_deltas(&mut self, on: bool) {
+        self.journal = on.then(Vec::new);
+    }
+
+    /// The booking changes recorded since the last call, oldest first.
+    pub fn take_deltas(&mut self) -> Vec<BookingDelta> {
+        self.journal
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    fn journal(&mut self, delta: BookingDelta) {
+        if let Some(journal) = &mut self.journal {
+            journal.push(delta);
+        }
+    }
+
+    /// Load other gateway replicas booked on `rank`, as far as they told us.
+    pub fn peer_load(&self, rank: Rank) -> RankLoad {
+        self.ranks
+            .iter()
+            .find(|r| r.rank == rank)
+            .map_or_else(RankLoad::default, |r| r.peer)
+    }
+
+    /// Peer bookings held.
+    pub fn peer_bookings(&self) -> usize {
+        self.peer_bookings.len()
+    }
+
+    /// Replica `peer` booked its request `id` on `rank`; the cost of every later decision sees
+    /// it added to the rank's own load until the peer says it finished or `expires` passes. A
+    /// second booking of the same request replaces the first. Returns false (nothing held) if
+    /// `rank` is unknown here.
+    pub fn peer_booked(
+        &mut self,
+        peer: PeerId,
+        id: RequestId,
+        rank: Rank,
+        (prefill_tokens, decode_blocks): (u64, u64),
+        expires: Duration,
+    ) -> bool {
+        self.peer_finished(peer, id);
+        let Some(slot) = self.ranks.iter().position(|r| r.rank == rank) else {
+            return false;
+        };
+        let load = &mut self.ranks[slot].peer;
+        load.prefill_tokens += prefill_tokens;
+        load.decode_blocks += decode_blocks;
+        load.requests += 1;
+        self.peer_bookings.insert(
+            (peer, id),
+            PeerBooking {
+                slot,
+                prefill_tokens,
+                decode_blocks,
+                prefill_done: false,
+                expires,
+            },
+        );
+        self.next_peer_expiry = Some(self.next_peer_expiry.map_or(expires, |e| e.min(expires)));
+        true
+    }
+
+    /// Replica `peer`'s request `id` produced its first token.
+    pub fn peer_prefill_done(&mut self, peer: PeerId, id: RequestId) {
+        let Some(booking) = self.peer_bookings.get_mut(&(peer, id)) else {
+            return;
+        };
+        if !booking.prefill_done {
+            booking.prefill_done = true;
+            let load = &mut self.ranks[booking.slot].peer;
+            load.prefill_tokens = load.prefill_tokens.saturating_sub(booking.prefill_tokens);
+        }
+    }
+
+    /// Replica `peer`'s request `id` ended: its load goes.
+    pub fn peer_finished(&mut self, peer: PeerId, id: RequestId) {
+        if let Some(booking) = self.peer_bookings.remove(&(peer, id)) {
+            self.release_peer(&booking);
+        }
+    }
+
+    /// Forget every booking of replica `peer` (it said it restarted).
+    pub fn forget_peer(&mut self, peer: PeerId) {
+        let gone: Vec<_> = self
+            .peer_bookings
+            .keys()
+            .filter(|(p, _)| *p == peer)
+            .copied()
+            .collect();
+        for key in gone {
+            if let Some(booking) = self.peer_bookings.remove(&key) {
+                self.release_peer(&booking);
+            }
+        }
+    }
+
+    /// Forget peer bookings whose expiry has passed (no `finished` came for them).
+    pub fn expire_peers(&mut self, now: Duration) {
+        if self.next_peer_expiry.is_none_or(|e| e > now) {
+            return;
+        }
+        let mut expired = Vec::new();
+        self.peer_bookings.retain(|_, b| {
+            let keep = b.expires > now;
+            if !keep {
+                expired.push(b.clone());
+            }
+            keep
+        });
+        for booking in &expired {
+            self.release_peer(booking);
+        }
+        self.next_peer_expiry = self.peer_bookings.values().map(|b| b.expires).min();
+    }
+
+    fn release_peer(&mut self, booking: &PeerBooking) {
+        let load = &mut self.ranks[booking.slot].peer;
+        if !booking.prefill_done {
+            load.prefill_tokens = load.prefill_tokens.saturating_sub(booking.prefill_tokens);
+        }
+        load.decode_blocks = load.decode_blocks.saturating_sub(booking.decode_blocks);
+        load.requests = load.requests.saturating_sub(1);
+    }
+
     /// Place `request` and book it at once, so that the next decision sees it.
     pub fn route(
         &mut self,
@@ -276,6 +458,7 @@ impl Router {
         now: Duration,
     ) -> Result<Decision, RouteError> {
         self.predicted.expire(now);
+        self.expire_peers(now);
         let indexed = index.find_matches(request.hashes);
         let predicted = self.predicted.find_matches(request.hashes, now);
         let lookup = |rank: Rank| {
@@ -309,9 +492,9 @@ impl Router {
                 overlap,
                 indexed_blocks: index.total_blocks(state.rank)
                     + self.predicted.len(state.rank) as u64,
-                active_prefill_tokens: state.load.prefill_tokens,
-                active_decode_blocks: state.load.decode_blocks,
-                active_requests: state.load.requests,
+                active_prefill_tokens: state.load.prefill_tokens + state.peer.prefill_tokens,
+                active_decode_blocks: state.load.decode_blocks + state.peer.decode_blocks,
+                active_requests: state.load.requests + state.peer.requests,
             });
         }
         if candidates.is_empty() {
@@ -398,6 +581,7 @@ impl Router {
             booking.prefill_done = true;
             let load = &mut self.ranks[booking.slot].load;
             load.prefill_tokens = load.prefill_tokens.saturating_sub(booking.prefill_tokens);
+            self.journal(BookingDelta::PrefillDone { id });
         }
     }
 
@@ -412,6 +596,7 @@ impl Router {
         let Some(booking) = self.bookings.remove(&id) else {
             return;
         };
+        self.journal(BookingDelta::Finished { id });
         let state = &mut self.ranks[booking.slot];
         state.load.decode_blocks = state
             .load
@@ -465,6 +650,13 @@ impl Router {
                     .saturating_sub(old.prefill_tokens);
             }
         }
+        let rank = self.ranks[slot].rank;
+        self.journal(BookingDelta::Booked {
+            id,
+            rank,
+            prefill_tokens,
+            decode_blocks,
+        });
         self.bookings.insert(
             id,
             Booking {

@@ -387,3 +387,120 @@ fn a_pinned_rank_bypasses_the_policy_unless_it_cannot_take_the_request() {
     assert_eq!(d.rank, Rank::new(2, 0));
     assert!(d.cost.is_some());
 }
+
+#[test]
+fn peer_load_steers_away_from_a_rank_another_replica_filled() {
+    let tokens: Vec<u32> = (0..64).collect();
+    let hashes = BlockHasher::new(4).sequence(&tokens);
+    let index = KvIndex::new();
+    let peer = PeerId(7);
+    let mut r = router(2, Box::new(KvCost));
+    // Without peer load both ranks cost the same and the tie-break decides; with rank 0 loaded
+    // by a peer, rank 1 wins every time.
+    assert!(r.peer_booked(peer, RequestId(1), Rank::new(0, 0), (64, 16), ms(1000)));
+    assert_eq!(
+        r.peer_load(Rank::new(0, 0)),
+        RankLoad {
+            prefill_tokens: 64,
+            decode_blocks: 16,
+            requests: 1
+        }
+    );
+    assert_eq!(
+        r.load(Rank::new(0, 0)),
+        RankLoad::default(),
+        "own load apart"
+    );
+    let d = r
+        .route(RequestId(1), &request(&hashes, 64), &index, ms(0))
+        .unwrap();
+    assert_eq!(d.rank, Rank::new(1, 0));
+    assert_eq!(d.cost, Some(16.0 + 16.0));
+    // The peer's prefill ends, then the request: its load goes in two steps.
+    r.peer_prefill_done(peer, RequestId(1));
+    assert_eq!(r.peer_load(Rank::new(0, 0)).prefill_tokens, 0);
+    assert_eq!(r.peer_load(Rank::new(0, 0)).decode_blocks, 16);
+    r.peer_finished(peer, RequestId(1));
+    assert_eq!(r.peer_load(Rank::new(0, 0)), RankLoad::default());
+    assert_eq!(r.peer_bookings(), 0);
+}
+
+#[test]
+fn peer_bookings_expire_replace_and_ignore_unknown_ranks() {
+    let mut r = router(2, Box::new(KvCost));
+    let (a, b) = (PeerId(1), PeerId(2));
+    let rank = Rank::new(0, 0);
+    r.peer_booked(a, RequestId(1), rank, (10, 2), ms(100));
+    r.peer_booked(b, RequestId(1), rank, (20, 3), ms(300));
+    assert_eq!(
+        r.peer_load(rank).requests,
+        2,
+        "same id, two replicas: two bookings"
+    );
+    // A retried request books again: it replaces its first booking, on whatever rank.
+    r.peer_booked(a, RequestId(1), Rank::new(1, 0), (5, 1), ms(200));
+    assert_eq!(r.peer_load(rank).prefill_tokens, 20);
+    assert_eq!(r.peer_load(Rank::new(1, 0)).prefill_tokens, 5);
+    assert!(!r.peer_booked(a, RequestId(9), Rank::new(5, 0), (1, 1), ms(100)));
+    r.expire_peers(ms(199));
+    assert_eq!(r.peer_bookings(), 2);
+    r.expire_peers(ms(200));
+    assert_eq!(r.peer_load(Rank::new(1, 0)), RankLoad::default());
+    assert_eq!(r.peer_bookings(), 1);
+    r.forget_peer(b);
+    assert_eq!(r.peer_load(rank), RankLoad::default());
+    // Unknown ids are no-ops.
+    r.peer_finished(a, RequestId(42));
+    r.peer_prefill_done(a, RequestId(42));
+    assert_eq!(r.peer_bookings(), 0);
+}
+
+#[test]
+fn peer_bookings_expire_on_route() {
+    let tokens: Vec<u32> = (0..64).collect();
+    let hashes = BlockHasher::new(4).sequence(&tokens);
+    let index = KvIndex::new();
+    let mut r = router(2, Box::new(KvCost));
+    r.peer_booked(PeerId(1), RequestId(1), Rank::new(0, 0), (640, 160), ms(10));
+    r.route(RequestId(5), &request(&hashes, 64), &index, ms(20))
+        .unwrap();
+    assert_eq!(r.peer_bookings(), 0);
+}
+
+#[test]
+fn the_journal_records_own_booking_changes_only_when_on() {
+    let tokens: Vec<u32> = (0..64).collect();
+    let hashes = BlockHasher::new(4).sequence(&tokens);
+    let index = KvIndex::new();
+    let mut r = router(1, Box::new(KvCost));
+    r.route(RequestId(1), &request(&hashes, 64), &index, ms(0))
+        .unwrap();
+    assert!(r.take_deltas().is_empty(), "off by default");
+    r.record_deltas(true);
+    r.route(RequestId(2), &request(&hashes, 64), &index, ms(0))
+        .unwrap();
+    r.first_token(RequestId(2));
+    r.first_token(RequestId(2));
+    r.finish(RequestId(2), ms(1));
+    r.finish(RequestId(2), ms(1));
+    // Peer bookings are not ours: never recorded.
+    r.peer_booked(PeerId(1), RequestId(3), Rank::new(0, 0), (1, 1), ms(10));
+    let deltas = r.take_deltas();
+    assert_eq!(deltas.len(), 3, "{deltas:?}");
+    let BookingDelta::Booked {
+        id,
+        rank,
+        decode_blocks,
+        ..
+    } = deltas[0]
+    else {
+        panic!("{deltas:?}");
+    };
+    assert_eq!(
+        (id, rank, decode_blocks),
+        (RequestId(2), Rank::new(0, 0), 16)
+    );
+    assert_eq!(deltas[1], BookingDelta::PrefillDone { id: RequestId(2) });
+    assert_eq!(deltas[2], BookingDelta::Finished { id: RequestId(2) });
+    assert!(r.take_deltas().is_empty());
+}
