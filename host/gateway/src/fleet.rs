@@ -28,6 +28,8 @@ pub struct Member {
     pub(crate) events: Vec<(Rank, Arc<SubscriberStats>)>,
     /// Stops its event subscriptions.
     stop: CancellationToken,
+    /// Its event subscriptions, so that leaving can wait for them to end.
+    subscriptions: TaskTracker,
 }
 
 /// The fleet: members by worker id (a slot stays empty once its worker left).
@@ -164,23 +166,23 @@ impl Fleet {
     fn start(&self, id: WorkerId, joining: Joining) -> Arc<Member> {
         let upstream = Upstream::new(id.0 as usize, &joining.config);
         let stop = self.background.child_token();
+        let subscriptions = TaskTracker::new();
         let mut events = Vec::new();
         for mut subscriber in joining.subscribers {
             subscriber.rank.worker = id;
             let stats = Arc::new(SubscriberStats::default());
             events.push((subscriber.rank, stats.clone()));
-            self.tasks.spawn(run_subscriber(
-                subscriber,
-                self.ops.clone(),
-                stats,
-                stop.clone(),
-            ));
+            // Tracked by the gateway (shutdown waits for it) and by the member (leaving does).
+            let run = run_subscriber(subscriber, self.ops.clone(), stats, stop.clone());
+            self.tasks.spawn(subscriptions.track_future(run));
         }
+        subscriptions.close();
         Arc::new(Member {
             upstream,
             config: joining.config,
             events,
             stop,
+            subscriptions,
         })
     }
 
@@ -189,14 +191,8 @@ impl Fleet {
         member.stop.cancel();
         let ops = self.ops.clone();
         self.tasks.spawn(async move {
-            // A clear sent once its subscribers are gone (each holds its stats until it ends)
-            // cannot be undone by a late store; one that hangs is not waited for long.
-            for _ in 0..500 {
-                if member.events.iter().all(|(_, s)| Arc::strong_count(s) == 1) {
-                    break;
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            }
+            // A clear sent once its subscribers have ended cannot be undone by a late store.
+            member.subscriptions.wait().await;
             for rank in member.upstream.ranks() {
                 let _ = ops.send(IndexOp::Clear { rank }).await;
             }

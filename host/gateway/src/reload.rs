@@ -97,12 +97,7 @@ fn apply(shared: &Shared, new: Config) -> Result<Reloaded, ConfigError> {
         live,
     );
     // The router's tunables; its block size, prediction bound and seed shaped what it holds.
-    let mut tuned = new.router.clone();
-    (tuned.block_size, tuned.approx_max_blocks, tuned.seed) = (
-        old.router.block_size,
-        old.router.approx_max_blocks,
-        old.router.seed,
-    );
+    let tuned = old.router.retuned(&new.router);
     take("router", &mut next.router, tuned, live);
     // The native routing policy, unless the policy directory decides.
     let policy = if old.policies.is_none() && new.policy != old.policy {
@@ -144,19 +139,12 @@ fn apply(shared: &Shared, new: Config) -> Result<Reloaded, ConfigError> {
     );
     differs("model.name", &old.model.name, &new.model.name, pending);
     differs("model.path", &old.model.path, &new.model.path, pending);
-    let same_block = (
-        old.router.block_size,
-        old.router.approx_max_blocks,
-        old.router.seed,
-    ) == (
-        new.router.block_size,
-        new.router.approx_max_blocks,
-        new.router.seed,
-    );
+    let shape =
+        |r: &switchyard_core::router::RouterConfig| (r.block_size, r.approx_max_blocks, r.seed);
     differs(
         "router.block_size, approx_max_blocks, seed",
-        &true,
-        &same_block,
+        &shape(&old.router),
+        &shape(&new.router),
         pending,
     );
     if old.policies.is_some() {

@@ -40,6 +40,19 @@ pub struct RouterConfig {
     pub seed: u64,
 }
 
+impl RouterConfig {
+    /// These settings with `new`'s tunables (weights, temperature, lifetimes): what a running
+    /// router can take. The block size, the prediction bound and the seed stay.
+    pub fn retuned(&self, new: &RouterConfig) -> RouterConfig {
+        RouterConfig {
+            block_size: self.block_size,
+            approx_max_blocks: self.approx_max_blocks,
+            seed: self.seed,
+            ..new.clone()
+        }
+    }
+}
+
 impl Default for RouterConfig {
     fn default() -> Self {
         Self {
@@ -247,12 +260,7 @@ impl Router {
     /// and predictions are kept. The block size, the prediction bound and the seed shape state
     /// already built and stay as they are.
     pub fn retune(&mut self, config: &RouterConfig) {
-        self.config = RouterConfig {
-            block_size: self.config.block_size,
-            approx_max_blocks: self.config.approx_max_blocks,
-            seed: self.config.seed,
-            ..config.clone()
-        };
+        self.config = self.config.retuned(config);
     }
 
     /// Replace the routing policy (bookings and ranks are kept).
