@@ -50,7 +50,8 @@ pub use kv_hints::{
 };
 pub use router::{Decision, Outcome, RouterPolicy, Worker, Workers, cheapest, kv_cost, kv_costs};
 pub use types::{
-    CostOverrides, CostWeights, Extensions, LogLevel, PolicyMetadata, Request, find_extension,
+    CostOverrides, CostWeights, Extensions, LogLevel, PolicyMetadata, Request,
+    SHARED_CREDIT_EXTENSION, find_extension,
 };
 
 /// The version of the `switchyard:policy` WIT package this SDK binds; the host accepts policies

@@ -240,14 +240,16 @@ pub trait RouterPolicy {
 /// The KV cost of sending `request` to `worker` (agentic-serving.md section 3): weighted prefill
 /// still to do plus decode load. The same arithmetic, operation for operation, as the gateway's
 /// native `KvCost::cost`, so a Wasm policy built on it decides exactly as the native fallback.
-/// Shared-storage blocks earn no credit, as in the native cost (its shared multiplier is 0).
+/// Shared-pool blocks (already counted beyond the worker's own prefix by the host) earn
+/// [`CostWeights::shared_credit`](crate::CostWeights::shared_credit).
 pub fn kv_cost(request: &Request, worker: &Worker) -> f64 {
     let w = &request.weights;
     let bs = f64::from(request.block_size.max(1));
     let raw_prefill_blocks = worker.active_prefill_tokens as f64 / bs + f64::from(request.blocks);
     let credit = w.device_credit * f64::from(worker.device_blocks)
         + w.host_credit * f64::from(worker.host_blocks)
-        + w.disk_credit * f64::from(worker.disk_blocks);
+        + w.disk_credit * f64::from(worker.disk_blocks)
+        + w.shared_credit * f64::from(worker.shared_blocks);
     let adjusted_prefill = (raw_prefill_blocks - credit).max(0.0);
     let new_blocks = request.blocks.saturating_sub(worker.device_blocks);
     let decode_blocks = worker.active_decode_blocks as f64 + f64::from(new_blocks);

@@ -64,9 +64,16 @@ pub struct CostWeights {
     pub host_credit: f64,
     /// Credit per further prefix block on disk.
     pub disk_credit: f64,
+    /// Credit per further prefix block in the shared pool, beyond what the worker holds itself.
+    /// WIT 1.0's weights record has no field for it: the host sends it as the request extension
+    /// [`SHARED_CREDIT_EXTENSION`]; absent (an older host), it is 0 and the pool earns nothing.
+    pub shared_credit: f64,
     /// Weight of prefill work against decode load.
     pub prefill_load_scale: f64,
 }
+
+/// Request extension carrying [`CostWeights::shared_credit`] (a decimal number).
+pub const SHARED_CREDIT_EXTENSION: &str = "switchyard.shared-credit";
 
 impl Default for CostWeights {
     /// The gateway's defaults, so natively tested policies see what they will see in production.
@@ -75,6 +82,7 @@ impl Default for CostWeights {
             device_credit: 1.0,
             host_credit: 0.75,
             disk_credit: 0.25,
+            shared_credit: 0.5,
             prefill_load_scale: 1.0,
         }
     }

@@ -27,6 +27,7 @@ fn matches_the_native_cost_on_random_inputs() {
             device_credit: rng.next(300) as f64 / 100.0,
             host_credit: rng.next(300) as f64 / 100.0,
             disk_credit: rng.next(300) as f64 / 100.0,
+            shared_credit: rng.next(300) as f64 / 100.0,
             prefill_load_scale: rng.next(400) as f64 / 100.0,
         };
         let block_size = rng.next(65) as u32; // 0 included: both clamp it to 1
@@ -37,6 +38,7 @@ fn matches_the_native_cost_on_random_inputs() {
             device_blocks: rng.next(5_000) as u32,
             host_blocks: rng.next(5_000) as u32,
             disk_blocks: rng.next(5_000) as u32,
+            shared_blocks: rng.next(5_000) as u32,
             active_prefill_tokens: rng.next(1 << 40),
             active_decode_blocks: rng.next(1 << 40),
             ..Worker::default()
@@ -50,6 +52,7 @@ fn matches_the_native_cost_on_random_inputs() {
                     device_credit: weights.device_credit,
                     host_credit: weights.host_credit,
                     disk_credit: weights.disk_credit,
+                    shared_credit: weights.shared_credit,
                     prefill_load_scale: weights.prefill_load_scale,
                 },
                 ..PolicyRequest::default()
@@ -61,6 +64,7 @@ fn matches_the_native_cost_on_random_inputs() {
                     host: worker.host_blocks,
                     disk: worker.disk_blocks,
                 },
+                shared_blocks: worker.shared_blocks,
                 indexed_blocks: 0,
                 active_prefill_tokens: worker.active_prefill_tokens,
                 active_decode_blocks: worker.active_decode_blocks,
@@ -81,12 +85,14 @@ fn default_weights_match_the_native_defaults() {
             sdk.device_credit,
             sdk.host_credit,
             sdk.disk_credit,
+            sdk.shared_credit,
             sdk.prefill_load_scale
         ],
         [
             native.device_credit,
             native.host_credit,
             native.disk_credit,
+            native.shared_credit,
             native.prefill_load_scale
         ]
     );

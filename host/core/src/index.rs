@@ -12,7 +12,7 @@
 //! event application) is the driver's business; the gateway keeps two copies with `left-right`.
 
 use crate::hash::SequenceHash;
-use crate::worker::{Rank, Tier};
+use crate::worker::{Rank, Tier, WorkerId};
 use flat::U64Map;
 use std::collections::HashMap;
 
@@ -55,6 +55,14 @@ impl IndexOp {
         }
     }
 }
+
+/// The shared KV pool (G4), indexed as one more owner: its event stream goes through the same
+/// ingestion as an engine's, and a lookup reports its prefix run like a rank's. The router never
+/// routes to it (no worker has this id: the gateway numbers workers from 0 and never reuses one).
+pub const SHARED_POOL: Rank = Rank {
+    worker: WorkerId(u32::MAX),
+    dp_rank: 0,
+};
 
 /// How much of a request's prefix one rank holds, split by tier.
 ///

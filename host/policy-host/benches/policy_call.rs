@@ -26,6 +26,7 @@ fn candidates(n: u32) -> Vec<Candidate> {
                 host: w % 3,
                 disk: w % 2,
             },
+            shared_blocks: 0,
             indexed_blocks: u64::from(w) * 64,
             active_prefill_tokens: u64::from((w * 97) % 4096),
             active_decode_blocks: u64::from((w * 31) % 512),

@@ -5,6 +5,9 @@ use crate::bindings::{CostOverrides, CostWeights, Decision, Outcome, Request, Wo
 use crate::error::PolicyError;
 use switchyard_core::router::{self, Candidate, PolicyRequest, Selection};
 
+/// The request extension carrying the shared-pool credit (the SDK's `SHARED_CREDIT_EXTENSION`).
+const SHARED_CREDIT_EXTENSION: &str = "switchyard.shared-credit";
+
 pub(crate) fn request(r: &PolicyRequest<'_>, model: &str) -> Request {
     let w = &r.weights;
     let o = r.overrides.as_ref();
@@ -29,7 +32,11 @@ pub(crate) fn request(r: &PolicyRequest<'_>, model: &str) -> Request {
         parent_session_id: r.parent_session_id.map(Into::into),
         priority: r.priority,
         osl: r.osl,
-        extensions: Vec::new(),
+        // WIT 1.0's weights record has no shared-pool credit: a trial signal (rule 3).
+        extensions: vec![(
+            SHARED_CREDIT_EXTENSION.to_string(),
+            w.shared_credit.to_string(),
+        )],
     }
 }
 
@@ -55,8 +62,8 @@ pub(crate) fn empty_workers() -> Workers {
     }
 }
 
-/// Write `candidates` into `w` as columns. The core does not know capacity, usage, queue depth
-/// or a shared tier yet: those columns carry their documented "unknown" value.
+/// Write `candidates` into `w` as columns. The core does not know capacity, usage or queue depth
+/// yet: those columns carry their documented "unknown" value.
 pub(crate) fn fill_workers(w: &mut Workers, candidates: &[Candidate]) {
     let n = candidates.len();
     let columns_u32 = [
@@ -90,7 +97,7 @@ pub(crate) fn fill_workers(w: &mut Workers, candidates: &[Candidate]) {
         w.device_blocks.push(c.overlap.device);
         w.host_blocks.push(c.overlap.host);
         w.disk_blocks.push(c.overlap.disk);
-        w.shared_blocks.push(0);
+        w.shared_blocks.push(c.shared_blocks);
         w.indexed_blocks.push(c.indexed_blocks);
         w.active_prefill_tokens.push(c.active_prefill_tokens);
         w.active_decode_blocks.push(c.active_decode_blocks);

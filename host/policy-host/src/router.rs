@@ -193,6 +193,7 @@ fn canary(component: &RouterComponent) -> Result<(), PolicyError> {
                     host: w % 3,
                     disk: w % 2,
                 },
+                shared_blocks: w % 4,
                 indexed_blocks: u64::from(w) * 100,
                 active_prefill_tokens: u64::from((w * 37) % 500),
                 active_decode_blocks: u64::from((w * 11) % 40),

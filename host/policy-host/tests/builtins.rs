@@ -34,16 +34,17 @@ fn candidate() -> impl Strategy<Value = Candidate> {
     (
         0u32..64,
         0u32..4,
-        (0u32..200, 0u32..200, 0u32..200),
+        (0u32..200, 0u32..200, 0u32..200, 0u32..200),
         0u64..100_000,
         0u64..50_000,
         0u64..5_000,
         0u32..64,
     )
         .prop_map(
-            |(w, dp, (device, host, disk), indexed, prefill, decode, reqs)| Candidate {
+            |(w, dp, (device, host, disk, shared), indexed, prefill, decode, reqs)| Candidate {
                 rank: Rank::new(w, dp),
                 overlap: Overlap { device, host, disk },
+                shared_blocks: shared,
                 indexed_blocks: indexed,
                 active_prefill_tokens: prefill,
                 active_decode_blocks: decode,
@@ -53,12 +54,15 @@ fn candidate() -> impl Strategy<Value = Candidate> {
 }
 
 fn weights() -> impl Strategy<Value = CostWeights> {
-    (0.0f64..2.0, 0.0f64..2.0, 0.0f64..2.0, 0.0f64..4.0).prop_map(|(d, h, k, s)| CostWeights {
-        device_credit: d,
-        host_credit: h,
-        disk_credit: k,
-        prefill_load_scale: s,
-    })
+    (0.0f64..2.0, 0.0f64..2.0, 0.0f64..2.0, 0.0f64..2.0, 0.0f64..4.0).prop_map(
+        |(d, h, k, p, s)| CostWeights {
+            device_credit: d,
+            host_credit: h,
+            disk_credit: k,
+            shared_credit: p,
+            prefill_load_scale: s,
+        },
+    )
 }
 
 proptest! {
@@ -103,6 +107,7 @@ fn candidates(n: u32) -> Vec<Candidate> {
                 device: (w * 3) % 7,
                 ..Overlap::default()
             },
+            shared_blocks: 0,
             indexed_blocks: u64::from(w),
             active_prefill_tokens: u64::from(w * 10),
             active_decode_blocks: u64::from(w % 4),

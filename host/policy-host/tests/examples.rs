@@ -57,6 +57,7 @@ fn workers(n: u32, seed: u32) -> Vec<Candidate> {
                 device: next(8),
                 ..Overlap::default()
             },
+            shared_blocks: 0,
             indexed_blocks: u64::from(next(100)),
             active_prefill_tokens: u64::from(next(1000)),
             active_decode_blocks: u64::from(next(4)),

@@ -69,6 +69,7 @@ fn candidates(n: u32) -> Vec<Candidate> {
                 device: if w == n - 1 { 8 } else { 0 },
                 ..Overlap::default()
             },
+            shared_blocks: 0,
             indexed_blocks: 0,
             active_prefill_tokens: 0,
             active_decode_blocks: 0,

@@ -173,6 +173,7 @@ pub fn arrival(incoming: &Incoming) -> Arrival<'_> {
         device_credit: r.weights.device_credit,
         host_credit: r.weights.host_credit,
         disk_credit: r.weights.disk_credit,
+        shared_credit: r.weights.shared_credit,
         prefill_load_scale: r.weights.prefill_load_scale,
     };
     let o = &r.overrides;
@@ -190,6 +191,8 @@ pub fn arrival(incoming: &Incoming) -> Arrival<'_> {
         device_credit: o.device_credit.unwrap_or(w.device_credit),
         host_credit: o.host_credit.unwrap_or(w.host_credit),
         disk_credit: o.disk_credit.unwrap_or(w.disk_credit),
+        // Requests cannot override it through WIT 1.0: the weight in force.
+        shared_credit: w.shared_credit,
         prefill_load_scale: o.prefill_load_scale.unwrap_or(w.prefill_load_scale),
     });
     Arrival {

@@ -1,7 +1,10 @@
 //! Conversions of the types every world shares.
 
 use super::router_world::switchyard::policy::{host, types as wit};
-use crate::types::{CostOverrides, CostWeights, LogLevel, PolicyMetadata, Request};
+use crate::types::{
+    CostOverrides, CostWeights, LogLevel, PolicyMetadata, Request, SHARED_CREDIT_EXTENSION,
+    find_extension,
+};
 
 /// Sends `message` to the host's log.
 pub(crate) fn log(level: LogLevel, message: &str) {
@@ -38,6 +41,7 @@ pub(crate) fn request(r: wit::Request) -> Request {
             device_credit: r.weights.device_credit,
             host_credit: r.weights.host_credit,
             disk_credit: r.weights.disk_credit,
+            shared_credit: extension_f64(&r.extensions, SHARED_CREDIT_EXTENSION).unwrap_or(0.0),
             prefill_load_scale: r.weights.prefill_load_scale,
         },
         overrides: CostOverrides {
@@ -52,4 +56,11 @@ pub(crate) fn request(r: wit::Request) -> Request {
         osl: r.osl,
         extensions: r.extensions,
     }
+}
+
+/// A numeric request extension (a trial signal, wit/README.md rule 3), if present and finite.
+fn extension_f64(extensions: &[(String, String)], key: &str) -> Option<f64> {
+    find_extension(extensions, key)
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|v| v.is_finite())
 }

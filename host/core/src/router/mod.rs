@@ -13,7 +13,7 @@ pub use policy::{
 };
 
 use crate::hash::SequenceHash;
-use crate::index::{KvIndex, Overlap};
+use crate::index::{KvIndex, Overlap, SHARED_POOL};
 use crate::predicted::PredictedBlocks;
 use crate::worker::Rank;
 use rand::rngs::SmallRng;
@@ -107,6 +107,9 @@ pub struct Decision {
     pub overlap: Overlap,
     /// The part of the overlap the engine's own KV events showed.
     pub indexed: Overlap,
+    /// Further prefix blocks the shared pool held beyond `overlap` (credited at
+    /// [`CostWeights::shared_credit`]).
+    pub shared_blocks: u32,
     /// The chosen rank's cost, when the policy answered with costs.
     pub cost: Option<f64>,
     /// How many ranks were considered.
@@ -468,6 +471,10 @@ impl Router {
         self.predicted.expire(now);
         self.expire_peers(now);
         let indexed = index.find_matches(request.hashes);
+        let shared_run = indexed
+            .iter()
+            .find(|(r, _)| *r == SHARED_POOL)
+            .map_or(0, |(_, o)| o.total());
         let predicted = self.predicted.find_matches(request.hashes, now);
         let lookup = |rank: Rank| {
             let from_events = indexed
@@ -498,6 +505,9 @@ impl Router {
             candidates.push(Candidate {
                 rank: state.rank,
                 overlap,
+                // The pool serves a run from the first block; a rank is credited only for the
+                // part of it beyond what it holds itself, so no block counts twice.
+                shared_blocks: shared_run.saturating_sub(overlap.total()),
                 indexed_blocks: index.total_blocks(state.rank)
                     + self.predicted.len(state.rank) as u64,
                 active_prefill_tokens: state.load.prefill_tokens + state.peer.prefill_tokens,
@@ -547,6 +557,7 @@ impl Router {
             rank: candidate.rank,
             overlap: candidate.overlap,
             indexed: from_events[chosen],
+            shared_blocks: candidate.shared_blocks,
             cost,
             candidates: candidates.len(),
             candidate_index: chosen,

@@ -17,6 +17,9 @@ pub struct CostWeights {
     pub host_credit: f64,
     /// Credit per further prefix block on disk.
     pub disk_credit: f64,
+    /// Credit per further prefix block in the shared pool (G4), counted only beyond what the
+    /// rank holds itself (Dynamo's `hits_beyond`); 0 ignores the pool.
+    pub shared_credit: f64,
     /// Weight of prefill work against decode load.
     pub prefill_load_scale: f64,
 }
@@ -27,6 +30,9 @@ impl Default for CostWeights {
             device_credit: 1.0,
             host_credit: 0.75,
             disk_credit: 0.25,
+            // Dynamo's multiplier for a shared pool: a fetch over the network, cheaper than
+            // recompute, dearer than the rank's own disk.
+            shared_credit: 0.5,
             prefill_load_scale: 1.0,
         }
     }
@@ -62,6 +68,9 @@ pub struct Candidate {
     pub rank: Rank,
     /// Prefix it holds, per tier (events and bookings combined).
     pub overlap: Overlap,
+    /// Further prefix blocks the shared pool holds beyond `overlap` (the run the rank could
+    /// fetch instead of recompute; 0 without a pool).
+    pub shared_blocks: u32,
     /// All blocks indexed on the rank (tie-break: the emptier rank wins).
     pub indexed_blocks: u64,
     /// Uncached prompt tokens of its requests that have not produced a first token.
@@ -135,7 +144,8 @@ impl KvCost {
         let raw_prefill_blocks = c.active_prefill_tokens as f64 / bs + f64::from(request.blocks);
         let credit = w.device_credit * f64::from(c.overlap.device)
             + w.host_credit * f64::from(c.overlap.host)
-            + w.disk_credit * f64::from(c.overlap.disk);
+            + w.disk_credit * f64::from(c.overlap.disk)
+            + w.shared_credit * f64::from(c.shared_blocks);
         let adjusted_prefill = (raw_prefill_blocks - credit).max(0.0);
         let new_blocks = request.blocks.saturating_sub(c.overlap.device);
         let decode_blocks = c.active_decode_blocks as f64 + f64::from(new_blocks);

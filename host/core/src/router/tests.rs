@@ -1,6 +1,6 @@
 use super::*;
 use crate::hash::BlockHasher;
-use crate::index::IndexOp;
+use crate::index::{IndexOp, SHARED_POOL};
 use crate::worker::Tier;
 
 fn ms(n: u64) -> Duration {
@@ -73,6 +73,47 @@ fn host_tier_earns_partial_credit() {
         .route(RequestId(1), &request(&hashes, 64), &index, ms(0))
         .unwrap();
     assert_eq!(d.rank, Rank::new(1, 0));
+}
+
+#[test]
+fn the_shared_pool_is_credited_only_beyond_each_ranks_own_prefix() {
+    let tokens: Vec<u32> = (0..64).collect();
+    let hashes = BlockHasher::new(4).sequence(&tokens);
+    let mut index = KvIndex::new();
+    // The pool holds the first 12 blocks; rank 1 holds 8 on its device, rank 0 nothing.
+    index.apply(&IndexOp::Store {
+        rank: SHARED_POOL,
+        tier: Tier::Host,
+        blocks: hashes[..12].to_vec(),
+    });
+    index.apply(&IndexOp::Store {
+        rank: Rank::new(1, 0),
+        tier: Tier::Device,
+        blocks: hashes[..8].to_vec(),
+    });
+    let mut r = router(2, Box::new(KvCost));
+    let d = r
+        .route(RequestId(1), &request(&hashes, 64), &index, ms(0))
+        .unwrap();
+    // rank 1: prefill 16 - 8 - 0.5 x 4 = 6, decode 8 -> 14;
+    // rank 0: prefill 16 - 0.5 x 12 = 10, decode 16 -> 26.
+    assert_eq!(d.rank, Rank::new(1, 0));
+    assert_eq!(d.shared_blocks, 4, "blocks 8..12: the pool run beyond rank 1's device");
+    assert_eq!(d.cost, Some(14.0));
+    assert_eq!(d.candidates, 2, "the pool is never a candidate");
+
+    // Without the pool's credit the same request costs rank 1 the 2 blocks more.
+    let ignore_pool = RouteRequest {
+        weights: Some(CostWeights {
+            shared_credit: 0.0,
+            ..CostWeights::default()
+        }),
+        ..request(&hashes, 64)
+    };
+    let d = router(2, Box::new(KvCost))
+        .route(RequestId(1), &ignore_pool, &index, ms(0))
+        .unwrap();
+    assert_eq!(d.cost, Some(16.0));
 }
 
 #[test]
