@@ -7,6 +7,7 @@ use std::time::Duration;
 use switchyard_core::hash::{BlockHasher, SequenceHash};
 use switchyard_core::index::KvIndex;
 use switchyard_core::worker::Rank;
+use switchyard_kv_events::ingest::WireFormat;
 use switchyard_kv_events::subscriber::{SubscriberConfig, SubscriberStats, run_subscriber};
 use switchyard_tokenizer::{ChatTemplateInput, ModelTokenizer};
 use tokio_util::sync::CancellationToken;
@@ -39,6 +40,7 @@ impl Observer {
                 replay_endpoint: Some(engine.replay.clone()),
                 bind: false,
                 topic: String::new(),
+                format: WireFormat::Vllm,
             };
             let stats = Arc::new(SubscriberStats::default());
             tokio::spawn(run_subscriber(config, tx.clone(), stats, shutdown.clone()));

@@ -8,6 +8,7 @@ use std::time::Duration;
 use switchyard_core::hash::BlockHasher;
 use switchyard_core::index::KvIndex;
 use switchyard_core::worker::{Rank, Tier};
+use switchyard_kv_events::ingest::WireFormat;
 use switchyard_kv_events::subscriber::{SubscriberConfig, SubscriberStats, run_subscriber};
 use switchyard_tokenizer::{ChatTemplateInput, ModelTokenizer};
 use tokio_util::sync::CancellationToken;
@@ -70,6 +71,7 @@ async fn a_session_evicted_during_a_tool_call_is_served_from_the_host_tier() {
         replay_endpoint: Some(engine.replay.clone()),
         bind: false,
         topic: String::new(),
+        format: WireFormat::Vllm,
     };
     let stats = Arc::new(SubscriberStats::default());
     tokio::spawn(run_subscriber(config, tx, stats, shutdown.clone()));

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use switchyard_core::index::IndexOp;
 use switchyard_core::router::Router;
 use switchyard_core::worker::{Rank, WorkerId};
+use switchyard_kv_events::ingest::WireFormat;
 use switchyard_kv_events::subscriber::{SubscriberConfig, SubscriberStats, run_subscriber};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -95,6 +96,7 @@ impl Fleet {
                         .transpose()?,
                     bind: false,
                     topic: String::new(),
+                    format: WireFormat::Vllm,
                 });
             }
         }

@@ -5,12 +5,34 @@
 //! router computes for requests) and keep `engine hash -> our hash` only to resolve later removals
 //! and token-less copies. Pure: no I/O, no clock; the subscriber drives it.
 
-use crate::wire::{EngineHash, KvEvent, decode_batch};
+use crate::wire::{EngineHash, EventBatch, KvEvent, decode_batch, mooncake};
 use std::ops::Range;
 use switchyard_core::hash::{BlockHasher, LocalBlockHash, SequenceHash};
 use switchyard_core::index::IndexOp;
 use switchyard_core::index::flat::U64Map;
 use switchyard_core::worker::{Rank, Tier};
+
+/// How a stream's payloads are encoded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WireFormat {
+    /// vLLM's `[ts, events, dp_rank]` (SGLang and TensorRT-LLM publish the same).
+    #[default]
+    Vllm,
+    /// Mooncake Store's master stream (a shared pool): `[ts_ms, [event maps], dp_rank]`. On a
+    /// stream that never sent tokens (Mooncake Store's own), a token-less store names blocks by
+    /// the router's standard hash (kv-cache.md section 5: Mooncake's hash is ours), taken as is;
+    /// once a stream re-hashes from tokens (our `kv-pool`), unknown keys are skipped.
+    Mooncake,
+}
+
+impl WireFormat {
+    fn decode(self, payload: &[u8]) -> Result<EventBatch, crate::wire::DecodeError> {
+        match self {
+            WireFormat::Vllm => decode_batch(payload),
+            WireFormat::Mooncake => mooncake::decode(payload),
+        }
+    }
+}
 
 /// What one message changed.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -94,6 +116,9 @@ impl Default for Block {
 #[derive(Debug)]
 pub struct Ingestor {
     rank: Rank,
+    format: WireFormat,
+    /// A store carried tokens: this stream's keys are not standard hashes.
+    self_describing: bool,
     hasher: BlockHasher,
     /// Highest sequence number received on the live stream.
     last_seq: Option<u64>,
@@ -112,8 +137,18 @@ impl Ingestor {
     /// # Panics
     /// If `block_size` is 0.
     pub fn new(rank: Rank, block_size: u32) -> Self {
+        Self::with_format(rank, block_size, WireFormat::Vllm)
+    }
+
+    /// An ingestor for a stream in `format` (see [`new`](Self::new)).
+    ///
+    /// # Panics
+    /// If `block_size` is 0.
+    pub fn with_format(rank: Rank, block_size: u32, format: WireFormat) -> Self {
         Self {
             rank,
+            format,
+            self_describing: false,
             hasher: BlockHasher::new(block_size as usize),
             last_seq: None,
             missing: None,
@@ -260,7 +295,7 @@ impl Ingestor {
     }
 
     fn apply(&mut self, payload: &[u8], out: &mut Ingested) {
-        let batch = match decode_batch(payload) {
+        let batch = match self.format.decode(payload) {
             Ok(batch) => batch,
             Err(error) => {
                 tracing::debug!(rank = %self.rank, %error, "skipping malformed KV event batch");
@@ -347,6 +382,7 @@ impl Ingestor {
         block_size: u32,
         tier: Tier,
     ) -> Vec<SequenceHash> {
+        self.self_describing = true;
         let ours = self.hasher.block_size();
         if block_size as usize != ours || tokens.len() != engine_hashes.len() * ours {
             self.stats.skipped_unaligned += 1;
@@ -382,10 +418,22 @@ impl Ingestor {
             .collect()
     }
 
-    /// Token-less copies of blocks we already know (offload to host memory or disk).
+    /// Token-less copies of blocks we already know (offload to host memory or disk); on a
+    /// Mooncake stream, unknown blocks named by their standard hash.
     fn store_copies(&mut self, engine_hashes: &[EngineHash], tier: Tier) -> Vec<SequenceHash> {
         let mut stored = Vec::new();
         for engine in engine_hashes {
+            if self.format == WireFormat::Mooncake && !self.self_describing {
+                let block = self.blocks.get_or_insert(
+                    engine.0,
+                    Block {
+                        hash: SequenceHash(engine.0),
+                        copies: [0; 3],
+                    },
+                );
+                stored.extend(add_copy(block, tier));
+                continue;
+            }
             match self.blocks.get_mut(engine.0) {
                 Some(block) => stored.extend(add_copy(block, tier)),
                 None => self.stats.skipped_unknown_hash += 1,

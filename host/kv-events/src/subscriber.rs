@@ -4,7 +4,7 @@
 //! and never stops on bad input. Index changes go out on a channel to whoever owns the index.
 
 use crate::Error;
-use crate::ingest::{Gap, Ingested, Ingestor};
+use crate::ingest::{Gap, Ingested, Ingestor, WireFormat};
 use crate::publisher::{END_OF_REPLAY, message};
 use bytes::Bytes;
 use std::sync::Arc;
@@ -38,6 +38,8 @@ pub struct SubscriberConfig {
     pub bind: bool,
     /// Topic prefix to subscribe to (vLLM's default is empty: everything).
     pub topic: String,
+    /// How the payloads are encoded (an engine's vLLM events, or a shared pool's Mooncake ones).
+    pub format: WireFormat,
 }
 
 /// Live counters of one subscriber, shared with metrics.
@@ -114,7 +116,7 @@ pub async fn run_subscriber(
     shutdown: CancellationToken,
 ) {
     let mut driver = Driver {
-        ingestor: Ingestor::new(config.rank, config.block_size),
+        ingestor: Ingestor::with_format(config.rank, config.block_size, config.format),
         config,
         sink,
         stats,

@@ -8,6 +8,7 @@ use std::time::Duration;
 use switchyard_core::hash::BlockHasher;
 use switchyard_core::index::IndexOp;
 use switchyard_core::worker::Rank;
+use switchyard_kv_events::ingest::WireFormat;
 use switchyard_kv_events::subscriber::{SubscriberConfig, SubscriberStats, run_subscriber};
 use switchyard_mock_engine::{MockEngineConfig, MockEngineHandle, spawn};
 use switchyard_tokenizer::ModelTokenizer;
@@ -313,6 +314,7 @@ async fn kv_events_rehash_to_the_routers_blocks() {
                 replay_endpoint: engine.handle.replay_endpoint().map(str::to_owned),
                 bind: false,
                 topic: String::new(),
+                format: WireFormat::Vllm,
             },
             ops_tx,
             stats.clone(),

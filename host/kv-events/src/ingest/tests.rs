@@ -284,3 +284,98 @@ fn malformed_payloads_are_counted_and_advance_the_sequence() {
     assert_eq!(ingestor.stats().malformed, 1);
     assert_eq!(ingestor.stats().batches, 2);
 }
+
+fn mooncake_payload(events: Vec<mooncake::MooncakeEvent>) -> Vec<u8> {
+    mooncake::encode(&mooncake::MooncakeBatch {
+        ts_ms: 10_000,
+        events,
+        dp_rank: None,
+    })
+}
+
+fn mooncake_event(
+    event_type: mooncake::MooncakeEventType,
+    hashes: &[u64],
+    parent: Option<u64>,
+    tokens: &[u32],
+    medium: &str,
+) -> mooncake::MooncakeEvent {
+    mooncake::MooncakeEvent {
+        event_type,
+        object_key: String::new(),
+        seq_hashes: hashes.iter().copied().map(EngineHash).collect(),
+        backend_id: "pool-0".into(),
+        medium: medium.into(),
+        parent_hash: parent.map(EngineHash),
+        token_ids: tokens.to_vec(),
+        block_size: None,
+    }
+}
+
+#[test]
+fn a_pool_stream_is_rehashed_from_its_tokens_and_standard_hashes_are_taken_as_is() {
+    use mooncake::MooncakeEventType::{Removed, Stored};
+    let mut ingestor = Ingestor::with_format(rank(), BS, WireFormat::Mooncake);
+    let tokens = [1, 2, 3, 4, 5, 6];
+    let expected = ours(&tokens);
+
+    // Our pool: engine keys with tokens and parent, re-hashed into the router's hashes.
+    let out = ingestor.on_message(
+        0,
+        &mooncake_payload(vec![
+            mooncake_event(Stored, &[11, 12], None, &tokens[..4], "CPU"),
+            mooncake_event(Stored, &[13], Some(12), &tokens[4..], "CPU"),
+        ]),
+    );
+    assert_eq!(
+        out.ops,
+        vec![
+            store(Tier::Host, expected[..2].to_vec()),
+            store(Tier::Host, expected[2..].to_vec()),
+        ]
+    );
+    // Spilled to its disk: a token-less copy of a known key, then the memory copy leaves.
+    let out = ingestor.on_message(
+        1,
+        &mooncake_payload(vec![
+            mooncake_event(Stored, &[13], None, &[], "DISK"),
+            mooncake_event(Removed, &[13], None, &[], "CPU"),
+        ]),
+    );
+    assert_eq!(
+        out.ops,
+        vec![
+            store(Tier::Disk, expected[2..].to_vec()),
+            IndexOp::Remove {
+                rank: rank(),
+                tier: Tier::Host,
+                blocks: expected[2..].to_vec(),
+            },
+        ]
+    );
+    // A stream that names blocks by tokens never has a token-less block taken as a standard
+    // hash: an unknown key is skipped, as on a vLLM stream.
+    let out = ingestor.on_message(
+        2,
+        &mooncake_payload(vec![mooncake_event(Stored, &[99], None, &[], "DISK")]),
+    );
+    assert!(out.ops.is_empty());
+    assert_eq!(ingestor.stats().skipped_unknown_hash, 1);
+
+    // Mooncake Store's own master stream: token-less, keyed by the standard hash itself.
+    let mut master = Ingestor::with_format(rank(), BS, WireFormat::Mooncake);
+    let out = master.on_message(
+        0,
+        &mooncake_payload(vec![mooncake_event(Stored, &[777], None, &[], "CPU")]),
+    );
+    assert_eq!(out.ops, vec![store(Tier::Host, vec![SequenceHash(777)])]);
+    assert_eq!(ingestor.stats().malformed + master.stats().malformed, 0);
+
+    // A vLLM ingestor does not read Mooncake payloads.
+    let mut vllm = Ingestor::new(rank(), BS);
+    let out = vllm.on_message(
+        0,
+        &mooncake_payload(vec![mooncake_event(Stored, &[777], None, &[], "CPU")]),
+    );
+    assert!(out.malformed || out.ops.is_empty());
+}

@@ -5,6 +5,7 @@ use std::time::Duration;
 use switchyard_core::hash::{BlockHasher, SequenceHash};
 use switchyard_core::index::{IndexOp, KvIndex};
 use switchyard_core::worker::Rank;
+use switchyard_kv_events::ingest::WireFormat;
 use switchyard_kv_events::subscriber::{
     SubscriberConfig, SubscriberSnapshot, SubscriberStats, run_subscriber,
 };
@@ -49,6 +50,7 @@ impl Harness {
             replay_endpoint,
             bind,
             topic: String::new(),
+            format: WireFormat::Vllm,
         };
         let (sink, ops) = mpsc::channel(256);
         let stats = Arc::new(SubscriberStats::default());
