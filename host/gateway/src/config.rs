@@ -44,6 +44,20 @@ pub struct RawConfig {
     pub policies: Option<crate::policies::PoliciesConfig>,
     /// Soft state shared with the other gateway replicas over NATS; absent: none.
     pub cluster: Option<ClusterConfig>,
+    /// A shared KV pool (G4) the workers read from; absent: none.
+    pub kv_pool: Option<KvPoolConfig>,
+}
+
+/// A shared KV pool the workers write through to and fetch from (`switchyard kv-pool`, or
+/// Mooncake Store's master): the gateway indexes it from its event stream, and credits a worker
+/// for the pool's run beyond the worker's own prefix (`router.weights.shared_credit`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvPoolConfig {
+    /// ZMQ endpoint of the pool's event PUB (Mooncake format), e.g. `tcp://127.0.0.1:5600`.
+    pub kv_events: String,
+    /// ZMQ endpoint of its replay socket; without it, lost messages clear the pool's entries.
+    pub replay: Option<String>,
 }
 
 /// In-flight load shared between gateway replicas over NATS Core (`[cluster]`): each replica
@@ -552,6 +566,8 @@ pub struct Config {
     pub policies: Option<crate::policies::PoliciesConfig>,
     /// Load shared with other replicas over NATS, if configured.
     pub cluster: Option<ClusterConfig>,
+    /// The shared KV pool whose events the gateway indexes, if configured.
+    pub kv_pool: Option<KvPoolConfig>,
 }
 
 /// Why a configuration was refused.
@@ -651,6 +667,15 @@ impl TryFrom<RawConfig> for Config {
         if let Some(cluster) = &raw.cluster {
             cluster.validate()?;
         }
+        if let Some(pool) = &raw.kv_pool {
+            let zmq = |e: &str| e.starts_with("tcp://") || e.starts_with("ipc://");
+            if !zmq(&pool.kv_events) || pool.replay.as_deref().is_some_and(|r| !zmq(r)) {
+                return invalid(
+                    "kv_pool.kv_events and kv_pool.replay must be ZMQ endpoints (tcp://host:port)"
+                        .into(),
+                );
+            }
+        }
         raw.admission.native_policy()?;
         raw.model.alias_matcher()?;
         if raw.model.context_length == Some(0) {
@@ -690,6 +715,7 @@ impl TryFrom<RawConfig> for Config {
             trace: raw.trace,
             policies: raw.policies,
             cluster: raw.cluster,
+            kv_pool: raw.kv_pool,
         })
     }
 }

@@ -5,15 +5,20 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use std::sync::Arc;
-use switchyard_kv_events::subscriber::SubscriberSnapshot;
+use switchyard_kv_events::subscriber::{SubscriberSnapshot, SubscriberStats};
 
 use crate::fleet::Fleet;
-use crate::metrics::worker_label;
+use crate::metrics::{WorkerLabels, worker_label};
 
-/// The subscribers' statistics of the fleet's members, exposed as `switchyard_kv_events_*`
-/// metrics.
+/// The subscribers' statistics of the fleet's members (and of the shared pool's stream, as
+/// `worker="pool"`), exposed as `switchyard_kv_events_*` metrics.
 #[derive(Debug)]
-pub struct EventMetrics(pub Arc<Fleet>);
+pub struct EventMetrics {
+    /// The workers.
+    pub fleet: Arc<Fleet>,
+    /// The shared KV pool's subscriber, if one is configured.
+    pub pool: Option<Arc<SubscriberStats>>,
+}
 
 type Field = fn(&SubscriberSnapshot) -> u64;
 
@@ -50,12 +55,19 @@ const COUNTERS: [(&str, &str, Field); 6] = [
 
 impl Collector for EventMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let pool = self.pool.iter().map(|s| {
+            let label = WorkerLabels {
+                worker: "pool".into(),
+            };
+            (label, s.snapshot())
+        });
         let snapshots: Vec<_> = self
-            .0
+            .fleet
             .members()
             .iter()
             .flat_map(|m| m.events.iter())
             .map(|(r, s)| (worker_label(*r), s.snapshot()))
+            .chain(pool)
             .collect();
         for (name, help, field) in COUNTERS {
             let mut family = encoder.encode_descriptor(

@@ -81,6 +81,8 @@ pub struct Metrics {
     pub prefix_hit_tokens: Family<WorkerLabels, Counter>,
     /// Prefix tokens the router expected to hit (events and bookings).
     pub routed_overlap_tokens: Family<WorkerLabels, Counter>,
+    /// Prompt tokens the router expected the worker to fetch from the shared KV pool.
+    pub routed_shared_tokens: Family<WorkerLabels, Counter>,
     /// Attempts retried on another worker after a failure before the first byte.
     pub retries: Counter,
     /// 1 while a worker rank passes its health check.
@@ -141,6 +143,7 @@ impl Metrics {
             prompt_tokens: Family::default(),
             prefix_hit_tokens: Family::default(),
             routed_overlap_tokens: Family::default(),
+            routed_shared_tokens: Family::default(),
             retries: Counter::default(),
             worker_healthy: Family::default(),
             in_flight: Family::default(),
@@ -190,6 +193,11 @@ impl Metrics {
             "routed_overlap_tokens",
             "Prompt tokens the router expected cached",
             m.routed_overlap_tokens.clone(),
+        );
+        registry.register(
+            "routed_shared_tokens",
+            "Prompt tokens the router expected fetched from the shared KV pool (beyond the worker's own prefix)",
+            m.routed_shared_tokens.clone(),
         );
         registry.register(
             "upstream_retries",

@@ -166,6 +166,7 @@ async fn proxy(
             worker = %decision.rank,
             overlap_blocks = decision.overlap.device,
             event_blocks = decision.indexed.device,
+            shared_blocks = decision.shared_blocks,
             cost = ?decision.cost,
             "routed"
         );

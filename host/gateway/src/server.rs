@@ -28,11 +28,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use switchyard_core::admission::RankUtilization;
 use switchyard_core::hash::BlockHasher;
+use switchyard_core::index::SHARED_POOL;
 use switchyard_core::router::{
     Outcome, RequestId, RouteRequest, Router, RoutingPolicy, native_policy,
 };
 use switchyard_core::worker::Rank;
 use switchyard_frontend::{Api, ResponseStore};
+use switchyard_kv_events::ingest::WireFormat;
+use switchyard_kv_events::subscriber::{SubscriberConfig, SubscriberStats, run_subscriber};
 use switchyard_tokenizer::{ModelTokenizer, SessionCache};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -354,9 +357,31 @@ pub async fn start(
     });
     let (cluster, cluster_tasks) = cluster.unzip();
     let router = Arc::new(Mutex::new(router));
-    let fleet = Arc::new(Fleet::new(ops, tasks.clone(), background.clone()));
+    let fleet = Arc::new(Fleet::new(ops.clone(), tasks.clone(), background.clone()));
     fleet.reconcile(&config.workers, &router, &metrics)?;
-    metrics.register_collector(Box::new(EventMetrics(fleet.clone())));
+    let pool_events = config.kv_pool.as_ref().map(|pool| {
+        let stats = Arc::new(SubscriberStats::default());
+        let subscriber = SubscriberConfig {
+            rank: SHARED_POOL,
+            block_size: config.router.block_size,
+            endpoint: pool.kv_events.clone(),
+            replay_endpoint: pool.replay.clone(),
+            bind: false,
+            topic: String::new(),
+            format: WireFormat::Mooncake,
+        };
+        tasks.spawn(run_subscriber(
+            subscriber,
+            ops,
+            stats.clone(),
+            background.clone(),
+        ));
+        stats
+    });
+    metrics.register_collector(Box::new(EventMetrics {
+        fleet: fleet.clone(),
+        pool: pool_events,
+    }));
 
     let client = reqwest::Client::builder()
         .connect_timeout(config.server.connect_timeout)

@@ -339,6 +339,13 @@ impl Booking {
             .routed_overlap_tokens
             .get_or_create(&label)
             .inc_by(u64::from(decision.overlap.device) * bs);
+        if decision.shared_blocks > 0 {
+            shared
+                .metrics
+                .routed_shared_tokens
+                .get_or_create(&label)
+                .inc_by(u64::from(decision.shared_blocks) * bs);
+        }
         Self {
             shared,
             id,
