@@ -846,6 +846,10 @@ mod tests {
                 "unknown field",
             ),
             (
+                "[kv_pool]\nkv_events = \"http://pool:5600\"\n[[workers]]\nurl = \"http://a\"",
+                "kv_pool.kv_events and kv_pool.replay must be ZMQ endpoints",
+            ),
+            (
                 "[trace]\npath = \"t\"\nbuffer = 0\n[[workers]]\nurl = \"http://a\"",
                 "trace.segment_bytes and trace.buffer",
             ),
