@@ -9,6 +9,7 @@ mod seams;
 
 use std::sync::Arc;
 use std::time::Instant;
+use xxhash_rust::xxh3::xxh3_64;
 
 pub use cache::{SessionCache, SessionCacheConfig, SessionCacheStats};
 pub(crate) use seams::Seams;
@@ -43,6 +44,22 @@ pub enum CacheOutcome {
 /// prompt, or a template that re-renders the last turn (a dropped reasoning span).
 const CONTINUATION_SLACK_BYTES: usize = 256;
 
+/// Leading bytes of a rendered prompt that name its [`content_key`].
+pub const CONTENT_KEY_BYTES: usize = 1024;
+
+/// The cache key of a prompt sent without a session id: a hash of its first
+/// [`CONTENT_KEY_BYTES`] (a content address). Resending the same conversation, or another that
+/// starts the same way, finds the prompts kept under it. Two conversations that share the key
+/// only share the [`SessionCacheConfig::prompts_per_session`] slots: the cache compares the text
+/// itself, so a shared key can cost reuse, never correctness.
+pub fn content_key(text: &str) -> String {
+    let mut end = text.len().min(CONTENT_KEY_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("~content:{:016x}", xxh3_64(&text.as_bytes()[..end]))
+}
+
 // === impl ModelTokenizer ===
 
 impl ModelTokenizer {
@@ -56,6 +73,20 @@ impl ModelTokenizer {
     ) -> Result<IncrementalEncoding, TokenizerError> {
         let text = self.render_chat(input)?;
         self.encode_incremental(cache, session, text, now)
+    }
+
+    /// [`encode_chat_incremental`](Self::encode_chat_incremental) for a request without a
+    /// session id, keyed by the rendered prompt's [`content_key`]: clients that resend their
+    /// conversation (every OpenAI-compatible client does) reuse its tokens without naming a
+    /// session.
+    pub fn encode_chat_by_content(
+        &self,
+        cache: &SessionCache,
+        input: &ChatTemplateInput<'_>,
+        now: Instant,
+    ) -> Result<IncrementalEncoding, TokenizerError> {
+        let text = self.render_chat(input)?;
+        self.encode_incremental(cache, &content_key(&text), text, now)
     }
 
     /// [`encode`](Self::encode)`(&text, false)` through `cache`, for a prompt already rendered:

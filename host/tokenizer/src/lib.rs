@@ -38,7 +38,8 @@ use tokenizers::Tokenizer;
 
 pub use error::TokenizerError;
 pub use incremental::{
-    CacheOutcome, IncrementalEncoding, SessionCache, SessionCacheConfig, SessionCacheStats,
+    CONTENT_KEY_BYTES, CacheOutcome, IncrementalEncoding, SessionCache, SessionCacheConfig,
+    SessionCacheStats, content_key,
 };
 pub use template::ChatTemplateInput;
 

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use serde_json::{Value, json};
 use switchyard_tokenizer::{
-    CacheOutcome, ChatTemplateInput, ModelTokenizer, SessionCache, SessionCacheConfig,
+    CONTENT_KEY_BYTES, CacheOutcome, ChatTemplateInput, ModelTokenizer, SessionCache,
+    SessionCacheConfig, content_key,
 };
 
 const TOKENIZER_JSON: &[u8] = include_bytes!("../assets/smollm2-135m-instruct/tokenizer.json");
@@ -507,6 +508,61 @@ fn the_same_prompt_again_reuses_everything() {
     assert_eq!((stats.hits, stats.misses), (1, 1));
     assert_eq!(stats.encoded_tokens, first.tokens.len() as u64);
     assert_eq!(stats.reused_tokens, first.tokens.len() as u64);
+}
+
+#[test]
+fn without_a_session_id_the_prompt_is_found_by_its_content() {
+    let tokenizer = &*SMOLLM;
+    let cache = SessionCache::default();
+    let now = Instant::now();
+    let mut messages = history(12);
+    let first = tokenizer
+        .encode_chat_by_content(&cache, &chat(&messages), now)
+        .expect("encodes");
+    assert_eq!(first.outcome, CacheOutcome::Miss);
+    // The same conversation resent: nothing is encoded again.
+    let again = tokenizer
+        .encode_chat_by_content(&cache, &chat(&messages), now)
+        .expect("encodes");
+    assert_eq!(again.tokens, first.tokens);
+    assert_eq!(again.reused_tokens, first.tokens.len());
+    // The next turn starts the same way, so it has the same key and reuses the turn before.
+    messages.extend(history(13).split_off(37));
+    let next = tokenizer
+        .encode_chat_by_content(&cache, &chat(&messages), now)
+        .expect("encodes");
+    assert_eq!(
+        next.tokens,
+        tokenizer.encode_chat(&chat(&messages)).expect("encodes")
+    );
+    assert_eq!(next.outcome, CacheOutcome::Hit);
+    assert!(next.reused_tokens > first.tokens.len() / 2);
+    // Another conversation under the same key (the same first kilobyte) still gets its own
+    // tokens: a key names where to look, the text decides what is reused.
+    let mut other = history(12);
+    other[30]["content"] = json!("Step 9: leave module_9 alone.");
+    let rendered = tokenizer.render_chat(&chat(&other)).expect("renders");
+    let mine = tokenizer.render_chat(&chat(&messages)).expect("renders");
+    assert_eq!(content_key(&rendered), content_key(&mine));
+    let got = tokenizer
+        .encode_chat_by_content(&cache, &chat(&other), now)
+        .expect("encodes");
+    assert_eq!(
+        got.tokens,
+        tokenizer.encode_chat(&chat(&other)).expect("encodes")
+    );
+    assert_eq!(cache.stats().entries, 1);
+}
+
+#[test]
+fn content_keys_cover_the_first_kilobyte_at_a_char_boundary() {
+    let short = "é".repeat(CONTENT_KEY_BYTES);
+    let longer = format!("{short}and more");
+    // 1,024 bytes of two-byte characters: the key stops at a boundary, and what follows the
+    // first kilobyte does not change it.
+    assert_eq!(content_key(&short), content_key(&longer));
+    assert_ne!(content_key("a"), content_key("b"));
+    assert!(content_key("").starts_with("~content:"));
 }
 
 #[test]

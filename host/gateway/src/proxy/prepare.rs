@@ -234,27 +234,32 @@ fn encode_conversation(
             .and_then(Value::as_object),
     };
     let bad = |e| GatewayError::BadRequest(format!("cannot render the chat template: {e}"));
-    match session {
-        Some(session) => {
-            let encoded = shared
-                .tokenizer
-                .encode_chat_incremental(&shared.sessions, session, &input, Instant::now())
-                .map_err(bad)?;
-            let outcome = match encoded.outcome {
-                CacheOutcome::Hit => "hit",
-                CacheOutcome::Miss => "miss",
-                CacheOutcome::Fallback => "fallback",
-            };
-            let m = &shared.metrics;
-            m.session_tokenizations
-                .get_or_create(&SessionLabels {
-                    outcome,
-                    harness: harness.as_str(),
-                })
-                .inc();
-            m.reused_prompt_tokens.inc_by(encoded.reused_tokens as u64);
-            Ok(encoded.tokens)
-        }
-        None => shared.tokenizer.encode_chat(&input).map_err(bad),
+    // Without a session id the cache is keyed by the prompt's content: OpenAI-style clients
+    // resend the whole conversation and would otherwise be tokenized whole every turn.
+    let encoded = match session {
+        Some(session) => shared.tokenizer.encode_chat_incremental(
+            &shared.sessions,
+            session,
+            &input,
+            Instant::now(),
+        ),
+        None => shared
+            .tokenizer
+            .encode_chat_by_content(&shared.sessions, &input, Instant::now()),
     }
+    .map_err(bad)?;
+    let outcome = match encoded.outcome {
+        CacheOutcome::Hit => "hit",
+        CacheOutcome::Miss => "miss",
+        CacheOutcome::Fallback => "fallback",
+    };
+    let m = &shared.metrics;
+    m.session_tokenizations
+        .get_or_create(&SessionLabels {
+            outcome,
+            harness: harness.as_str(),
+        })
+        .inc();
+    m.reused_prompt_tokens.inc_by(encoded.reused_tokens as u64);
+    Ok(encoded.tokens)
 }
