@@ -577,7 +577,7 @@ mod tests {
             (
                 proptest::collection::vec(choice, 0..3),
                 prop_oneof![8 => Just(Value::Null), 1 => Just(json!({"message": "boom"}))],
-                prop_oneof![Just(json!("chat.completion.chunk")), Just(json!("error")), Just(json!(7))],
+                prop_oneof![6 => Just(json!("chat.completion.chunk")), 1 => Just(json!("error")), 1 => Just(json!(7))],
                 prop_oneof![Just(Value::Null), Just(json!({"prompt_tokens": 3, "completion_tokens": 2}))],
             )
                 .prop_map(|(choices, error, object, usage)| {
