@@ -61,7 +61,7 @@ impl IndexOp {
 /// routes to it (no worker has this id: the gateway numbers workers from 0 and never reuses one).
 pub const SHARED_POOL: Rank = Rank {
     worker: WorkerId(u32::MAX),
-    dp_rank: 0,
+    dp_rank: u32::MAX,
 };
 
 /// How much of a request's prefix one rank holds, split by tier.

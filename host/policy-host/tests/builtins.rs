@@ -54,15 +54,20 @@ fn candidate() -> impl Strategy<Value = Candidate> {
 }
 
 fn weights() -> impl Strategy<Value = CostWeights> {
-    (0.0f64..2.0, 0.0f64..2.0, 0.0f64..2.0, 0.0f64..2.0, 0.0f64..4.0).prop_map(
-        |(d, h, k, p, s)| CostWeights {
+    (
+        0.0f64..2.0,
+        0.0f64..2.0,
+        0.0f64..2.0,
+        0.0f64..2.0,
+        0.0f64..4.0,
+    )
+        .prop_map(|(d, h, k, p, s)| CostWeights {
             device_credit: d,
             host_credit: h,
             disk_credit: k,
             shared_credit: p,
             prefill_load_scale: s,
-        },
-    )
+        })
 }
 
 proptest! {

@@ -98,7 +98,10 @@ fn the_shared_pool_is_credited_only_beyond_each_ranks_own_prefix() {
     // rank 1: prefill 16 - 8 - 0.5 x 4 = 6, decode 8 -> 14;
     // rank 0: prefill 16 - 0.5 x 12 = 10, decode 16 -> 26.
     assert_eq!(d.rank, Rank::new(1, 0));
-    assert_eq!(d.shared_blocks, 4, "blocks 8..12: the pool run beyond rank 1's device");
+    assert_eq!(
+        d.shared_blocks, 4,
+        "blocks 8..12: the pool run beyond rank 1's device"
+    );
     assert_eq!(d.cost, Some(14.0));
     assert_eq!(d.candidates, 2, "the pool is never a candidate");
 
