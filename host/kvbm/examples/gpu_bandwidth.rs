@@ -2,7 +2,8 @@
 //! `storage::copy_between`, the path the tiers use: blocks of 64 KiB, 512 KiB and 2 MiB; pinned
 //! vs pageable host memory; one batch (one stream synchronisation) vs one block at a time (one
 //! synchronisation each). Prints a markdown table and one JSON line. Without a driver or device
-//! it says why and exits 0, so `scripts/gpu-check.sh` runs anywhere.
+//! it says why and exits 0 (1 if `KVBM_REQUIRE_GPU` is set), so `scripts/gpu-check.sh` runs
+//! anywhere.
 //!
 //! ```sh
 //! cargo run --release -p switchyard-kvbm --features cuda --example gpu_bandwidth
@@ -83,6 +84,10 @@ fn main() -> Result<(), Box<dyn Error>> {
         Ok(probe) => probe.device_name()?,
         Err(error) => {
             println!("gpu_bandwidth: nothing measured: {error}");
+            // scripts/gpu-check.sh sets this on a machine with a GPU: there, no device is a failure.
+            if std::env::var_os("KVBM_REQUIRE_GPU").is_some() {
+                return Err("KVBM_REQUIRE_GPU is set".into());
+            }
             return Ok(());
         }
     };
