@@ -11,7 +11,7 @@
 //!
 //! Copies between the device slab and a host slab go through the batch (`batch.rs`): all of a
 //! batch's copies are queued on the slab's stream, and the stream is synchronised once. The
-//! batch holds both slabs mutably until that synchronisation, so no queued copy outlives the
+//! batch borrows both slabs until that synchronisation, so no queued copy outlives the
 //! borrow of the bytes it reads or writes, which is what makes the asynchronous copies from and
 //! to pinned memory sound.
 
@@ -386,8 +386,8 @@ mod tests {
         Ok(())
     }
 
-    /// Device -> host -> device through `copy_between` (the batch), for a pinned and a pageable
-    /// host slab: every byte comes back, a missing block fails alone, slots claim their blocks.
+    /// Host -> device -> host through `copy_between` (the batch), with pageable and with pinned
+    /// host slabs: every byte comes back, a missing block fails alone, slots claim their blocks.
     #[test]
     fn batches_between_device_and_host_round_trip() -> Result<(), StorageError> {
         const BLOCK: usize = 4096;
@@ -397,8 +397,15 @@ mod tests {
             Err(error) if fallback_allowed(&error) => return Ok(()),
             Err(error) => return Err(error),
         };
-        let hosts = [HostSlab::new(8, BLOCK)?, HostSlab::pinned(0, 8, BLOCK)?];
-        for (round, mut host) in hosts.into_iter().enumerate() {
+        // Up from `host`, back down into `back`: pageable both ways, then pinned both ways.
+        let pairs = [
+            (HostSlab::new(8, BLOCK)?, HostSlab::new(8, BLOCK)?),
+            (
+                HostSlab::pinned(0, 8, BLOCK)?,
+                HostSlab::pinned(0, 8, BLOCK)?,
+            ),
+        ];
+        for (round, (mut host, mut back)) in pairs.into_iter().enumerate() {
             let seed = u8::try_from(round).unwrap_or(0) * 50;
             for slot in 0..8u32 {
                 let data = pattern(seed + slot as u8, BLOCK);
@@ -416,7 +423,6 @@ mod tests {
                     .iter()
                     .all(Result::is_ok)
             );
-            let mut back = HostSlab::new(8, BLOCK)?;
             let mut down: Vec<BlockCopy> = up
                 .iter()
                 .map(|copy| BlockCopy {
