@@ -6,7 +6,7 @@
 
 use std::ops::Range;
 
-use super::{BlockCopy, HostSlab, slot_range};
+use super::{BlockCopy, BlockStore, HostSlab, slot_range};
 use crate::error::StorageError;
 use crate::types::SequenceHash;
 
@@ -52,7 +52,6 @@ fn host_to_host(
     dest: &mut HostSlab,
     copies: &[BlockCopy],
 ) -> Vec<Result<(), StorageError>> {
-    use super::BlockStore;
     let block_bytes = (source.block_bytes(), dest.block_bytes());
     let (from_bytes, from_holds) = match source.parts() {
         Ok(parts) => parts,
@@ -257,7 +256,6 @@ mod tests {
 
     #[test]
     fn host_slabs_copy_through_the_batch() -> Result<(), StorageError> {
-        use super::super::BlockStore;
         let mut source = HostSlab::new(2, 4)?;
         let mut dest = HostSlab::new(2, 4)?;
         source.write_block(BlockId(1), SequenceHash(5), &[1, 2, 3, 4])?;

@@ -319,11 +319,15 @@ mod tests {
     // slab, never a panic); on a machine with a GPU (scripts/gpu-check.sh) they move bytes.
     // There the script sets KVBM_REQUIRE_GPU, and a fallback fails the test instead.
 
-    fn fallback_allowed(error: &StorageError) -> bool {
+    /// No device, and `why`: fine, unless the GPU check requires one.
+    fn no_device(why: &dyn std::fmt::Display) {
         assert!(
             std::env::var_os("KVBM_REQUIRE_GPU").is_none(),
-            "KVBM_REQUIRE_GPU is set, but: {error}"
+            "KVBM_REQUIRE_GPU is set, but: {why}"
         );
+    }
+
+    fn is_unavailable(error: &StorageError) -> bool {
         matches!(error, StorageError::DeviceUnavailable { .. })
     }
 
@@ -350,7 +354,10 @@ mod tests {
                     Err(StorageError::Miss { .. })
                 ));
             }
-            Err(error) => assert!(fallback_allowed(&error)),
+            Err(error) => {
+                no_device(&error);
+                assert!(is_unavailable(&error));
+            }
         }
         assert!(DeviceSlab::open(usize::MAX, 4, 1024).is_err());
     }
@@ -367,7 +374,10 @@ mod tests {
                 slab.read_block(BlockId(3), SequenceHash(8), &mut out)?;
                 assert_eq!(out, data);
             }
-            Err(error) => assert!(fallback_allowed(&error)),
+            Err(error) => {
+                no_device(&error);
+                assert!(is_unavailable(&error));
+            }
         }
         assert!(HostSlab::pinned(usize::MAX, 4, 1024).is_err());
         assert!(HostSlab::pinned(0, 0, 1024).is_err());
@@ -375,9 +385,7 @@ mod tests {
         match backend {
             HostBackend::Pinned { ordinal } => assert!(ordinal == 0 && slab.is_pinned()),
             HostBackend::Pageable { reason } => {
-                assert!(fallback_allowed(&StorageError::DeviceUnavailable {
-                    reason: reason.clone()
-                }));
+                no_device(&reason);
                 assert!(!slab.is_pinned());
                 assert!(reason.contains("device unavailable"), "{reason}");
             }
@@ -394,7 +402,10 @@ mod tests {
         let mut device = match DeviceSlab::open(0, 8, BLOCK) {
             Ok(device) => device,
             // No device: nothing to copy to (the fallback is tested above).
-            Err(error) if fallback_allowed(&error) => return Ok(()),
+            Err(error) if is_unavailable(&error) => {
+                no_device(&error);
+                return Ok(());
+            }
             Err(error) => return Err(error),
         };
         // Up from `host`, back down into `back`: pageable both ways, then pinned both ways.
