@@ -13,8 +13,9 @@
 //! - [`manager`]: G1 device, G2 host, G3 disk; write-through in batches with per-edge admission
 //!   filters, onboarding on a hit, prefetch with a grace, bypass of tiers slower than recompute;
 //!   tier events in vLLM's shape. [`config`] enforces the sizing rule.
-//! - [`storage`]: the only I/O. Host slab, checksummed disk tier, the device slab (feature
-//!   `cuda`), the G4 trait, and [`storage::perform`] to execute a batch.
+//! - [`storage`]: the only I/O. Host slab (pinned with the feature `cuda` and a device),
+//!   checksummed disk tier, the device slab (feature `cuda`), the G4 trait, and
+//!   [`storage::perform`] to execute a batch (copies between slabs in batches).
 //!
 //! The logic never reads a clock ([`Tick`] is passed in) and never touches bytes: it returns
 //! [`TransferBatch`]es that the caller performs off the request path, then commits.

@@ -2,6 +2,7 @@
 //! [`BlockStore`] holds the bytes of each slot; [`perform`] executes a [`TransferBatch`]
 //! between stores, off the request path. This is the only module that does I/O.
 
+mod batch;
 mod disk;
 mod shared;
 mod slab;
@@ -11,6 +12,7 @@ mod cuda;
 
 use std::fmt::Debug;
 
+pub use batch::SlabAccess;
 pub use disk::{DiskCounters, DiskStore};
 pub use shared::{MemoryPool, fetch_from_pool, publish_to_pool};
 pub use slab::HostSlab;
@@ -109,6 +111,47 @@ pub trait BlockStore: Debug + Send {
     ) -> Option<Result<(), StorageError>> {
         None
     }
+
+    /// This store as one of the slabs that [`copy_between`] copies in batches (a host slab,
+    /// a device slab). `None`: copy block by block.
+    fn slab(&mut self) -> Option<SlabAccess<'_>> {
+        None
+    }
+}
+
+/// The same failure again, for each of several copies it failed (`StorageError` is not `Clone`
+/// because of its `io::Error`, which is repeated with its kind and message).
+fn repeat(error: &StorageError) -> StorageError {
+    match error {
+        StorageError::SlotOutOfRange { slot, capacity } => StorageError::SlotOutOfRange {
+            slot: *slot,
+            capacity: *capacity,
+        },
+        StorageError::WrongBlockSize { expected, got } => StorageError::WrongBlockSize {
+            expected: *expected,
+            got: *got,
+        },
+        StorageError::Miss { hash } => StorageError::Miss { hash: *hash },
+        StorageError::Corrupt { hash } => StorageError::Corrupt { hash: *hash },
+        StorageError::DiskFull { hash } => StorageError::DiskFull { hash: *hash },
+        StorageError::NoRoom { hash } => StorageError::NoRoom { hash: *hash },
+        StorageError::DeviceUnavailable { reason } => StorageError::DeviceUnavailable {
+            reason: reason.clone(),
+        },
+        StorageError::Io(io) => StorageError::Io(std::io::Error::new(io.kind(), io.to_string())),
+    }
+}
+
+/// A batch whose end (a flush, a synchronisation) failed: none of its writes can be trusted.
+fn fail_unfinished<'a>(
+    results: impl IntoIterator<Item = &'a mut Result<(), StorageError>>,
+    error: &StorageError,
+) {
+    for result in results {
+        if result.is_ok() {
+            *result = Err(repeat(error));
+        }
+    }
 }
 
 /// One block to copy between two stores.
@@ -122,14 +165,22 @@ pub struct BlockCopy {
     pub to: BlockId,
 }
 
-/// Copy `copies` from `source` to `dest` with one copy of the bytes where either side is
-/// addressable (straight from the slab into the file, or from the file into the slab), else
-/// through a staging buffer; then flush `dest` once. Returns the result of each copy.
+/// Copy `copies` from `source` to `dest`. Between two slabs (host or device), as one batch:
+/// all the copies are queued, then the batch is finished once (a device stream is synchronised
+/// once, not per block; see `batch.rs`). Otherwise block by block, with one copy of the bytes
+/// where either side is addressable (straight from the slab into the file, or from the file into
+/// the slab), else through a staging buffer, then `dest` is flushed once. Returns the result of
+/// each copy.
 pub fn copy_between(
     source: &mut dyn BlockStore,
     dest: &mut dyn BlockStore,
     copies: &[BlockCopy],
 ) -> Vec<Result<(), StorageError>> {
+    if let (Some(from), Some(to)) = (source.slab(), dest.slab())
+        && let Some(results) = from.copy_to(to, copies)
+    {
+        return results;
+    }
     let block_bytes = dest.block_bytes();
     let mut staging = Vec::new();
     let mut results: Vec<Result<(), StorageError>> = copies
@@ -150,13 +201,7 @@ pub fn copy_between(
         })
         .collect();
     if let Err(error) = dest.flush() {
-        // A failed flush means none of these writes can be trusted.
-        let reason = error.to_string();
-        for result in &mut results {
-            if result.is_ok() {
-                *result = Err(StorageError::Io(std::io::Error::other(reason.clone())));
-            }
-        }
+        fail_unfinished(&mut results, &error);
     }
     results
 }
@@ -323,13 +368,43 @@ pub fn device_store(
         Err(error) => error.to_string(),
     };
     #[cfg(not(feature = "cuda"))]
-    let fallback = String::from("built without the `cuda` feature");
+    let fallback = String::from(NO_CUDA_FEATURE);
     let slab = HostSlab::new(capacity_blocks, block_bytes)?;
     Ok((
         Box::new(slab),
         DeviceBackend::HostFallback { reason: fallback },
     ))
 }
+
+/// How G2's bytes are held.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostBackend {
+    /// Host memory pinned for device `ordinal` through cudarc.
+    Pinned { ordinal: usize },
+    /// Pageable host memory, and why it is not pinned.
+    Pageable { reason: String },
+}
+
+/// G2's store: a host slab pinned for device 0 when the `cuda` feature is on and a driver and
+/// device are present (device copies are then DMA), otherwise pageable. Never panics on a
+/// machine without a driver.
+pub fn host_store(
+    capacity_blocks: usize,
+    block_bytes: usize,
+) -> Result<(HostSlab, HostBackend), StorageError> {
+    #[cfg(feature = "cuda")]
+    let fallback = match HostSlab::pinned(0, capacity_blocks, block_bytes) {
+        Ok(slab) => return Ok((slab, HostBackend::Pinned { ordinal: 0 })),
+        Err(error) => error.to_string(),
+    };
+    #[cfg(not(feature = "cuda"))]
+    let fallback = String::from(NO_CUDA_FEATURE);
+    let slab = HostSlab::new(capacity_blocks, block_bytes)?;
+    Ok((slab, HostBackend::Pageable { reason: fallback }))
+}
+
+#[cfg(not(feature = "cuda"))]
+const NO_CUDA_FEATURE: &str = "built without the `cuda` feature";
 
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The KV block manager's GPU check (docs/kvbm.md): the CUDA tests and the H2D/D2H bandwidth bench,
+# printed as markdown to paste, dated, into docs/benchmarks.md section (i). Needs the NVIDIA
+# driver but no CUDA toolkit (cudarc loads libcuda at run time). Without a GPU it still runs: the
+# tests check the fallbacks and the bench says why it measured nothing.
+#
+#   scripts/gpu-check.sh              build with cargo, then run
+#   scripts/gpu-check.sh --build DIR  only build (release) the test binaries and the bench into a
+#                                     new DIR
+#   scripts/gpu-check.sh --run DIR    run what --build put in DIR (a GPU machine without cargo)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# The executables cargo built for "$@", one path a line.
+executables() {
+  cargo "$@" -p switchyard-kvbm --features cuda --message-format=json |
+    sed -n 's/.*"executable":"\([^"]*\)".*/\1/p'
+}
+
+# A new DIR (so that no stale binary runs), stripped to a few MB to travel.
+build() {
+  mkdir "$1"
+  executables build --release --example gpu_bandwidth | xargs -r cp -t "$1"
+  executables test --release --no-run | xargs -r cp -t "$1"
+  mv "$1/gpu_bandwidth" "$1/bench"
+  if command -v strip >/dev/null; then strip "$1"/*; fi
+}
+
+header() {
+  echo "### GPU check, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git describe --always --dirty 2>/dev/null || echo '?')"
+  echo
+  if command -v nvidia-smi >/dev/null; then
+    # On a GPU machine a fallback is a failure: the tests and the bench refuse it.
+    export KVBM_REQUIRE_GPU=1
+    echo "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.max,pcie.link.width.max --format=csv,noheader | head -n1)"
+    echo '```'
+    nvidia-smi
+  else
+    echo "GPU: none (no nvidia-smi)"
+    echo '```'
+  fi
+}
+
+status=0
+case "${1:-}" in
+  --build)
+    build "${2:?--build DIR}"
+    exit 0
+    ;;
+  --run)
+    dir=$(cd "${2:?--run DIR}" && pwd)
+    header
+    for test in "$dir"/*; do
+      [[ $test == */bench ]] && continue
+      echo "\$ ${test##*/}"
+      (cd host/kvbm && "$test") || status=$?
+    done
+    bench=("$dir/bench")
+    ;;
+  "")
+    header
+    cargo test -p switchyard-kvbm --features cuda 2>&1 || status=$?
+    cargo build -q --release -p switchyard-kvbm --features cuda --example gpu_bandwidth 2>&1
+    bench=(cargo run -q --release -p switchyard-kvbm --features cuda --example gpu_bandwidth)
+    ;;
+  *)
+    echo "usage: $0 [--build DIR | --run DIR]" >&2
+    exit 2
+    ;;
+esac
+echo '```'
+echo
+"${bench[@]}" || status=$?
+exit "$status"
