@@ -83,9 +83,16 @@ impl Publisher {
     /// As with any PUB socket, a batch published before a subscriber has joined is not delivered
     /// to it (it stays in the replay buffer).
     pub async fn publish(&self, batch: &EventBatch) -> Result<u64, Error> {
+        self.publish_payload(encode_batch(batch, self.encoding))
+            .await
+    }
+
+    /// Publish one payload encoded by the caller (another format on the same three-frame
+    /// stream, such as [`crate::wire::mooncake`]); returns its sequence number.
+    pub async fn publish_payload(&self, payload: Vec<u8>) -> Result<u64, Error> {
         let (reply, seq) = oneshot::channel();
         let outgoing = Outgoing {
-            payload: encode_batch(batch, self.encoding).into(),
+            payload: payload.into(),
             lost: self.lose_next.swap(false, Ordering::Relaxed),
             reply,
         };

@@ -5,6 +5,8 @@
 //! event type under `"type"`. Older engines omit trailing fields. SGLang and TRT-LLM use the same
 //! shape. Decoding is lenient about what may be absent and strict about what is present.
 
+pub mod mooncake;
+
 use rmpv::Value;
 use switchyard_core::engine::CacheEvent;
 use switchyard_core::worker::Tier;
