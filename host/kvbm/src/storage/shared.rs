@@ -130,6 +130,11 @@ impl<S: BlockStore> StorePool<S> {
         self.lock().held.contains_key(&hash)
     }
 
+    /// Every hash held, in no particular order (for audits and tests).
+    pub fn hashes(&self) -> Vec<SequenceHash> {
+        self.lock().held.keys().copied().collect()
+    }
+
     /// The retention of `hash` as declared, if held.
     pub fn retention(&self, hash: SequenceHash) -> Option<Retention> {
         self.lock().index.retention(hash)
