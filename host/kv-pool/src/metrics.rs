@@ -60,6 +60,12 @@ fn family<M: EncodeMetric>(
         return Ok(());
     };
     let mut family = encoder.encode_descriptor(name, help, None, first.metric_type())?;
+    if let [(labels, metric)] = samples
+        && labels.is_empty()
+    {
+        // An unlabelled sample: no `{}` after the name.
+        return metric.encode(family);
+    }
     for (labels, metric) in samples {
         metric.encode(family.encode_family(labels)?)?;
     }

@@ -560,3 +560,6 @@ fn stored_event(
         token_ids,
     }
 }
+
+#[cfg(test)]
+mod tests;

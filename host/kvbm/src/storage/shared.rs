@@ -163,6 +163,8 @@ impl<S: BlockStore> StorePool<S> {
         mut spill: Option<&mut dyn FnMut(Spilled<'_>)>,
     ) -> Result<PutOutcome, StorageError> {
         super::check_block_len(self.block_bytes, data.len())?;
+        // A block is never its own parent: it would never be a leaf.
+        let parent = parent.filter(|p| *p != hash);
         let mut inner = self.lock();
         if inner.held.contains_key(&hash) {
             let merged = inner
@@ -182,10 +184,21 @@ impl<S: BlockStore> StorePool<S> {
         } else {
             None
         };
-        let mut allocation = inner
-            .index
-            .allocate(1, now)
-            .map_err(|_| StorageError::NoRoom { hash })?;
+        let mut allocation = match inner.index.allocate(1, now) {
+            Ok(allocation) => allocation,
+            Err(_) => {
+                // Nothing is a leaf: parents named in a cycle (no real chain of sequence
+                // hashes has one). Drop any block rather than refuse writes for good.
+                let stuck = inner.held.keys().next().copied();
+                if let Some(stuck) = stuck.filter(|s| inner.index.invalidate(*s)) {
+                    inner.held.remove(&stuck);
+                }
+                inner
+                    .index
+                    .allocate(1, now)
+                    .map_err(|_| StorageError::NoRoom { hash })?
+            }
+        };
         let Some(block) = allocation.blocks.pop() else {
             return Err(StorageError::NoRoom { hash });
         };
@@ -459,6 +472,18 @@ mod tests {
         assert!(!pool.holds(SequenceHash(7)));
         assert_eq!(pool.drain_removed(), vec![SequenceHash(7)]);
         assert_eq!(pool.inspect(|disk| disk.counters().checksum_failures), 1);
+        Ok(())
+    }
+
+    #[test]
+    fn parents_in_a_cycle_do_not_wedge_the_pool() -> TestResult {
+        let pool = MemoryPool::new(2, 8)?;
+        pool.put(SequenceHash(1), Some(SequenceHash(2)), &[1; 8])?;
+        pool.put(SequenceHash(2), Some(SequenceHash(1)), &[2; 8])?;
+        pool.put(SequenceHash(3), Some(SequenceHash(3)), &[3; 8])?;
+        pool.put(SequenceHash(4), None, &[4; 8])?;
+        assert_eq!(pool.len(), 2);
+        assert!(pool.holds(SequenceHash(4)));
         Ok(())
     }
 }
