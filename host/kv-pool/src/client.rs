@@ -13,7 +13,7 @@ use reqwest::header::{AUTHORIZATION, CONTENT_TYPE};
 
 use crate::protocol::{
     ErrorBody, ExistsResponse, FrameError, HashesRequest, OCTET_STREAM, PoolInfo, PutBlock,
-    PutSummary, decode_get, encode_put,
+    PutSummary, VERSION_HEADER, decode_get, encode_put,
 };
 
 /// Why a pool call did not succeed.
@@ -162,7 +162,7 @@ impl PoolClient {
     }
 
     fn authorized(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-        let request = request.timeout(self.timeout);
+        let request = request.timeout(self.timeout).header(VERSION_HEADER, "1");
         match &self.token {
             Some(token) => request.header(AUTHORIZATION, format!("Bearer {token}")),
             None => request,

@@ -1,6 +1,7 @@
 //! The wire protocol, shared by the service and the client (docs/kvbm.md, "kv-pool").
 //!
-//! Every call is under `/v1/`. Hash lists travel as JSON (`u64` numbers); block bytes travel
+//! Every call is under `/v1/`, and may repeat the version in an `x-kv-pool-version: 1` header
+//! (the client does). Hash lists travel as JSON (`u64` numbers); block bytes travel
 //! binary (`application/octet-stream`), in a frame whose small header repeats the protocol
 //! version and the pool's block size, so a reader never guesses a length:
 //!
@@ -20,6 +21,9 @@ use serde::{Deserialize, Serialize};
 
 /// The protocol versions this build speaks.
 pub const VERSIONS: &[&str] = &["v1"];
+/// The header naming the version too (optional; checked when present, the client always sends
+/// it), so a proxy that rewrites paths cannot silently change the dialect.
+pub const VERSION_HEADER: &str = "x-kv-pool-version";
 /// The one version of the frames.
 pub const FRAME_VERSION: u16 = 1;
 /// Magic of a put body.

@@ -23,7 +23,7 @@ use crate::events::{self, EventEndpoints};
 use crate::metrics::{self, Refusals};
 use crate::protocol::{
     ENTRY_BYTES, ErrorBody, ErrorDetail, ExistsResponse, FrameError, HEADER_BYTES, HashesRequest,
-    MAX_TOKENS_PER_BLOCK, OCTET_STREAM, PoolInfo, VERSIONS, decode_put, encode_get,
+    MAX_TOKENS_PER_BLOCK, OCTET_STREAM, PoolInfo, VERSION_HEADER, VERSIONS, decode_put, encode_get,
 };
 use crate::store::{OpenError, Pool, PoolConfig, PutError};
 
@@ -271,8 +271,21 @@ impl AppState {
         error
     }
 
-    /// The bearer token, compared in constant time.
+    /// The bearer token, compared in constant time; then the version header, if sent.
     fn authorize(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        self.check_token(headers)?;
+        match headers.get(VERSION_HEADER).map(|v| v.to_str()) {
+            None => Ok(()),
+            Some(Ok(version)) if VERSIONS.contains(&format!("v{version}").as_str()) => Ok(()),
+            Some(version) => Err(ApiError::unsupported_version(format!(
+                "{VERSION_HEADER}: {} is not supported (supported: {})",
+                version.unwrap_or("(not text)"),
+                VERSIONS.join(", ")
+            ))),
+        }
+    }
+
+    fn check_token(&self, headers: &HeaderMap) -> Result<(), ApiError> {
         let Some(token) = &self.token else {
             return Ok(());
         };

@@ -109,6 +109,13 @@ async fn put_get_exists_round_trip_with_bytes_and_idempotent_puts() {
         client.get(&[2, 3, 1]).await.unwrap(),
         vec![Some(bytes_of(2)), None, Some(bytes_of(1))]
     );
+    let health: Value = reqwest::get(format!("{}/health", pool.service.base_url()))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(health["status"], "ok");
     let info = client.info().await.unwrap();
     assert_eq!((info.block_bytes, info.memory_blocks), (BLOCK as u64, 16));
     let metrics = reqwest::get(format!("{}/metrics", pool.service.base_url()))
@@ -174,6 +181,18 @@ async fn bad_requests_are_4xx_with_their_reason() {
     let response = http
         .post(format!("{base}/v2/exists"))
         .bearer_auth(TOKEN)
+        .json(&json!({"hashes": [1]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "unsupported_version");
+    assert_eq!(body["error"]["supported"], json!(["v1"]));
+    let response = http
+        .post(format!("{base}/v1/exists"))
+        .bearer_auth(TOKEN)
+        .header("x-kv-pool-version", "7")
         .json(&json!({"hashes": [1]}))
         .send()
         .await
