@@ -73,10 +73,15 @@ pub struct PoolClient {
     block_bytes: u32,
     token: Option<String>,
     timeout: Duration,
+    max_batch: usize,
 }
 
 /// The default per-call timeout: a pool slower than this loses to recompute anyway.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Blocks per put or get request unless told otherwise: the service's default bound.
+pub const DEFAULT_MAX_BATCH: usize = 64;
+/// Hashes per exists request: the service's bound.
+const MAX_EXISTS: usize = 16_384;
 
 impl PoolClient {
     /// A client of the pool at `base_url` (`http://host:port`) whose blocks are `block_bytes`.
@@ -90,6 +95,7 @@ impl PoolClient {
             block_bytes,
             token: None,
             timeout: DEFAULT_TIMEOUT,
+            max_batch: DEFAULT_MAX_BATCH,
         })
     }
 
@@ -105,6 +111,13 @@ impl PoolClient {
         self
     }
 
+    /// Send at most `blocks` per put or get request (the pool's `max_batch_blocks`, see
+    /// [`PoolClient::info`]); longer calls are split, in order.
+    pub fn with_max_batch(mut self, blocks: usize) -> PoolClient {
+        self.max_batch = blocks.max(1);
+        self
+    }
+
     /// The block size this client speaks.
     pub fn block_bytes(&self) -> u32 {
         self.block_bytes
@@ -112,42 +125,62 @@ impl PoolClient {
 
     /// Which of `hashes` the pool holds, in order.
     pub async fn exists(&self, hashes: &[u64]) -> Result<Vec<bool>, PoolError> {
-        let body = HashesRequest {
-            hashes: hashes.to_vec(),
-            block_bytes: None,
-        };
-        let response = self.send(self.post("exists").json(&body)).await?;
-        let answer: ExistsResponse = response.json().await.map_err(|e| self.transport(e))?;
-        if answer.present.len() != hashes.len() {
-            return Err(PoolError::Protocol(format!(
-                "{} answers for {} hashes",
-                answer.present.len(),
-                hashes.len()
-            )));
+        let mut present = Vec::with_capacity(hashes.len());
+        for chunk in hashes.chunks(MAX_EXISTS) {
+            let body = HashesRequest {
+                hashes: chunk.to_vec(),
+                block_bytes: None,
+            };
+            let response = self.send(self.post("exists").json(&body)).await?;
+            let answer: ExistsResponse = response.json().await.map_err(|e| self.transport(e))?;
+            if answer.present.len() != chunk.len() {
+                return Err(PoolError::Protocol(format!(
+                    "{} answers for {} hashes",
+                    answer.present.len(),
+                    chunk.len()
+                )));
+            }
+            present.extend(answer.present);
         }
-        Ok(answer.present)
+        Ok(present)
     }
 
     /// The bytes of each of `hashes` the pool holds (`None`: missing), in order.
     pub async fn get(&self, hashes: &[u64]) -> Result<Vec<Option<Bytes>>, PoolError> {
-        let body = HashesRequest {
-            hashes: hashes.to_vec(),
-            block_bytes: Some(self.block_bytes.into()),
-        };
-        let response = self.send(self.post("get").json(&body)).await?;
-        let frame = response.bytes().await.map_err(|e| self.transport(e))?;
-        Ok(decode_get(frame, self.block_bytes.into(), hashes.len())?)
+        let mut blocks = Vec::with_capacity(hashes.len());
+        for chunk in hashes.chunks(self.max_batch) {
+            let body = HashesRequest {
+                hashes: chunk.to_vec(),
+                block_bytes: Some(self.block_bytes.into()),
+            };
+            let response = self.send(self.post("get").json(&body)).await?;
+            let frame = response.bytes().await.map_err(|e| self.transport(e))?;
+            blocks.extend(decode_get(frame, self.block_bytes.into(), chunk.len())?);
+        }
+        Ok(blocks)
     }
 
-    /// Write `blocks` (idempotent: blocks already there are touched and counted as duplicates).
+    /// Write `blocks` (idempotent: blocks already there are touched and counted as
+    /// duplicates). A call split in several requests may fail after its first ones stored.
     pub async fn put(&self, blocks: &[PutBlock]) -> Result<PutSummary, PoolError> {
-        let frame = encode_put(blocks, self.block_bytes)?;
-        let request = self
-            .post("put")
-            .header(CONTENT_TYPE, OCTET_STREAM)
-            .body(frame);
-        let response = self.send(request).await?;
-        response.json().await.map_err(|e| self.transport(e))
+        let mut summary = PutSummary {
+            stored: 0,
+            duplicates: 0,
+            results: Vec::with_capacity(blocks.len()),
+        };
+        for chunk in blocks.chunks(self.max_batch) {
+            let frame = encode_put(chunk, self.block_bytes)?;
+            let request = self
+                .post("put")
+                .header(CONTENT_TYPE, OCTET_STREAM)
+                .body(frame);
+            let response = self.send(request).await?;
+            let part: PutSummary = response.json().await.map_err(|e| self.transport(e))?;
+            summary.stored += part.stored;
+            summary.duplicates += part.duplicates;
+            summary.results.extend(part.results);
+        }
+        Ok(summary)
     }
 
     /// The pool's block size, capacities and bounds.

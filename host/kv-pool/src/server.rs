@@ -161,7 +161,7 @@ impl Limits {
 
     /// JSON hash lists: a u64 is at most 20 digits and a comma.
     fn json_body(&self, hashes: usize) -> usize {
-        256 + hashes * 21
+        hashes.saturating_mul(21).saturating_add(256)
     }
 }
 
@@ -183,6 +183,7 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/v1/get", post(get_blocks))
         .route("/v1/put", post(put))
         .fallback(fallback)
+        .method_not_allowed_fallback(wrong_method)
         .with_state(state)
 }
 
@@ -526,4 +527,18 @@ async fn fallback(State(state): State<Arc<AppState>>, headers: HeaderMap, uri: U
         )
     };
     state.refuse(error)
+}
+
+/// A known path with the wrong method, in the one error shape.
+async fn wrong_method(State(state): State<Arc<AppState>>, uri: Uri) -> ApiError {
+    let method = if uri.path().starts_with("/v1/info") || !uri.path().starts_with("/v1/") {
+        "GET"
+    } else {
+        "POST"
+    };
+    state.refuse(ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{} takes {method}", uri.path()),
+    ))
 }

@@ -204,9 +204,26 @@ async fn bad_requests_are_4xx_with_their_reason() {
 
     // Over the batch bound (8 blocks), and a JSON put.
     let blocks: Vec<PutBlock> = (0..9).map(|h| block(h, None)).collect();
-    let (status, kind, message) = refused(pool.client().put(&blocks).await.unwrap_err()).await;
+    let unsplit = pool.client().with_max_batch(64);
+    let (status, kind, message) = refused(unsplit.put(&blocks).await.unwrap_err()).await;
     assert_eq!((status, kind.as_str()), (413, "batch_too_large"));
     assert!(message.contains("at most 8"), "{message}");
+    // A client told the bound splits the call.
+    let split = pool.client().with_max_batch(8);
+    assert_eq!(split.put(&blocks).await.unwrap().stored, 9);
+    assert_eq!(
+        split.get(&(0..9).collect::<Vec<_>>()).await.unwrap().len(),
+        9
+    );
+    let response = http
+        .get(format!("{base}/v1/put"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 405);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "method_not_allowed");
     let response = http
         .post(format!("{base}/v1/put"))
         .bearer_auth(TOKEN)
