@@ -177,7 +177,7 @@ pub struct TierUsage {
 struct Inner {
     memory: MemoryPool,
     disk: Option<StorePool<DiskStore>>,
-    /// Tokens of held blocks whose writer gave them, for self-describing store events.
+    /// Tokens of blocks in memory whose writer gave them, for self-describing store events.
     tokens: HashMap<SequenceHash, Vec<u32>>,
     counters: PoolCounters,
     events: Option<mpsc::UnboundedSender<Vec<MooncakeEvent>>>,
@@ -494,7 +494,7 @@ impl Inner {
     }
 
     /// Removal events for what left each tier since the last call; forget the tokens of
-    /// blocks that left the pool.
+    /// blocks that left memory.
     fn drain_removals(&mut self, backend_id: &str, events: &mut Vec<MooncakeEvent>) {
         let memory = self.memory.drain_removed();
         let disk = self
@@ -506,8 +506,10 @@ impl Inner {
             if removed.is_empty() {
                 continue;
             }
-            for hash in &removed {
-                if self.tier_of(*hash).is_none() {
+            if tier == PoolTier::Memory {
+                // Tokens are kept while a block is in memory (bounded by its capacity): a
+                // block spilled to disk has had its disk store event by now.
+                for hash in &removed {
                     self.tokens.remove(hash);
                 }
             }

@@ -96,8 +96,19 @@ fn memory_evictions_go_to_disk_and_are_served_from_there() -> TestResult {
     assert_eq!(pool.hashes(PoolTier::Disk), vec![2]);
     assert_eq!(pool.get(&[2]), vec![Some(bytes_of(2))]);
     assert_eq!(pool.counters().disk_hits, 1);
+    let events: Vec<MooncakeEvent> = std::iter::from_fn(|| receiver.try_recv().ok())
+        .flatten()
+        .collect();
+    // The disk store is self-describing too: tokens and parent.
+    let to_disk = events
+        .iter()
+        .find(|e| e.medium == "DISK" && e.event_type == MooncakeEventType::Stored)
+        .ok_or("a disk store event")?;
+    assert_eq!(to_disk.seq_hashes, vec![EngineHash(2)]);
+    assert_eq!(to_disk.parent_hash, Some(EngineHash(1)));
+    assert_eq!(to_disk.token_ids, vec![2; 4]);
     let mut replayed = Replayed::default();
-    drain(&mut receiver, &mut replayed);
+    replayed.apply(events);
     assert_eq!(replayed.cpu, BTreeSet::from([1, 3]));
     assert_eq!(replayed.disk, BTreeSet::from([2]));
     Ok(())
