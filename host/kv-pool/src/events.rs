@@ -12,9 +12,9 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 /// Batches the replay socket keeps.
-pub const REPLAY_BUFFER_BATCHES: usize = 4096;
+pub const REPLAY_BUFFER_BATCHES: usize = 1024;
 /// Most event maps in one published batch (calls queued together are sent together).
-const MAX_EVENTS_PER_BATCH: usize = 1024;
+const MAX_EVENTS_PER_BATCH: usize = 256;
 
 /// The bound addresses of a running stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
