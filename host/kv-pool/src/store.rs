@@ -461,10 +461,10 @@ impl Inner {
                 Err(_) => counters.spill_failures += 1,
             }
         };
-        let parent = block.parent.map(SequenceHash);
-        let outcome = memory
-            .put_at(hash, parent, retention, &block.bytes, now, Some(&mut spill))
-            .map_err(storage)?;
+        // The pool never makes a block its own parent; neither do the events.
+        let parent = block.parent.filter(|p| *p != block.hash).map(SequenceHash);
+        let outcome = memory.put_at(hash, parent, retention, &block.bytes, now, Some(&mut spill));
+        // What spilled is on disk even if the memory write then failed: publish it first.
         for (spilled, parent) in spilled {
             let ids = tokens.get(&spilled).cloned().unwrap_or_default();
             events.push(stored_event(
@@ -475,7 +475,7 @@ impl Inner {
                 &config.backend_id,
             ));
         }
-        if !outcome.stored {
+        if !outcome.map_err(storage)?.stored {
             self.counters.duplicate_puts += 1;
             return Ok(PutResult::Duplicate);
         }
