@@ -8,6 +8,7 @@ mod embedded;
 mod envoy;
 mod frontends;
 mod harnesses;
+mod kv_pool;
 mod lifecycle;
 mod llama;
 mod nats;

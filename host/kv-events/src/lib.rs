@@ -4,7 +4,8 @@
 //! (engine-protocols.md section 1). This crate is the edge between those streams and the pure
 //! [`switchyard_core::index::KvIndex`]:
 //!
-//! - [`wire`]: the msgpack payload, both of vLLM's encodings (pure);
+//! - [`wire`]: the msgpack payload, both of vLLM's encodings (pure), and
+//!   [`wire::mooncake`], Mooncake Store master's events (what the shared KV pool publishes);
 //! - [`ingest`]: one publisher's events turned into [`IndexOp`](switchyard_core::index::IndexOp)s
 //!   in our own hash space, with sequence tracking (pure);
 //! - [`subscriber`]: the ZMQ SUB driver that feeds an [`ingest::Ingestor`], replays lost

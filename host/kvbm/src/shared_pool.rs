@@ -7,8 +7,8 @@ use crate::error::StorageError;
 use crate::types::SequenceHash;
 
 /// G4: a pool shared by workers, keyed by sequence hash. Writes are idempotent (same hash, same
-/// bytes). [`MemoryPool`] is the in-process implementation; the `kv-pool` service will serve
-/// one over the network.
+/// bytes). `storage::StorePool` (feature `storage`; `MemoryPool` over a host slab) is the
+/// in-process implementation; the `switchyard-kv-pool` service serves its tiers over the network.
 pub trait SharedPool: Debug + Send + Sync {
     /// Which of `hashes` the pool holds, in order.
     fn contains(&self, hashes: &[SequenceHash]) -> Vec<bool>;

@@ -1,6 +1,8 @@
-//! `switchyard`: the gateway (`serve`) and a standalone mock engine (`mock-engine`).
+//! `switchyard`: the gateway (`serve`), a standalone mock engine (`mock-engine`) and the shared
+//! KV pool (`kv-pool`).
 
 mod embedded;
+mod kv_pool;
 mod replay;
 mod serve;
 mod simulate;
@@ -85,6 +87,9 @@ enum Command {
         #[arg(long, default_value_t = 25.0)]
         host_gb_per_s: f64,
     },
+    /// Run the shared KV pool (G4): put / get / exists by sequence hash over HTTP, memory and
+    /// disk tiers, Mooncake-format events.
+    KvPool(Box<kv_pool::KvPoolArgs>),
     /// Replay a trace against simulated workers and compare routing policies.
     Simulate(Box<simulate::SimulateArgs>),
     /// Send a trace to a live OpenAI-compatible endpoint and measure TTFT, ITL and throughput.
@@ -108,6 +113,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Simulate(args) => simulate::run(*args),
         Command::Trace(command) => trace::run(command),
         Command::Replay(args) => replay::run(*args, shutdown).await,
+        Command::KvPool(args) => kv_pool::run(*args, shutdown).await,
         Command::Serve {
             config,
             host,

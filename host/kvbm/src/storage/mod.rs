@@ -14,7 +14,7 @@ use std::fmt::Debug;
 
 pub use batch::SlabAccess;
 pub use disk::{DiskCounters, DiskStore};
-pub use shared::{MemoryPool, fetch_from_pool, publish_to_pool};
+pub use shared::{MemoryPool, PutOutcome, Spilled, StorePool, fetch_from_pool, publish_to_pool};
 pub use slab::HostSlab;
 
 /// The G4 trait lives with the pure logic; it is re-exported here, next to its implementation.

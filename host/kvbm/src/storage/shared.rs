@@ -1,47 +1,116 @@
 //! G4 in process: a bounded, shared block store keyed by sequence hash, with the same
-//! bookkeeping as a tier (a [`BlockPool`]: dedup, leaf-first LRU eviction, removal log) over a
-//! host slab. The `kv-pool` service can wrap it; tests and the simulator can share one between
-//! managers directly.
+//! bookkeeping as a tier (a [`BlockPool`]: dedup, retention-ordered leaf-first eviction, removal
+//! log) over any [`BlockStore`]. [`MemoryPool`] is it over a host slab; over a [`DiskStore`]
+//! it is a disk tier. The `kv-pool` service stacks the two (memory evictions spill to disk);
+//! tests and the simulator share a [`MemoryPool`] between managers directly.
+//!
+//! [`DiskStore`]: crate::storage::DiskStore
 
+use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::error::{KvbmError, StorageError};
 use crate::manager::PoolFetch;
-use crate::pool::{BlockPool, ImmutableBlock, PoolUsage};
+use crate::pool::{BlockPool, ImmutableBlock, PoolCounters, PoolUsage};
 use crate::retention::Retention;
 use crate::storage::{BlockStore, HostSlab, SharedPool};
-use crate::types::{SequenceHash, Tick, Tier};
+use crate::types::{BlockId, SequenceHash, Tick, Tier};
+
+/// Where a registered block's bytes are, and its parent (kept for a spill, which happens
+/// after the pool has forgotten the block).
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    slot: BlockId,
+    parent: Option<SequenceHash>,
+}
 
 #[derive(Debug)]
-struct Inner {
+struct Inner<S> {
     index: BlockPool,
-    slab: HostSlab,
+    store: S,
+    held: HashMap<SequenceHash, Held>,
+}
+
+/// A shared pool of blocks in a [`BlockStore`], keyed by sequence hash.
+#[derive(Debug)]
+pub struct StorePool<S> {
+    inner: Mutex<Inner<S>>,
+    block_bytes: usize,
+    capacity_blocks: usize,
 }
 
 /// A shared pool in host memory.
+pub type MemoryPool = StorePool<HostSlab>;
+
+/// What one [`StorePool::put_at`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PutOutcome {
+    /// False when the pool already held the hash (it was touched, not written).
+    pub stored: bool,
+    /// Hashes evicted to make room (also logged for [`StorePool::drain_removed`]).
+    pub evicted: Vec<SequenceHash>,
+}
+
+/// A block evicted to make room, handed to the spill callback while its bytes are still there.
 #[derive(Debug)]
-pub struct MemoryPool {
-    inner: Mutex<Inner>,
-    block_bytes: usize,
+pub struct Spilled<'a> {
+    /// The block.
+    pub hash: SequenceHash,
+    /// The block before it.
+    pub parent: Option<SequenceHash>,
+    /// Its retention as declared (it travels to the tier below).
+    pub retention: Retention,
+    /// Its bytes.
+    pub bytes: &'a [u8],
 }
 
 impl MemoryPool {
     /// A pool of `capacity_blocks` blocks of `block_bytes`.
     pub fn new(capacity_blocks: usize, block_bytes: usize) -> Result<MemoryPool, KvbmError> {
-        Ok(MemoryPool {
+        StorePool::over(HostSlab::new(capacity_blocks, block_bytes)?)
+    }
+}
+
+impl<S: BlockStore> StorePool<S> {
+    /// A pool with one slot per block of `store`.
+    pub fn over(store: S) -> Result<StorePool<S>, KvbmError> {
+        let (capacity_blocks, block_bytes) = (store.capacity_blocks(), store.block_bytes());
+        Ok(StorePool {
             inner: Mutex::new(Inner {
                 index: BlockPool::new(Tier::Pool, capacity_blocks, 0)?,
-                slab: HostSlab::new(capacity_blocks, block_bytes)?,
+                store,
+                held: HashMap::with_capacity(capacity_blocks),
             }),
             block_bytes,
+            capacity_blocks,
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, Inner> {
+    fn lock(&self) -> MutexGuard<'_, Inner<S>> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Hashes evicted since the last call (the pool's removal events).
+    /// Bytes of one block.
+    pub fn block_bytes(&self) -> usize {
+        self.block_bytes
+    }
+
+    /// Blocks the pool can hold.
+    pub fn capacity_blocks(&self) -> usize {
+        self.capacity_blocks
+    }
+
+    /// Blocks held now (O(1), unlike [`StorePool::usage`]).
+    pub fn len(&self) -> usize {
+        self.lock().held.len()
+    }
+
+    /// Whether the pool holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Hashes evicted or invalidated since the last call (the pool's removal events).
     pub fn drain_removed(&self) -> Vec<SequenceHash> {
         self.lock().index.drain_removed()
     }
@@ -51,15 +120,179 @@ impl MemoryPool {
         self.lock().index.usage()
     }
 
-    fn check_len(&self, len: usize) -> Result<(), StorageError> {
-        super::check_block_len(self.block_bytes, len)
+    /// The bookkeeping's counters (evictions, registrations, invalidations, ...).
+    pub fn counters(&self) -> PoolCounters {
+        self.lock().index.counters()
+    }
+
+    /// Whether the pool holds `hash` (no touch).
+    pub fn holds(&self, hash: SequenceHash) -> bool {
+        self.lock().held.contains_key(&hash)
+    }
+
+    /// Every hash held, in no particular order (for audits and tests).
+    pub fn hashes(&self) -> Vec<SequenceHash> {
+        self.lock().held.keys().copied().collect()
+    }
+
+    /// The retention of `hash` as declared, if held.
+    pub fn retention(&self, hash: SequenceHash) -> Option<Retention> {
+        self.lock().index.retention(hash)
+    }
+
+    /// A look at the store (its counters, its file).
+    pub fn inspect<R>(&self, look: impl FnOnce(&S) -> R) -> R {
+        look(&self.lock().store)
+    }
+
+    /// The slot holding `hash`, if held.
+    pub fn slot_of(&self, hash: SequenceHash) -> Option<BlockId> {
+        self.lock().held.get(&hash).map(|held| held.slot)
+    }
+
+    /// Store one block with `retention` at `now`. A hash already held is touched and its
+    /// retention merged (the stronger claim wins): idempotent. When the pool is full the next
+    /// victim in retention order (a leaf) is evicted, and handed to `spill` first if given.
+    pub fn put_at(
+        &self,
+        hash: SequenceHash,
+        parent: Option<SequenceHash>,
+        retention: Retention,
+        data: &[u8],
+        now: Tick,
+        mut spill: Option<&mut dyn FnMut(Spilled<'_>)>,
+    ) -> Result<PutOutcome, StorageError> {
+        super::check_block_len(self.block_bytes, data.len())?;
+        // A block is never its own parent: it would never be a leaf.
+        let parent = parent.filter(|p| *p != hash);
+        let mut inner = self.lock();
+        if inner.held.contains_key(&hash) {
+            let merged = inner
+                .index
+                .retention(hash)
+                .map_or(retention, |old| old.merge(retention, now));
+            inner.index.set_retention(hash, merged, now);
+            return Ok(PutOutcome {
+                stored: false,
+                evicted: Vec::new(),
+            });
+        }
+        // Peek at the victim while the pool still knows its retention.
+        let victim = if inner.held.len() >= self.capacity_blocks {
+            let victim = inner.index.next_victim(now);
+            victim.map(|v| (v, inner.index.retention(v).unwrap_or_default()))
+        } else {
+            None
+        };
+        let mut allocation = match inner.index.allocate(1, now) {
+            Ok(allocation) => allocation,
+            Err(_) => {
+                // Nothing is a leaf: parents named in a cycle (no real chain of sequence
+                // hashes has one). Drop any block rather than refuse writes for good.
+                let stuck = inner.held.keys().next().copied();
+                if let Some(stuck) = stuck.filter(|s| inner.index.invalidate(*s)) {
+                    inner.held.remove(&stuck);
+                }
+                inner
+                    .index
+                    .allocate(1, now)
+                    .map_err(|_| StorageError::NoRoom { hash })?
+            }
+        };
+        let Some(block) = allocation.blocks.pop() else {
+            return Err(StorageError::NoRoom { hash });
+        };
+        for evicted in &allocation.evicted {
+            match spill.as_deref_mut() {
+                Some(spill) => {
+                    let retention = victim
+                        .filter(|(v, _)| v == evicted)
+                        .map_or(Retention::DEFAULT, |(_, r)| r);
+                    inner.spill(*evicted, retention, spill);
+                }
+                None => {
+                    inner.held.remove(evicted);
+                }
+            }
+        }
+        // The bytes go in before the block is registered: a failed write registers nothing.
+        inner.store.write_block(block.id(), hash, data)?;
+        let slot = block.id();
+        let registration = inner
+            .index
+            .register(block.complete(hash, parent), retention, now)
+            .map_err(|_| StorageError::NoRoom { hash })?;
+        drop(registration.block);
+        inner.held.insert(hash, Held { slot, parent });
+        Ok(PutOutcome {
+            stored: true,
+            evicted: allocation.evicted,
+        })
+    }
+
+    /// Read block `hash` into `out` at `now` (a hit is a use). A block whose bytes fail their
+    /// check is dropped from the pool (it shows in the next removals) and returned as `Corrupt`.
+    pub fn get_at(
+        &self,
+        hash: SequenceHash,
+        out: &mut [u8],
+        now: Tick,
+    ) -> Result<(), StorageError> {
+        super::check_block_len(self.block_bytes, out.len())?;
+        let mut inner = self.lock();
+        let Some(block) = inner.index.get(hash, now) else {
+            return Err(StorageError::Miss { hash });
+        };
+        let result = inner.store.read_block(block.id(), hash, out);
+        drop(block);
+        if matches!(result, Err(StorageError::Corrupt { .. })) {
+            inner.index.invalidate(hash);
+            inner.held.remove(&hash);
+        }
+        result
     }
 }
 
-impl SharedPool for MemoryPool {
+impl<S: BlockStore> Inner<S> {
+    /// Hand an evicted block's bytes to `spill`. Its slot was only returned to the reset pool:
+    /// nothing has overwritten it yet.
+    fn spill(
+        &mut self,
+        hash: SequenceHash,
+        retention: Retention,
+        spill: &mut dyn FnMut(Spilled<'_>),
+    ) {
+        let Some(held) = self.held.remove(&hash) else {
+            return;
+        };
+        let mut hand = |bytes: &[u8]| {
+            spill(Spilled {
+                hash,
+                parent: held.parent,
+                retention,
+                bytes,
+            });
+            Ok(())
+        };
+        let handed = match self.store.read_in_place(held.slot, hash, &mut hand) {
+            Some(result) => result,
+            None => {
+                let mut buffer = vec![0u8; self.store.block_bytes()];
+                self.store
+                    .read_block(held.slot, hash, &mut buffer)
+                    .map(|()| hand(&buffer))
+                    .and_then(|r| r)
+            }
+        };
+        // Unreadable bytes are not spilled: the block simply leaves this pool.
+        drop(handed);
+    }
+}
+
+impl<S: BlockStore> SharedPool for StorePool<S> {
     fn contains(&self, hashes: &[SequenceHash]) -> Vec<bool> {
         let inner = self.lock();
-        hashes.iter().map(|h| inner.index.contains(*h)).collect()
+        hashes.iter().map(|h| inner.held.contains_key(h)).collect()
     }
 
     fn put(
@@ -68,40 +301,12 @@ impl SharedPool for MemoryPool {
         parent: Option<SequenceHash>,
         data: &[u8],
     ) -> Result<(), StorageError> {
-        self.check_len(data.len())?;
-        let mut inner = self.lock();
-        if inner.index.touch(hash, Tick(0)) {
-            // Idempotent: same hash, same bytes.
-            return Ok(());
-        }
-        let mut allocation = inner
-            .index
-            .allocate(1, Tick(0))
-            .map_err(|_| StorageError::NoRoom { hash })?;
-        let Some(block) = allocation.blocks.pop() else {
-            return Err(StorageError::NoRoom { hash });
-        };
-        inner.slab.write_block(block.id(), hash, data)?;
-        let complete = block.complete(hash, parent);
-        // Registering into its own pool cannot be foreign; any failure returns the slot.
-        drop(
-            inner
-                .index
-                .register(complete, Retention::DEFAULT, Tick(0))
-                .map_err(|_| StorageError::NoRoom { hash })?,
-        );
-        Ok(())
+        self.put_at(hash, parent, Retention::DEFAULT, data, Tick(0), None)
+            .map(drop)
     }
 
     fn get(&self, hash: SequenceHash, out: &mut [u8]) -> Result<(), StorageError> {
-        self.check_len(out.len())?;
-        let mut inner = self.lock();
-        let Some(block) = inner.index.get(hash, Tick(0)) else {
-            return Err(StorageError::Miss { hash });
-        };
-        let result = inner.slab.read_block(block.id(), hash, out);
-        drop(block);
-        result
+        self.get_at(hash, out, Tick(0))
     }
 }
 
@@ -190,6 +395,95 @@ mod tests {
             pool.put(SequenceHash(4), None, &[0; 7]),
             Err(StorageError::WrongBlockSize { .. })
         ));
+        Ok(())
+    }
+
+    #[test]
+    fn evictions_follow_retention_and_spill_with_their_bytes() -> TestResult {
+        let pool = MemoryPool::new(2, 8)?;
+        let keep = Retention::new(90, None)?;
+        pool.put_at(SequenceHash(1), None, keep, &[1; 8], Tick(1), None)?;
+        pool.put_at(
+            SequenceHash(2),
+            None,
+            Retention::DEFAULT,
+            &[2; 8],
+            Tick(2),
+            None,
+        )?;
+        let mut spilled = Vec::new();
+        let mut spill =
+            |s: Spilled<'_>| spilled.push((s.hash, s.parent, s.retention, s.bytes.to_vec()));
+        let outcome = pool.put_at(
+            SequenceHash(3),
+            None,
+            Retention::DEFAULT,
+            &[3; 8],
+            Tick(3),
+            Some(&mut spill),
+        )?;
+        // The untagged block went, though the kept one is older.
+        assert_eq!(outcome.evicted, vec![SequenceHash(2)]);
+        assert_eq!(
+            spilled,
+            vec![(SequenceHash(2), None, Retention::DEFAULT, vec![2; 8])]
+        );
+        assert!(pool.holds(SequenceHash(1)) && !pool.holds(SequenceHash(2)));
+        assert_eq!(pool.len(), 2);
+        // A duplicate keeps the stronger claim and writes nothing.
+        let again = pool.put_at(
+            SequenceHash(1),
+            None,
+            Retention::DEFAULT,
+            &[0; 8],
+            Tick(4),
+            None,
+        )?;
+        assert!(!again.stored);
+        assert_eq!(pool.retention(SequenceHash(1)), Some(keep));
+        let mut out = [0u8; 8];
+        pool.get_at(SequenceHash(1), &mut out, Tick(5))?;
+        assert_eq!(out, [1; 8]);
+        Ok(())
+    }
+
+    #[test]
+    fn a_corrupt_disk_block_is_dropped_not_served() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let pool = StorePool::over(crate::storage::DiskStore::open(dir.path(), 2, 8, None)?)?;
+        pool.put_at(
+            SequenceHash(7),
+            None,
+            Retention::DEFAULT,
+            &[7; 8],
+            Tick(0),
+            None,
+        )?;
+        let (path, offset) =
+            pool.inspect(|disk| (disk.path().to_owned(), disk.record_offset(BlockId(0))));
+        assert_eq!(pool.slot_of(SequenceHash(7)), Some(BlockId(0)));
+        let file = std::fs::OpenOptions::new().write(true).open(path)?;
+        std::os::unix::fs::FileExt::write_all_at(&file, &[0xff; 4], offset)?;
+        let mut out = [0u8; 8];
+        assert!(matches!(
+            pool.get_at(SequenceHash(7), &mut out, Tick(1)),
+            Err(StorageError::Corrupt { .. })
+        ));
+        assert!(!pool.holds(SequenceHash(7)));
+        assert_eq!(pool.drain_removed(), vec![SequenceHash(7)]);
+        assert_eq!(pool.inspect(|disk| disk.counters().checksum_failures), 1);
+        Ok(())
+    }
+
+    #[test]
+    fn parents_in_a_cycle_do_not_wedge_the_pool() -> TestResult {
+        let pool = MemoryPool::new(2, 8)?;
+        pool.put(SequenceHash(1), Some(SequenceHash(2)), &[1; 8])?;
+        pool.put(SequenceHash(2), Some(SequenceHash(1)), &[2; 8])?;
+        pool.put(SequenceHash(3), Some(SequenceHash(3)), &[3; 8])?;
+        pool.put(SequenceHash(4), None, &[4; 8])?;
+        assert_eq!(pool.len(), 2);
+        assert!(pool.holds(SequenceHash(4)));
         Ok(())
     }
 }
