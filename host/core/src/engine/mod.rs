@@ -13,7 +13,9 @@
 //! With [`EngineConfig::host_tier`] the device cache gets a host tier behind it (`tiers`, on
 //! `switchyard-kvbm`'s block pool): computed blocks are written through, a prefix the device
 //! lost is loaded back at the tier's bandwidth, and the events carry each tier as vLLM's
-//! `medium`. Without it nothing differs.
+//! `medium`. Without it nothing differs. [`EngineConfig::disk_tier`] puts a disk tier (G3)
+//! behind the host tier: what the host evicts is written to disk, and a prefix found only there
+//! is loaded at the disk's bandwidth.
 //!
 //! With [`EngineConfig::pool`] the engine also reads from and writes to a shared pool (G4) that
 //! its driver owns (see "Driving a shared pool" below). Without it nothing differs either.
@@ -68,8 +70,8 @@ mod timing;
 
 pub use cache::{BlockTable, CacheEvent, ENGINE_SEED, KvCache, StoredBlock};
 pub use tiers::{
-    DEFAULT_BLOCK_BYTES, DEFAULT_HOST_BANDWIDTH, DEFAULT_POOL_BANDWIDTH, HostTierConfig,
-    KvTransfer, PoolTierConfig, TierStats,
+    DEFAULT_BLOCK_BYTES, DEFAULT_DISK_BANDWIDTH, DEFAULT_HOST_BANDWIDTH, DEFAULT_POOL_BANDWIDTH,
+    DiskTierConfig, HostTierConfig, KvTransfer, PoolTierConfig, TierStats,
 };
 pub use timing::StepTiming;
 
@@ -100,6 +102,9 @@ pub struct EngineConfig {
     /// it, and a prefix the device evicted is loaded back at its bandwidth instead of being
     /// recomputed. Default `None`: the device cache alone.
     pub host_tier: Option<HostTierConfig>,
+    /// A disk tier (G3) behind the host tier (requires one): what the host evicts is written to
+    /// it, and a prefix found only there is loaded at its bandwidth. Default `None`.
+    pub disk_tier: Option<DiskTierConfig>,
     /// A shared pool (G4) behind the device and host tiers, owned by the driver: what the
     /// request's [`EngineRequest::pool_prefix_blocks`] says the pool holds is loaded at its
     /// bandwidth, and computed blocks are handed out to publish. Default `None`: no pool (the
@@ -117,6 +122,7 @@ impl Default for EngineConfig {
             output_vocab: 1_000..30_000,
             timing: StepTiming::default(),
             host_tier: None,
+            disk_tier: None,
             pool: None,
         }
     }
@@ -143,6 +149,10 @@ impl EngineConfig {
         }
         if let Some(host) = &self.host_tier {
             host.validate(self.num_blocks).map_err(ConfigError)?;
+        }
+        if let Some(disk) = &self.disk_tier {
+            disk.validate(self.host_tier.as_ref().map(|h| h.block_bytes))
+                .map_err(ConfigError)?;
         }
         if let Some(pool) = &self.pool {
             pool.validate(self.host_tier.as_ref())
@@ -296,7 +306,10 @@ impl EngineModel {
     pub fn new(config: EngineConfig) -> Result<Self, ConfigError> {
         config.validate()?;
         let mut cache = KvCache::new(config.block_size, config.num_blocks);
-        let host = config.host_tier.clone().map(HostTier::new);
+        let host = config
+            .host_tier
+            .clone()
+            .map(|host| HostTier::new(host, config.disk_tier.clone()));
         let pool = config.pool.clone().map(PoolTier::new);
         if host.is_some() || pool.is_some() {
             cache.log_stored();
@@ -498,8 +511,8 @@ impl EngineModel {
     }
 
     /// Move the head of the queue to running if its blocks fit. The part of its prefix that the
-    /// device lacks is loaded into it from the host tier, then from the shared pool (charged to
-    /// `pass`), in that order: the nearest copy first.
+    /// device lacks is loaded into it from the host tier, then the disk tier, then the shared
+    /// pool (charged to `pass`), in that order: the nearest copy first.
     fn admit_next(&mut self, pass: &mut Pass, now: Tick) -> Option<Running> {
         let head = self.waiting.front()?;
         let block_size = self.config.block_size;
@@ -513,7 +526,12 @@ impl EngineModel {
             Some(host) => host.lookup(&head.hashes[device_blocks..reusable], now),
             None => Vec::new(),
         };
-        let near = device_blocks + onboard.len();
+        let disk_start = device_blocks + onboard.len();
+        let from_disk = match &self.host {
+            Some(host) => host.disk_lookup(&head.hashes[disk_start..reusable], now),
+            None => Vec::new(),
+        };
+        let near = disk_start + from_disk.len();
         let fetched = match &self.pool {
             Some(_) => head
                 .request
@@ -540,27 +558,35 @@ impl EngineModel {
                     });
                 }
             }
-            for index in near..near + fetched {
-                if let Some(slot) = table.slot(index) {
-                    pass.transfers.push(KvTransfer::Fetched {
-                        hash: hashes[index],
-                        slot,
+            for (index, block) in from_disk.iter().enumerate() {
+                if let Some(slot) = table.slot(disk_start + index) {
+                    pass.transfers.push(KvTransfer::Copy {
+                        hash: block.hash().0,
+                        from: (crate::worker::Tier::Disk, block.id().0),
+                        to: (crate::worker::Tier::Device, slot),
                     });
                 }
             }
+            for (index, &hash) in hashes.iter().enumerate().skip(near).take(fetched) {
+                if let Some(slot) = table.slot(index) {
+                    pass.transfers.push(KvTransfer::Fetched { hash, slot });
+                }
+            }
             // Loaded, not computed: nothing to publish. The host's copies are only refreshed;
-            // what came from the pool is written through to the host like any device block.
+            // what came from disk or the pool is written through to the host like any device
+            // block.
             let stored = self.cache.take_stored();
             pass.events.extend(self.cache.take_events());
             if let Some(host) = &mut self.host {
                 host.write_through(stored, now, &mut pass.events, &mut pass.transfers);
                 pass.onboard_time += host.charge_onboard(onboard.len(), block_size);
+                pass.onboard_time += host.charge_disk_onboard(from_disk.len(), block_size);
             }
             if let Some(pool) = self.pool.as_mut().filter(|_| fetched > 0) {
                 pass.onboard_time += pool.charge_fetch(fetched, block_size);
             }
         }
-        drop(onboard);
+        drop((onboard, from_disk));
         self.stats.prefix_queries += request.prompt.len() as u64;
         self.stats.prefix_hits += device_cached as u64;
         self.stats.prompt_tokens += request.prompt.len() as u64;

@@ -17,8 +17,14 @@
 //! the model loads the part the device and host lack ([`KvTransfer::Fetched`]) and asks the
 //! driver to publish every block it computes ([`KvTransfer::Publish`]).
 
+mod disk;
+
+pub use disk::{DEFAULT_DISK_BANDWIDTH, DiskTierConfig};
+
 use super::cache::{CacheEvent, StoredBlock};
 use crate::worker::Tier;
+use disk::{Demoted, DiskTier};
+use std::collections::HashMap;
 use std::time::Duration;
 use switchyard_kvbm::pool::{BlockPool, ImmutableBlock};
 use switchyard_kvbm::retention::Retention;
@@ -201,6 +207,24 @@ pub struct TierStats {
     pub pool_published_blocks: u64,
     /// Simulated time spent fetching from the pool.
     pub pool_onboard_time: Duration,
+    /// Disk tier capacity in blocks (0: no disk tier).
+    pub disk_capacity_blocks: usize,
+    /// Blocks the disk tier holds.
+    pub disk_blocks: usize,
+    /// Host evictions written to disk (`kvbm_offload_blocks_h2d`, G2 -> G3).
+    pub disk_stored_blocks: u64,
+    /// Bytes of those writes.
+    pub disk_stored_bytes: u64,
+    /// Disk blocks loaded into the device (`kvbm_onboard_blocks_d2d`, G3 -> G1).
+    pub disk_onboarded_blocks: u64,
+    /// Bytes of those loads.
+    pub disk_onboarded_bytes: u64,
+    /// Blocks the disk tier evicted.
+    pub disk_evictions: u64,
+    /// Prompt tokens served from the disk tier (part of `cached_tokens`).
+    pub disk_hit_tokens: u64,
+    /// Simulated time spent loading from disk.
+    pub disk_onboard_time: Duration,
 }
 
 impl std::ops::AddAssign for TierStats {
@@ -220,6 +244,15 @@ impl std::ops::AddAssign for TierStats {
         self.pool_fetched_bytes += other.pool_fetched_bytes;
         self.pool_published_blocks += other.pool_published_blocks;
         self.pool_onboard_time += other.pool_onboard_time;
+        self.disk_capacity_blocks += other.disk_capacity_blocks;
+        self.disk_blocks += other.disk_blocks;
+        self.disk_stored_blocks += other.disk_stored_blocks;
+        self.disk_stored_bytes += other.disk_stored_bytes;
+        self.disk_onboarded_blocks += other.disk_onboarded_blocks;
+        self.disk_onboarded_bytes += other.disk_onboarded_bytes;
+        self.disk_evictions += other.disk_evictions;
+        self.disk_hit_tokens += other.disk_hit_tokens;
+        self.disk_onboard_time += other.disk_onboard_time;
     }
 }
 
@@ -232,18 +265,29 @@ impl std::iter::Sum for TierStats {
     }
 }
 
-/// The host tier's state.
+/// The host tier's state, and the disk tier behind it.
 #[derive(Debug)]
 pub(crate) struct HostTier {
     config: HostTierConfig,
     pool: BlockPool,
     stats: TierStats,
+    disk: Option<DiskTier>,
+    /// With a disk tier: where each host block is, its parent and tokens, so that an eviction
+    /// can be written to disk and described there.
+    resident: HashMap<u64, Resident>,
+}
+
+#[derive(Debug)]
+struct Resident {
+    slot: u32,
+    parent: Option<u64>,
+    token_ids: Vec<u32>,
 }
 
 // === impl HostTier ===
 
 impl HostTier {
-    pub(crate) fn new(config: HostTierConfig) -> Self {
+    pub(crate) fn new(config: HostTierConfig, disk: Option<DiskTierConfig>) -> Self {
         Self {
             pool: new_pool(config.num_blocks),
             stats: TierStats {
@@ -251,14 +295,37 @@ impl HostTier {
                 ..TierStats::default()
             },
             config,
+            disk: disk.map(DiskTier::new),
+            resident: HashMap::new(),
         }
     }
 
     pub(crate) fn stats(&self) -> TierStats {
-        TierStats {
+        let mut stats = TierStats {
             host_blocks: self.pool.usage().registered,
             host_evictions: self.pool.counters().evictions,
             ..self.stats
+        };
+        if let Some(disk) = &self.disk {
+            stats += disk.stats();
+        }
+        stats
+    }
+
+    /// The leading run of `hashes` the disk tier holds (the part of a prompt after what the
+    /// device and host hold), held until loaded; empty without a disk tier.
+    pub(crate) fn disk_lookup(&self, hashes: &[u64], now: Tick) -> Vec<ImmutableBlock> {
+        match &self.disk {
+            Some(disk) => disk.lookup(hashes, now),
+            None => Vec::new(),
+        }
+    }
+
+    /// Account for loading `blocks` from disk and return the time it takes.
+    pub(crate) fn charge_disk_onboard(&mut self, blocks: usize, block_size: usize) -> Duration {
+        match &mut self.disk {
+            Some(disk) if blocks > 0 => disk.charge_onboard(blocks, block_size),
+            _ => Duration::ZERO,
         }
     }
 
@@ -301,7 +368,7 @@ impl HostTier {
         let Ok(allocation) = self.pool.allocate(missing.len(), now) else {
             return;
         };
-        self.removals(events);
+        self.removals(now, events, transfers);
         let mut run: Option<(Option<u64>, Vec<u64>, Vec<u32>)> = None;
         for (dest, block) in allocation.blocks.into_iter().zip(missing) {
             let slot = dest.id().0;
@@ -317,6 +384,14 @@ impl HostTier {
                 from: (Tier::Device, block.slot),
                 to: (Tier::Host, slot),
             });
+            if self.disk.is_some() {
+                let resident = Resident {
+                    slot,
+                    parent: block.parent,
+                    token_ids: block.token_ids.clone(),
+                };
+                self.resident.insert(block.hash, resident);
+            }
             self.stats.offloaded_blocks += 1;
             self.stats.offloaded_bytes += self.config.block_bytes;
             // Consecutive blocks of a sequence go out as one event, as vLLM batches them.
@@ -337,10 +412,39 @@ impl HostTier {
     /// Drop everything (the engine's prefix cache reset).
     pub(crate) fn reset(&mut self) {
         self.pool = new_pool(self.config.num_blocks);
+        self.resident.clear();
+        if let Some(disk) = &mut self.disk {
+            disk.reset();
+        }
     }
 
-    fn removals(&mut self, events: &mut Vec<CacheEvent>) {
+    /// Report the host's evictions; with a disk tier, write each one to disk first (its host
+    /// slot is only overwritten by the copies that follow).
+    fn removals(
+        &mut self,
+        now: Tick,
+        events: &mut Vec<CacheEvent>,
+        transfers: &mut Vec<KvTransfer>,
+    ) {
         let removed = self.pool.drain_removed();
+        if let Some(disk) = &mut self.disk {
+            for hash in &removed {
+                if let Some(Resident {
+                    slot,
+                    parent,
+                    token_ids,
+                }) = self.resident.remove(&hash.0)
+                {
+                    let block = Demoted {
+                        hash: hash.0,
+                        parent,
+                        token_ids,
+                        host_slot: slot,
+                    };
+                    disk.demote(block, now, events, transfers);
+                }
+            }
+        }
         if !removed.is_empty() {
             events.push(CacheEvent::Removed {
                 tier: Tier::Host,

@@ -192,7 +192,7 @@ fn a_host_tier_smaller_than_the_device_is_refused() {
 /// shared pool at 20 us per block.
 fn tiered(host: Option<usize>, pool: bool) -> EngineModel {
     let mut config = engine(host).config().clone();
-    config.pool = pool.then(|| PoolTierConfig {
+    config.pool = pool.then_some(PoolTierConfig {
         block_bytes: 1_000,
         bandwidth_bytes_per_s: 5e7,
     });
@@ -405,6 +405,155 @@ fn a_pool_with_a_bad_bandwidth_or_block_size_is_refused() {
         ..PoolTierConfig::default()
     };
     assert!(EngineModel::new(with(other_size)).is_err());
+}
+
+/// 4-token blocks, 8 on the device, `host` host blocks at 10 us per block, `disk` disk blocks at
+/// 25 us per block.
+fn with_disk(host: usize, disk: usize) -> EngineModel {
+    let mut config = engine(Some(host)).config().clone();
+    config.disk_tier = Some(DiskTierConfig {
+        num_blocks: disk,
+        block_bytes: 1_000,
+        bandwidth_bytes_per_s: 4e7,
+    });
+    EngineModel::new(config).expect("valid config")
+}
+
+#[test]
+fn a_host_eviction_is_written_to_disk_and_loaded_back_from_it() {
+    let mut tiered = with_disk(8, 32);
+    let prompt = tokens(1, 17);
+    let hashes = tiered.cache().hash_blocks(&prompt);
+    run(&mut tiered, 1, prompt.clone());
+    // 8 more blocks: the device loses the prompt, the host evicts it to disk.
+    let traffic = run(&mut tiered, 2, tokens(2, 32));
+    let mut demoted = hashes.clone();
+    demoted.reverse(); // leaf-first
+    assert_eq!(stored(&traffic, Tier::Disk), demoted);
+    // Each block is copied to disk before the host slot it leaves is written again.
+    for step in &traffic {
+        for (at, transfer) in step.transfers.iter().enumerate() {
+            if let KvTransfer::Copy {
+                from: (Tier::Host, slot),
+                to: (Tier::Disk, _),
+                ..
+            } = transfer
+            {
+                let overwritten = step.transfers.iter().position(
+                    |t| matches!(t, KvTransfer::Copy { to: (Tier::Host, s), .. } if s == slot),
+                );
+                assert!(overwritten.is_some_and(|o| o > at));
+            }
+        }
+    }
+    assert_eq!(tiered.stats().tiers.disk_stored_blocks, 4);
+    assert_eq!(tiered.stats().tiers.disk_blocks, 4);
+
+    let again = run(&mut tiered, 3, prompt.clone());
+    assert_eq!(cached(&again, 3), 16);
+    let loads: Vec<u64> = again
+        .iter()
+        .flat_map(|s| &s.transfers)
+        .filter_map(|t| match t {
+            KvTransfer::Copy {
+                hash,
+                from: (Tier::Disk, _),
+                to: (Tier::Device, _),
+            } => Some(*hash),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(loads, hashes);
+    assert_eq!(stored(&again, Tier::Device), hashes);
+    // Back in the host tier too, like any device block.
+    assert_eq!(stored(&again, Tier::Host), hashes);
+    let stats = tiered.stats().tiers;
+    assert_eq!(stats.disk_hit_tokens, 16);
+    assert_eq!(stats.disk_onboarded_blocks, 4);
+    assert_eq!(stats.disk_onboarded_bytes, 4_000);
+    assert_eq!(stats.host_hit_tokens, 0);
+    let load = tiered
+        .config()
+        .disk_tier
+        .as_ref()
+        .expect("a disk tier")
+        .load_time(4);
+    assert_eq!(stats.disk_onboard_time, load);
+    let timing = tiered.config().timing;
+    assert_eq!(
+        again[0].duration,
+        timing.step(1, false, 1.0 / 8.0 * 17.0 / 4.0) + load
+    );
+    let mut plain = engine(Some(8));
+    run(&mut plain, 1, prompt.clone());
+    run(&mut plain, 2, tokens(2, 32));
+    let recomputed = run(&mut plain, 3, prompt);
+    assert_eq!(cached(&recomputed, 3), 0);
+    assert!(again[0].duration < recomputed[0].duration);
+}
+
+#[test]
+fn a_disk_tier_needs_a_host_tier_of_its_block_size() {
+    let device = EngineConfig::default().num_blocks;
+    let with = |host: Option<HostTierConfig>, disk: DiskTierConfig| EngineConfig {
+        host_tier: host,
+        disk_tier: Some(disk),
+        ..EngineConfig::default()
+    };
+    let host = || Some(HostTierConfig::blocks(device));
+    assert!(EngineModel::new(with(host(), DiskTierConfig::blocks(device))).is_ok());
+    assert!(EngineModel::new(with(None, DiskTierConfig::blocks(device))).is_err());
+    let other_size = DiskTierConfig {
+        block_bytes: 1,
+        ..DiskTierConfig::blocks(device)
+    };
+    assert!(EngineModel::new(with(host(), other_size)).is_err());
+    assert!(EngineModel::new(with(host(), DiskTierConfig::blocks(0))).is_err());
+}
+
+proptest! {
+    /// With a disk tier too, each tier's events replay to what it holds, and a disk copy is
+    /// announced while the engine still knows the block (before the host's removal).
+    #[test]
+    fn events_replay_to_each_tier_with_a_disk(
+        prompts in proptest::collection::vec((0u32..6, 1usize..30), 1..25),
+    ) {
+        let mut tiered = with_disk(8, 10);
+        let mut sets: [HashSet<u64>; 3] = Default::default();
+        let index = |tier: Tier| match tier {
+            Tier::Device => 0,
+            Tier::Host => 1,
+            Tier::Disk => 2,
+        };
+        for (id, (tag, len)) in prompts.into_iter().enumerate() {
+            for step in run(&mut tiered, id as u64, tokens(tag, len)) {
+                for event in step.events {
+                    match event {
+                        CacheEvent::Stored { tier, hashes, token_ids, .. } => {
+                            prop_assert_eq!(token_ids.len(), hashes.len() * 4);
+                            for hash in hashes {
+                                if tier != Tier::Device {
+                                    prop_assert!(sets.iter().any(|s| s.contains(&hash)));
+                                }
+                                prop_assert!(sets[index(tier)].insert(hash));
+                            }
+                        }
+                        CacheEvent::Removed { tier, hashes } => {
+                            for hash in hashes {
+                                prop_assert!(sets[index(tier)].remove(&hash));
+                            }
+                        }
+                        CacheEvent::Cleared => {}
+                    }
+                }
+            }
+            let cached: HashSet<u64> = tiered.cache().cached_hashes().collect();
+            prop_assert_eq!(&sets[0], &cached);
+            let stats = tiered.stats().tiers;
+            prop_assert_eq!(sets[1].len(), stats.host_blocks);
+            prop_assert_eq!(sets[2].len(), stats.disk_blocks);
+        }
+    }
 }
 
 proptest! {
