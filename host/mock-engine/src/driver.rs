@@ -84,6 +84,8 @@ impl EngineClient {
             id,
             prompt,
             max_tokens,
+            // No shared pool wired yet: the engine config has none either.
+            pool_prefix_blocks: 0,
         };
         self.commands
             .send(Command::Submit {

@@ -39,14 +39,14 @@ impl TierSlabs {
     /// Replay a step's movements, in order.
     pub(crate) fn apply(&mut self, transfers: &[KvTransfer]) {
         for transfer in transfers {
-            if let Err(error) = self.apply_one(*transfer) {
+            if let Err(error) = self.apply_one(transfer) {
                 tracing::warn!(%error, ?transfer, "KV block transfer failed");
             }
         }
     }
 
-    fn apply_one(&mut self, transfer: KvTransfer) -> Result<(), StorageError> {
-        match transfer {
+    fn apply_one(&mut self, transfer: &KvTransfer) -> Result<(), StorageError> {
+        match *transfer {
             KvTransfer::Computed { hash, slot } => {
                 fill(&mut self.scratch, hash);
                 self.device
@@ -74,7 +74,11 @@ impl TierSlabs {
                 }
                 Ok(())
             }
-            KvTransfer::Copy { .. } => Ok(()),
+            // The shared pool's fetches and publishes are not wired here yet (the engine runs
+            // without a pool, so none come).
+            KvTransfer::Copy { .. } | KvTransfer::Fetched { .. } | KvTransfer::Publish { .. } => {
+                Ok(())
+            }
         }
     }
 
@@ -119,6 +123,7 @@ mod tests {
                     id,
                     prompt,
                     max_tokens: 1,
+                    pool_prefix_blocks: 0,
                 })
                 .expect("accepted");
             let mut transfers = Vec::new();

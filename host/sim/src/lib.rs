@@ -8,7 +8,8 @@
 //! [`timeline`] draw it.
 //!
 //! Layout: `workload/` (schema, loaders, writers) -> `tokens` (synthetic prompts) -> `sim`
-//! (sessions and the event loop, over `queue`) driving `worker`s (engine + KV event stream) ->
+//! (sessions and the event loop, over `queue`) driving `worker`s (engine + KV event stream) and
+//! the shared `pool` ->
 //! `metrics` (records -> statistics) -> `report`, `plot`, `timeline`.
 
 #![forbid(unsafe_code)]
@@ -16,6 +17,7 @@
 
 mod metrics;
 pub mod plot;
+mod pool;
 mod queue;
 mod report;
 mod sim;
@@ -25,6 +27,7 @@ mod worker;
 pub mod workload;
 
 pub use metrics::{Outcome, RequestRecord};
+pub use pool::PoolStats;
 pub use report::{
     AdmissionStats, KvUtilization, LatencyStats, REPORT_SCHEMA, Report, RunReport, TierReport,
 };

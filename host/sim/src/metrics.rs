@@ -85,8 +85,11 @@ pub struct Outcome {
     pub sample_interval: Duration,
     /// Per worker, the fraction of KV blocks in use at each sample.
     pub kv_samples: Vec<Vec<f64>>,
-    /// The engines' host-tier counters summed over workers; `None` without a host tier.
+    /// The engines' lower-tier counters summed over workers; `None` without a host tier or a
+    /// pool.
     pub tiers: Option<switchyard_core::engine::TierStats>,
+    /// The shared pool's counters; `None` without one.
+    pub pool: Option<crate::pool::PoolStats>,
 }
 
 /// Latencies are kept in microseconds, up to an hour, to 3 significant digits.
@@ -209,19 +212,38 @@ impl Outcome {
                 interval_s: self.sample_interval.as_secs_f64(),
                 workers: self.kv_samples.clone(),
             },
-            tiers: self.tiers.map(|t| TierReport {
-                device_hit_tokens: cached.saturating_sub(t.host_hit_tokens),
-                host_hit_tokens: t.host_hit_tokens,
-                host_hit_ratio: if prompt == 0 {
-                    0.0
-                } else {
-                    t.host_hit_tokens as f64 / prompt as f64
-                },
-                offloaded_blocks: t.offloaded_blocks,
-                onboarded_blocks: t.onboarded_blocks,
-                onboarded_bytes: t.onboarded_bytes,
-                onboard_s: t.onboard_time.as_secs_f64(),
-                host_evictions: t.host_evictions,
+            tiers: self.tiers.map(|t| {
+                let ratio = |tokens: u64| {
+                    if prompt == 0 {
+                        0.0
+                    } else {
+                        tokens as f64 / prompt as f64
+                    }
+                };
+                let device = cached.saturating_sub(t.host_hit_tokens + t.pool_hit_tokens);
+                let pool = self.pool.unwrap_or_default();
+                TierReport {
+                    device_hit_tokens: device,
+                    device_hit_ratio: ratio(device),
+                    host_capacity_blocks: t.host_capacity_blocks,
+                    host_hit_tokens: t.host_hit_tokens,
+                    host_hit_ratio: ratio(t.host_hit_tokens),
+                    offloaded_blocks: t.offloaded_blocks,
+                    offloaded_bytes: t.offloaded_bytes,
+                    onboarded_blocks: t.onboarded_blocks,
+                    onboarded_bytes: t.onboarded_bytes,
+                    onboard_s: t.onboard_time.as_secs_f64(),
+                    host_evictions: t.host_evictions,
+                    pool_capacity_blocks: pool.capacity_blocks,
+                    pool_hit_tokens: t.pool_hit_tokens,
+                    pool_hit_ratio: ratio(t.pool_hit_tokens),
+                    pool_fetched_blocks: t.pool_fetched_blocks,
+                    pool_fetched_bytes: t.pool_fetched_bytes,
+                    pool_onboard_s: t.pool_onboard_time.as_secs_f64(),
+                    pool_published_blocks: t.pool_published_blocks,
+                    pool_stored_blocks: pool.stored_blocks,
+                    pool_evictions: pool.evictions,
+                }
             }),
         }
     }

@@ -1,7 +1,8 @@
 //! Plots of a report: the TTFT distribution of every run, and KV utilization over time. When the
 //! runs sweep concurrency, instead four metrics against concurrency (requests per second,
 //! prefix-hit ratio, agent steps per minute, recomputed tokens), one line per policy (routing +
-//! admission + speed-up).
+//! admission + speed-up); with KV tiers below the device, TTFT mean, output tokens per second,
+//! prefix-hit ratio and recomputed tokens, one line per policy and tier set.
 //!
 //! SVG or PNG by the file's extension. Text is laid out with a TrueType font found on the system
 //! (DejaVu Sans or Liberation Sans) or named by `SWITCHYARD_PLOT_FONT`.
@@ -89,6 +90,33 @@ fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, report: &Report) -> D
     let (top_left, top_right) = top.split_horizontally(SIZE.0 / 2);
     let (bottom_left, bottom_right) = bottom.split_horizontally(SIZE.0 / 2);
     let low = SeriesLabelPosition::LowerLeft;
+    let high = SeriesLabelPosition::UpperLeft;
+    if report.runs.iter().any(|r| r.tiers.is_some()) {
+        sweep(&top_left, report, "TTFT mean (ms)", high.clone(), |r| {
+            r.ttft_ms.mean
+        })?;
+        sweep(
+            &top_right,
+            report,
+            "Output tokens per second",
+            low.clone(),
+            |r| r.output_tokens_per_s,
+        )?;
+        sweep(
+            &bottom_left,
+            report,
+            "Prefix-hit ratio (all tiers)",
+            low,
+            |r| r.prefix_hit_ratio,
+        )?;
+        return sweep(
+            &bottom_right,
+            report,
+            "Recomputed prompt Mtokens",
+            high,
+            |r| r.recomputed_tokens as f64 / 1e6,
+        );
+    }
     sweep(&top_left, report, "Requests per second", low.clone(), |r| {
         r.requests_per_s
     })?;
@@ -98,7 +126,6 @@ fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, report: &Report) -> D
     sweep(&bottom_left, report, "Agent steps per minute", low, |r| {
         r.agent_steps_per_min.unwrap_or(0.0)
     })?;
-    let high = SeriesLabelPosition::UpperLeft;
     sweep(
         &bottom_right,
         report,

@@ -68,30 +68,82 @@ pub struct RunReport {
     pub ttft_cdf: Vec<(f64, f64)>,
     /// Per-worker KV utilization over time.
     pub kv_utilization: KvUtilization,
-    /// Hits and traffic of the engines' host tier, summed over workers; absent without one.
+    /// Hits and traffic of the engines' host tier and the shared pool, summed over workers;
+    /// absent without either.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tiers: Option<TierReport>,
 }
 
-/// What the engines' host KV tier (G2) did in a run.
+/// What the KV tiers below the device did in a run: the engines' host tiers (G2) and the shared
+/// pool (G4). Fields added after the first version default to 0 when read.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct TierReport {
     /// Prompt tokens found on the device (G1).
     pub device_hit_tokens: u64,
+    /// Device hit tokens / prompt tokens.
+    #[serde(default)]
+    pub device_hit_ratio: f64,
+    /// Host tier blocks, summed over workers (0: no host tier).
+    #[serde(default)]
+    pub host_capacity_blocks: usize,
     /// Prompt tokens loaded from the host tier instead of recomputed (G2).
     pub host_hit_tokens: u64,
     /// Host-tier hit tokens / prompt tokens.
     pub host_hit_ratio: f64,
     /// Blocks written through device -> host.
     pub offloaded_blocks: u64,
+    /// Bytes written through device -> host.
+    #[serde(default)]
+    pub offloaded_bytes: u64,
     /// Blocks loaded host -> device.
     pub onboarded_blocks: u64,
     /// Bytes loaded host -> device (the modelled block size).
     pub onboarded_bytes: u64,
-    /// Virtual seconds spent loading, summed over workers.
+    /// Virtual seconds spent loading from the host tier, summed over workers.
     pub onboard_s: f64,
     /// Blocks the host tiers evicted.
     pub host_evictions: u64,
+    /// Shared pool blocks (0: no pool).
+    #[serde(default)]
+    pub pool_capacity_blocks: usize,
+    /// Prompt tokens fetched from the shared pool instead of recomputed (G4).
+    #[serde(default)]
+    pub pool_hit_tokens: u64,
+    /// Pool hit tokens / prompt tokens.
+    #[serde(default)]
+    pub pool_hit_ratio: f64,
+    /// Blocks fetched pool -> device.
+    #[serde(default)]
+    pub pool_fetched_blocks: u64,
+    /// Bytes fetched pool -> device.
+    #[serde(default)]
+    pub pool_fetched_bytes: u64,
+    /// Virtual seconds spent fetching from the pool, summed over workers.
+    #[serde(default)]
+    pub pool_onboard_s: f64,
+    /// Computed blocks the engines published to the pool.
+    #[serde(default)]
+    pub pool_published_blocks: u64,
+    /// Of those, blocks the pool did not have yet and stored.
+    #[serde(default)]
+    pub pool_stored_blocks: u64,
+    /// Blocks the pool evicted.
+    #[serde(default)]
+    pub pool_evictions: u64,
+}
+
+impl TierReport {
+    /// The tiers a run had: `g1+g2`, `g1+g4`, `g1+g2+g4`.
+    pub fn name(&self) -> String {
+        let mut name = "g1".to_owned();
+        if self.host_capacity_blocks > 0 {
+            name.push_str("+g2");
+        }
+        if self.pool_capacity_blocks > 0 {
+            name.push_str("+g4");
+        }
+        name
+    }
 }
 
 /// What admission (and the router queue) did in a run.
@@ -168,16 +220,20 @@ impl KvUtilization {
 
 impl RunReport {
     /// Short column label: `policy@concurrency` (`policy+admission@concurrency` with an
-    /// admission policy), and `xN` when arrivals are sped up.
+    /// admission policy, `policy g1+g2@concurrency` with lower KV tiers), and `xN` when arrivals
+    /// are sped up.
     pub fn label(&self) -> String {
         let concurrency = self
             .concurrency
             .map_or_else(|| "unlimited".to_owned(), |c| c.to_string());
-        let policy = if matches!(self.admission.as_str(), "none" | "admit-all") {
+        let mut policy = if matches!(self.admission.as_str(), "none" | "admit-all") {
             self.policy.clone()
         } else {
             format!("{}+{}", self.policy, self.admission)
         };
+        if let Some(tiers) = &self.tiers {
+            policy = format!("{policy} {}", tiers.name());
+        }
         let label = format!("{policy}@{concurrency}");
         if self.speedup == 1.0 {
             label
@@ -230,6 +286,10 @@ impl Report {
             }),
         ];
         if self.runs.iter().any(|r| r.tiers.is_some()) {
+            rows.push(("device hit ratio", |r| match r.tiers {
+                Some(tiers) => format!("{:.3}", tiers.device_hit_ratio),
+                None => format!("{:.3}", r.prefix_hit_ratio),
+            }));
             rows.push(("host hit ratio", |r| {
                 format!("{:.3}", r.tiers.unwrap_or_default().host_hit_ratio)
             }));
@@ -241,6 +301,24 @@ impl Report {
             }));
             rows.push(("onboard s", |r| {
                 format!("{:.2}", r.tiers.unwrap_or_default().onboard_s)
+            }));
+        }
+        if self
+            .runs
+            .iter()
+            .any(|r| r.tiers.is_some_and(|t| t.pool_capacity_blocks > 0))
+        {
+            rows.push(("pool hit ratio", |r| {
+                format!("{:.3}", r.tiers.unwrap_or_default().pool_hit_ratio)
+            }));
+            rows.push(("pool fetched GB", |r| {
+                format!(
+                    "{:.2}",
+                    r.tiers.unwrap_or_default().pool_fetched_bytes as f64 / 1e9
+                )
+            }));
+            rows.push(("pool fetch s", |r| {
+                format!("{:.2}", r.tiers.unwrap_or_default().pool_onboard_s)
             }));
         }
         let width = labels.iter().map(String::len).max().unwrap_or(0).max(10);

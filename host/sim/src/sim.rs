@@ -9,6 +9,7 @@
 //! *when* things happen.
 
 use crate::metrics::{Outcome, RequestRecord};
+use crate::pool::SharedPool;
 use crate::queue::EventQueue;
 use crate::tokens;
 use crate::worker::{Published, SimWorker};
@@ -19,7 +20,9 @@ use switchyard_core::admission::{
     AdmissionConfig, AdmissionController, AdmissionPolicy, AdmissionRequest, ParamError,
     RankUtilization, Release, native_admission_spec,
 };
-use switchyard_core::engine::{EngineConfig, EngineModel, EngineRequest, TierStats, TokenOut};
+use switchyard_core::engine::{
+    EngineConfig, EngineModel, EngineRequest, KvTransfer, TierStats, TokenOut,
+};
 use switchyard_core::hash::{BlockHasher, SequenceHash};
 use switchyard_core::index::KvIndex;
 use switchyard_core::programs::{TurnEnd, Usage};
@@ -36,6 +39,9 @@ pub struct SimConfig {
     pub workers: usize,
     /// Every worker's engine; its `block_size` must be the workload's.
     pub engine: EngineConfig,
+    /// Blocks of the shared pool (G4) of all workers; requires the engines' `pool` settings
+    /// (its bandwidth), as they require it. `None`: no pool.
+    pub pool_blocks: Option<usize>,
     /// Router settings; `block_size` and `seed` are taken from the engine and `seed` below.
     pub router: RouterConfig,
     /// Routing policy, by its native name (`kv-cost`, `round-robin`).
@@ -66,6 +72,7 @@ impl Default for SimConfig {
         Self {
             workers: 8,
             engine: EngineConfig::default(),
+            pool_blocks: None,
             router: RouterConfig::default(),
             policy: "kv-cost".to_owned(),
             admission: "none".to_owned(),
@@ -157,6 +164,8 @@ pub struct Simulation<'w> {
     index: KvIndex,
     hasher: BlockHasher,
     workers: Vec<SimWorker>,
+    /// The shared pool, with `SimConfig::pool_blocks`.
+    pool: Option<SharedPool>,
     queue: EventQueue<Event>,
     sessions: Vec<SessionState>,
     /// Children of each session by the request that spawns them.
@@ -232,6 +241,18 @@ impl<'w> Simulation<'w> {
         if config.sample_interval.is_zero() {
             return Err(SimError::Invalid("sample_interval must be positive"));
         }
+        let pool = match (config.pool_blocks, &config.engine.pool) {
+            (Some(blocks), Some(_)) => Some(
+                SharedPool::new(blocks)
+                    .map_err(|_| SimError::Invalid("pool_blocks must be between 1 and 2^32 - 2"))?,
+            ),
+            (None, None) => None,
+            _ => {
+                return Err(SimError::Invalid(
+                    "a shared pool needs both pool_blocks and the engines' pool settings",
+                ));
+            }
+        };
         let router_config = RouterConfig {
             block_size: workload.block_size,
             seed: config.seed,
@@ -274,6 +295,7 @@ impl<'w> Simulation<'w> {
             router,
             index: KvIndex::new(),
             workers,
+            pool,
             queue,
             children,
             parent_of,
@@ -324,22 +346,13 @@ impl<'w> Simulation<'w> {
             recomputed_tokens: self.recomputed_tokens,
             sample_interval: self.config.sample_interval,
             kv_samples: self.kv_samples,
-            tiers: self.config.engine.host_tier.as_ref().map(|_| {
-                self.workers.iter().map(|w| w.engine.stats().tiers).fold(
-                    TierStats::default(),
-                    |sum, t| TierStats {
-                        host_capacity_blocks: sum.host_capacity_blocks + t.host_capacity_blocks,
-                        host_blocks: sum.host_blocks + t.host_blocks,
-                        offloaded_blocks: sum.offloaded_blocks + t.offloaded_blocks,
-                        onboarded_blocks: sum.onboarded_blocks + t.onboarded_blocks,
-                        offloaded_bytes: sum.offloaded_bytes + t.offloaded_bytes,
-                        onboarded_bytes: sum.onboarded_bytes + t.onboarded_bytes,
-                        host_evictions: sum.host_evictions + t.host_evictions,
-                        host_hit_tokens: sum.host_hit_tokens + t.host_hit_tokens,
-                        onboard_time: sum.onboard_time + t.onboard_time,
-                    },
-                )
+            tiers: (self.config.engine.host_tier.is_some() || self.pool.is_some()).then(|| {
+                self.workers
+                    .iter()
+                    .map(|w| w.engine.stats().tiers)
+                    .sum::<TierStats>()
             }),
+            pool: self.pool.as_ref().map(SharedPool::stats),
         }
     }
 
@@ -475,10 +488,20 @@ impl<'w> Simulation<'w> {
             return;
         };
         let worker = rank.worker.0 as usize;
+        // What the shared pool holds of the prompt, in the engine's hashes, as a driver looks it
+        // up when the request reaches its engine.
+        let pool_prefix_blocks = match &self.pool {
+            Some(pool) => {
+                let engine = &self.workers[worker].engine;
+                pool.prefix(&engine.cache().hash_blocks(&prompt), now)
+            }
+            None => 0,
+        };
         let engine_request = EngineRequest {
             id,
             prompt,
             max_tokens,
+            pool_prefix_blocks,
         };
         if self.workers[worker]
             .engine
@@ -591,6 +614,15 @@ impl<'w> Simulation<'w> {
         let Some((_, step)) = self.workers[w].step.take() else {
             return;
         };
+        // Write-through to the pool: visible to every worker from the end of the step that
+        // computed the blocks.
+        if let Some(pool) = &mut self.pool {
+            for transfer in &step.transfers {
+                if let KvTransfer::Publish { hash, parent, .. } = transfer {
+                    pool.publish(*hash, *parent, now);
+                }
+            }
+        }
         for TokenOut {
             id,
             first,

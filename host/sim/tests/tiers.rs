@@ -1,8 +1,8 @@
-//! The simulator's engines with a host KV tier: the same engine model as the mock engine's,
-//! on the virtual clock.
+//! The simulator's engines with a host KV tier and a shared pool: the same engine model as the
+//! mock engine's, on the virtual clock.
 
 use std::time::Duration;
-use switchyard_core::engine::{EngineConfig, HostTierConfig};
+use switchyard_core::engine::{EngineConfig, HostTierConfig, PoolTierConfig};
 use switchyard_sim::workload::{Session, TraceRequest, Workload};
 use switchyard_sim::{SimConfig, Simulation};
 
@@ -92,4 +92,71 @@ fn a_host_tier_serves_what_the_device_evicted() {
     assert!(tiered.ttft_ms.mean < plain.ttft_ms.mean);
     // The same seed gives the same run.
     assert_eq!(run(config(Some(4_096))), tiered);
+}
+
+fn run(workload: &Workload, config: SimConfig) -> switchyard_sim::RunReport {
+    Simulation::new(workload, config)
+        .expect("valid config")
+        .run(&mut || {})
+        .report()
+}
+
+/// Round-robin placement spreads a session's turns over both workers: what one worker computed,
+/// the other can only fetch from the pool.
+#[test]
+fn a_shared_pool_serves_a_prefix_computed_on_another_worker() {
+    let workload = agents(4, 6);
+    let spread = |pool: bool| SimConfig {
+        policy: "round-robin".to_owned(),
+        engine: EngineConfig {
+            num_blocks: 4_096,
+            pool: pool.then(PoolTierConfig::default),
+            ..config(None).engine
+        },
+        pool_blocks: pool.then_some(8_192),
+        ..config(None)
+    };
+    let plain = run(&workload, spread(false));
+    let pooled = run(&workload, spread(true));
+    let tiers = pooled.tiers.expect("tier report");
+    eprintln!(
+        "G1 only: hit {:.3}, TTFT mean {:.1} ms; G1+G4: hit {:.3} (pool {:.3}), TTFT mean {:.1} ms",
+        plain.prefix_hit_ratio,
+        plain.ttft_ms.mean,
+        pooled.prefix_hit_ratio,
+        tiers.pool_hit_ratio,
+        pooled.ttft_ms.mean,
+    );
+    assert_eq!(pooled.requests, 24);
+    assert_eq!(pooled.label(), "round-robin g1+g4@unlimited");
+    assert!(tiers.pool_hit_tokens > 0);
+    assert_eq!(
+        tiers.pool_fetched_blocks * u64::from(BLOCK),
+        tiers.pool_hit_tokens
+    );
+    assert_eq!(tiers.host_hit_tokens, 0);
+    assert_eq!(
+        tiers.device_hit_tokens + tiers.pool_hit_tokens,
+        pooled.cached_tokens
+    );
+    // Every computed block was offered to the pool, which stored each distinct one once.
+    assert!(tiers.pool_published_blocks >= tiers.pool_stored_blocks);
+    assert!(tiers.pool_stored_blocks > 0);
+    assert_eq!(tiers.pool_evictions, 0);
+    assert!(pooled.recomputed_tokens < plain.recomputed_tokens);
+    assert!(pooled.ttft_ms.mean < plain.ttft_ms.mean);
+    assert_eq!(run(&workload, spread(true)), pooled);
+}
+
+#[test]
+fn a_pool_needs_both_its_size_and_the_engines_settings() {
+    let workload = agents(1, 1);
+    let size_only = SimConfig {
+        pool_blocks: Some(64),
+        ..config(None)
+    };
+    assert!(Simulation::new(&workload, size_only).is_err());
+    let mut settings_only = config(None);
+    settings_only.engine.pool = Some(PoolTierConfig::default());
+    assert!(Simulation::new(&workload, settings_only).is_err());
 }

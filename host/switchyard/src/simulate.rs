@@ -8,7 +8,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use switchyard_core::admission::AdmissionPolicy;
-use switchyard_core::engine::EngineConfig;
+use switchyard_core::engine::{
+    DEFAULT_BLOCK_BYTES, DEFAULT_HOST_BANDWIDTH, DEFAULT_POOL_BANDWIDTH, EngineConfig,
+    HostTierConfig, PoolTierConfig,
+};
 use switchyard_core::router::queue::{QueueConfig, QueueOrder};
 use switchyard_core::router::{RouterConfig, RoutingPolicy};
 use switchyard_policy_host::{
@@ -67,13 +70,25 @@ pub(crate) struct SimulateArgs {
     /// Host KV tier (G2) per worker, in blocks (at least --num-blocks); none without it.
     #[arg(long)]
     host_tier_blocks: Option<usize>,
-    /// Bytes of one KV block across layers, for the host tier's load time (default: 128 KiB
-    /// per token, a Llama-3-8B-class model in bf16, times the block size).
+    /// Bytes of one KV block across layers, for the host tier's and the pool's load times
+    /// (default: 128 KiB per token, a Llama-3-8B-class model in bf16, times the block size).
     #[arg(long)]
     kv_block_bytes: Option<u64>,
     /// Host-to-device bandwidth of loads from the host tier, in GB/s.
-    #[arg(long, default_value_t = switchyard_core::engine::DEFAULT_HOST_BANDWIDTH / 1e9)]
+    #[arg(long, default_value_t = DEFAULT_HOST_BANDWIDTH / 1e9)]
     host_gb_per_s: f64,
+    /// Shared KV pool (G4) of all workers, in blocks: engines publish the blocks they compute
+    /// and fetch a prefix they lack from it; none without it.
+    #[arg(long)]
+    pool_blocks: Option<usize>,
+    /// Pool-to-device bandwidth of fetches from the shared pool, in GB/s.
+    #[arg(long, default_value_t = DEFAULT_POOL_BANDWIDTH / 1e9)]
+    pool_gb_per_s: f64,
+    /// KV tiers to compare, one run per value: `g1` (the device alone), `g1+g2` (with the host
+    /// tier of --host-tier-blocks), `g1+g4`, `g1+g2+g4` (with the pool of --pool-blocks).
+    /// Default: the tiers those flags give.
+    #[arg(long, value_delimiter = ',', value_parser = parse_tiers)]
+    tiers: Vec<Tiers>,
     /// Most running requests per worker.
     #[arg(long, default_value_t = 256)]
     max_num_seqs: usize,
@@ -109,6 +124,38 @@ fn parse_gap(s: &str) -> Result<Duration, String> {
         .ok_or_else(|| format!("`{s}` is not a duration such as 60s or 2m"))
 }
 
+/// Which KV tiers below the device a run has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Tiers {
+    host: bool,
+    pool: bool,
+}
+
+fn parse_tiers(s: &str) -> Result<Tiers, String> {
+    let mut parts = s.split('+').map(str::trim).map(str::to_ascii_lowercase);
+    if parts.next().as_deref() != Some("g1") {
+        return Err(format!(
+            "`{s}` does not start with g1 (e.g. g1, g1+g2, g1+g2+g4)"
+        ));
+    }
+    let mut tiers = Tiers {
+        host: false,
+        pool: false,
+    };
+    for part in parts {
+        match part.as_str() {
+            "g2" if !tiers.host && !tiers.pool => tiers.host = true,
+            "g4" if !tiers.pool => tiers.pool = true,
+            _ => {
+                return Err(format!(
+                    "`{s}` is not g1 followed by +g2 and/or +g4, in that order"
+                ));
+            }
+        }
+    }
+    Ok(tiers)
+}
+
 fn parse_concurrency(s: &str) -> Result<Option<usize>, String> {
     match s {
         "unlimited" | "none" => Ok(None),
@@ -137,7 +184,7 @@ pub(crate) fn run(args: SimulateArgs) -> anyhow::Result<()> {
         workload.block_size,
         loaded.elapsed()
     );
-    let configs = configs(&args, &workload);
+    let configs = configs(&args, &workload)?;
     let bar = ProgressBar::new((workload.request_count() * configs.len()) as u64).with_style(
         ProgressStyle::with_template(
             "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} requests ({per_sec}, eta {eta})",
@@ -182,25 +229,58 @@ pub(crate) fn run(args: SimulateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The cross product of policies, concurrency levels and speed-ups.
-fn configs(args: &SimulateArgs, workload: &Workload) -> Vec<SimConfig> {
-    let engine = EngineConfig {
+/// The engine of one tier set: the device, and the host tier and pool it names.
+fn engine(args: &SimulateArgs, workload: &Workload, tiers: Tiers) -> anyhow::Result<EngineConfig> {
+    let block_bytes = args
+        .kv_block_bytes
+        .unwrap_or(DEFAULT_BLOCK_BYTES / 16 * u64::from(workload.block_size));
+    let host_tier = match (tiers.host, args.host_tier_blocks) {
+        (false, _) => None,
+        (true, Some(num_blocks)) => Some(HostTierConfig {
+            num_blocks,
+            block_bytes,
+            bandwidth_bytes_per_s: args.host_gb_per_s * 1e9,
+        }),
+        (true, None) => bail!("--tiers with g2 needs --host-tier-blocks"),
+    };
+    let pool = match (tiers.pool, args.pool_blocks) {
+        (false, _) => None,
+        (true, Some(_)) => Some(PoolTierConfig {
+            block_bytes,
+            bandwidth_bytes_per_s: args.pool_gb_per_s * 1e9,
+        }),
+        (true, None) => bail!("--tiers with g4 needs --pool-blocks"),
+    };
+    Ok(EngineConfig {
         block_size: workload.block_size as usize,
         num_blocks: args.num_blocks,
         max_num_seqs: args.max_num_seqs,
         max_batched_tokens: args.max_batched_tokens,
-        host_tier: args.host_tier_blocks.map(|num_blocks| {
-            switchyard_core::engine::HostTierConfig {
-                num_blocks,
-                block_bytes: args.kv_block_bytes.unwrap_or(
-                    switchyard_core::engine::DEFAULT_BLOCK_BYTES / 16
-                        * u64::from(workload.block_size),
-                ),
-                bandwidth_bytes_per_s: args.host_gb_per_s * 1e9,
-            }
-        }),
+        host_tier,
+        pool,
         ..EngineConfig::default()
+    })
+}
+
+/// The cross product of policies, concurrency levels, speed-ups and tier sets.
+fn configs(args: &SimulateArgs, workload: &Workload) -> anyhow::Result<Vec<SimConfig>> {
+    let tiers = if args.tiers.is_empty() {
+        vec![Tiers {
+            host: args.host_tier_blocks.is_some(),
+            pool: args.pool_blocks.is_some(),
+        }]
+    } else {
+        args.tiers.clone()
     };
+    let engines = tiers
+        .iter()
+        .map(|&t| {
+            Ok((
+                engine(args, workload, t)?,
+                t.pool.then_some(args.pool_blocks).flatten(),
+            ))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let queue = (args.queue_threshold > 0.0).then(|| QueueConfig {
         order: args.queue_order,
         max_prefill_tokens: Some((args.queue_threshold * args.max_batched_tokens as f64) as u64),
@@ -212,28 +292,33 @@ fn configs(args: &SimulateArgs, workload: &Workload) -> Vec<SimConfig> {
         for &concurrency in &args.concurrency {
             for policy in &args.policies {
                 for admission in &args.admission {
-                    configs.push(SimConfig {
-                        workers: args.workers,
-                        engine: engine.clone(),
-                        router: RouterConfig {
-                            temperature: args.temperature,
-                            ..RouterConfig::default()
-                        },
-                        policy: policy.clone(),
-                        admission: admission.clone(),
-                        queue: queue.clone(),
-                        max_gap,
-                        concurrency,
-                        speedup,
-                        event_delay: Duration::from_secs_f64(args.event_delay_ms.max(0.0) / 1000.0),
-                        seed: args.seed,
-                        ..SimConfig::default()
-                    });
+                    for (engine, pool_blocks) in &engines {
+                        configs.push(SimConfig {
+                            workers: args.workers,
+                            engine: engine.clone(),
+                            pool_blocks: *pool_blocks,
+                            router: RouterConfig {
+                                temperature: args.temperature,
+                                ..RouterConfig::default()
+                            },
+                            policy: policy.clone(),
+                            admission: admission.clone(),
+                            queue: queue.clone(),
+                            max_gap,
+                            concurrency,
+                            speedup,
+                            event_delay: Duration::from_secs_f64(
+                                args.event_delay_ms.max(0.0) / 1000.0,
+                            ),
+                            seed: args.seed,
+                            ..SimConfig::default()
+                        });
+                    }
                 }
             }
         }
     }
-    configs
+    Ok(configs)
 }
 
 /// Wasm routing policies for the simulator: the very components the gateway runs, through the

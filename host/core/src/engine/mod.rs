@@ -13,13 +13,23 @@
 //! With [`EngineConfig::host_tier`] the device cache gets a host tier behind it (`tiers`, on
 //! `switchyard-kvbm`'s block pool): computed blocks are written through, a prefix the device
 //! lost is loaded back at the tier's bandwidth, and the events carry each tier as vLLM's
-//! `medium`. Without it nothing differs.
+//! `medium`. Without it nothing differs. [`EngineConfig::disk_tier`] puts a disk tier (G3)
+//! behind the host tier: what the host evicts is written to disk, and a prefix found only there
+//! is loaded at the disk's bandwidth.
+//!
+//! With [`EngineConfig::pool`] the engine also reads from and writes to a shared pool (G4) that
+//! its driver owns (see "Driving a shared pool" below). Without it nothing differs either.
 //!
 //! ```
 //! use switchyard_core::engine::{EngineConfig, EngineModel, EngineRequest};
 //!
 //! let mut engine = EngineModel::new(EngineConfig::default())?;
-//! engine.add_request(EngineRequest { id: 1, prompt: (0..100).collect(), max_tokens: 2 })?;
+//! engine.add_request(EngineRequest {
+//!     id: 1,
+//!     prompt: (0..100).collect(),
+//!     max_tokens: 2,
+//!     pool_prefix_blocks: 0,
+//! })?;
 //! let mut tokens = Vec::new();
 //! while engine.has_work() {
 //!     let step = engine.step();
@@ -30,6 +40,29 @@
 //! assert!(tokens[0].first && tokens[1].finished);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! # Driving a shared pool
+//!
+//! The pool is shared by every worker, so it is the driver's (the simulator keeps one in
+//! process, the mock engine talks to `switchyard kv-pool`); the model stays pure:
+//!
+//! 1. **Arrival.** Hash the prompt with the engine's hashes ([`KvCache::hash_blocks`] on
+//!    [`EngineModel::cache`]), ask the pool which leading blocks it holds, and pass that count
+//!    as [`EngineRequest::pool_prefix_blocks`]. A driver that moves bytes fetches them now (or
+//!    later, before it applies the step's transfers) and keeps them by hash.
+//! 2. **Admission.** Blocks after the device prefix and the host tier's run, up to that count,
+//!    are loaded: they count as `cached_tokens`, the admitting step takes
+//!    `blocks x block_bytes / bandwidth` longer, they become device blocks (a `GPU` store
+//!    event), and the step lists a [`KvTransfer::Fetched`] `{ hash, slot }` per block: write the
+//!    fetched bytes of `hash` into device slot `slot`.
+//! 3. **Write-through.** Every block the device computes is listed, after its
+//!    [`KvTransfer::Computed`], as a [`KvTransfer::Publish`] `{ hash, parent, from, token_ids }`:
+//!    read the block from `from` and put it into the pool (the put is idempotent; it is off the
+//!    request path, so the model charges no time). Blocks a request fetched from the pool or
+//!    loaded from the host are not published again.
+//!
+//! Transfers are in step order: apply them in the order given, once the step's duration has
+//! passed, before the next step (a slot named by one is valid until then).
 
 mod cache;
 mod tiers;
@@ -37,12 +70,13 @@ mod timing;
 
 pub use cache::{BlockTable, CacheEvent, ENGINE_SEED, KvCache, StoredBlock};
 pub use tiers::{
-    DEFAULT_BLOCK_BYTES, DEFAULT_HOST_BANDWIDTH, HostTierConfig, KvTransfer, TierStats,
+    DEFAULT_BLOCK_BYTES, DEFAULT_DISK_BANDWIDTH, DEFAULT_HOST_BANDWIDTH, DEFAULT_POOL_BANDWIDTH,
+    DiskTierConfig, HostTierConfig, KvTransfer, PoolTierConfig, TierStats,
 };
 pub use timing::StepTiming;
 
 use switchyard_kvbm::Tick;
-use tiers::HostTier;
+use tiers::{HostTier, PoolTier};
 
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -68,6 +102,14 @@ pub struct EngineConfig {
     /// it, and a prefix the device evicted is loaded back at its bandwidth instead of being
     /// recomputed. Default `None`: the device cache alone.
     pub host_tier: Option<HostTierConfig>,
+    /// A disk tier (G3) behind the host tier (requires one): what the host evicts is written to
+    /// it, and a prefix found only there is loaded at its bandwidth. Default `None`.
+    pub disk_tier: Option<DiskTierConfig>,
+    /// A shared pool (G4) behind the device and host tiers, owned by the driver: what the
+    /// request's [`EngineRequest::pool_prefix_blocks`] says the pool holds is loaded at its
+    /// bandwidth, and computed blocks are handed out to publish. Default `None`: no pool (the
+    /// field is ignored).
+    pub pool: Option<PoolTierConfig>,
 }
 
 impl Default for EngineConfig {
@@ -80,6 +122,8 @@ impl Default for EngineConfig {
             output_vocab: 1_000..30_000,
             timing: StepTiming::default(),
             host_tier: None,
+            disk_tier: None,
+            pool: None,
         }
     }
 }
@@ -105,6 +149,14 @@ impl EngineConfig {
         }
         if let Some(host) = &self.host_tier {
             host.validate(self.num_blocks).map_err(ConfigError)?;
+        }
+        if let Some(disk) = &self.disk_tier {
+            disk.validate(self.host_tier.as_ref().map(|h| h.block_bytes))
+                .map_err(ConfigError)?;
+        }
+        if let Some(pool) = &self.pool {
+            pool.validate(self.host_tier.as_ref())
+                .map_err(ConfigError)?;
         }
         Ok(())
     }
@@ -146,6 +198,10 @@ pub struct EngineRequest {
     pub prompt: Vec<u32>,
     /// Tokens to generate (at least 1); generation always runs to this length.
     pub max_tokens: u32,
+    /// How many leading blocks of the prompt (engine hashes, [`KvCache::hash_blocks`]) the
+    /// shared pool holds, as the driver looked it up at arrival. 0 without a pool; ignored
+    /// unless [`EngineConfig::pool`] is set.
+    pub pool_prefix_blocks: usize,
 }
 
 /// One generated token.
@@ -181,8 +237,8 @@ pub struct Step {
     pub outputs: Vec<TokenOut>,
     /// Requests admitted in this step.
     pub admitted: Vec<Admitted>,
-    /// KV bytes the step moved, in order (only with a host tier): a driver with real slabs
-    /// replays them.
+    /// KV bytes the step moved, in order (only with a host tier or a pool): a driver with real
+    /// slabs replays them, a driver of a pool fetches and publishes.
     pub transfers: Vec<KvTransfer>,
 }
 
@@ -205,7 +261,7 @@ pub struct EngineStats {
     pub generation_tokens: u64,
     /// Requests that ran to completion (`vllm:request_success`).
     pub finished: u64,
-    /// The lower tiers' counters (all zero without a host tier).
+    /// The lower tiers' counters (all zero without a host tier or a pool).
     pub tiers: TierStats,
 }
 
@@ -238,6 +294,7 @@ pub struct EngineModel {
     running: Vec<Running>,
     stats: EngineStats,
     host: Option<HostTier>,
+    pool: Option<PoolTier>,
     /// Simulated time: the sum of the step durations so far (the host tier's clock).
     clock: Duration,
 }
@@ -249,8 +306,12 @@ impl EngineModel {
     pub fn new(config: EngineConfig) -> Result<Self, ConfigError> {
         config.validate()?;
         let mut cache = KvCache::new(config.block_size, config.num_blocks);
-        let host = config.host_tier.clone().map(HostTier::new);
-        if host.is_some() {
+        let host = config
+            .host_tier
+            .clone()
+            .map(|host| HostTier::new(host, config.disk_tier.clone()));
+        let pool = config.pool.clone().map(PoolTier::new);
+        if host.is_some() || pool.is_some() {
             cache.log_stored();
         }
         Ok(Self {
@@ -260,6 +321,7 @@ impl EngineModel {
             running: Vec::new(),
             stats: EngineStats::default(),
             host,
+            pool,
             clock: Duration::ZERO,
         })
     }
@@ -347,11 +409,15 @@ impl EngineModel {
 
     /// Current gauges and counters.
     pub fn stats(&self) -> EngineStats {
+        let mut tiers = self.host.as_ref().map(HostTier::stats).unwrap_or_default();
+        if let Some(pool) = &self.pool {
+            tiers += pool.stats();
+        }
         EngineStats {
             running: self.running.len(),
             waiting: self.waiting.len(),
             kv_usage: self.cache.usage(),
-            tiers: self.host.as_ref().map(HostTier::stats).unwrap_or_default(),
+            tiers,
             ..self.stats
         }
     }
@@ -374,7 +440,13 @@ impl EngineModel {
                 &mut pass,
                 &mut outputs,
             );
-            sync_host(&mut self.cache, self.host.as_mut(), &mut pass, now);
+            sync_tiers(
+                &mut self.cache,
+                &mut self.host,
+                &mut self.pool,
+                &mut pass,
+                now,
+            );
         }
         let mut admitted = Vec::new();
         while budget > 0 && self.running.len() < self.config.max_num_seqs {
@@ -393,7 +465,13 @@ impl EngineModel {
                 &mut pass,
                 &mut outputs,
             );
-            sync_host(&mut self.cache, self.host.as_mut(), &mut pass, now);
+            sync_tiers(
+                &mut self.cache,
+                &mut self.host,
+                &mut self.pool,
+                &mut pass,
+                now,
+            );
             self.running.push(seq);
         }
 
@@ -432,12 +510,14 @@ impl EngineModel {
         (request.prompt.len() + request.max_tokens as usize - 1).div_ceil(self.config.block_size)
     }
 
-    /// Move the head of the queue to running if its blocks fit. The part of its prefix that
-    /// only the host tier holds is loaded into the device (charged to `pass`).
+    /// Move the head of the queue to running if its blocks fit. The part of its prefix that the
+    /// device lacks is loaded into it from the host tier, then the disk tier, then the shared
+    /// pool (charged to `pass`), in that order: the nearest copy first.
     fn admit_next(&mut self, pass: &mut Pass, now: Tick) -> Option<Running> {
         let head = self.waiting.front()?;
+        let block_size = self.config.block_size;
         // At least the last prompt token is computed, to sample the first output from.
-        let reusable = (head.request.prompt.len() - 1) / self.config.block_size;
+        let reusable = (head.request.prompt.len() - 1) / block_size;
         let mut table = self
             .cache
             .allocate(&head.hashes[..reusable], self.blocks_needed(&head.request))?;
@@ -446,12 +526,27 @@ impl EngineModel {
             Some(host) => host.lookup(&head.hashes[device_blocks..reusable], now),
             None => Vec::new(),
         };
-        let Waiting { request, .. } = self.waiting.pop_front()?;
-        let device_cached = device_blocks * self.config.block_size;
-        let cached = (device_blocks + onboard.len()) * self.config.block_size;
-        if let Some(host) = self.host.as_mut().filter(|_| !onboard.is_empty()) {
+        let disk_start = device_blocks + onboard.len();
+        let from_disk = match &self.host {
+            Some(host) => host.disk_lookup(&head.hashes[disk_start..reusable], now),
+            None => Vec::new(),
+        };
+        let near = disk_start + from_disk.len();
+        let fetched = match &self.pool {
+            Some(_) => head
+                .request
+                .pool_prefix_blocks
+                .min(reusable)
+                .saturating_sub(near),
+            None => 0,
+        };
+        let Waiting { request, hashes } = self.waiting.pop_front()?;
+        let device_cached = device_blocks * block_size;
+        let cached = (near + fetched) * block_size;
+        if cached > device_cached {
             // The loaded blocks are cached in the device like computed ones (a GPU store
-            // event); their bytes come from the host slots, not from a forward pass.
+            // event); their bytes come from the host slots and the pool, not from a forward
+            // pass.
             pass.events.extend(self.cache.take_events());
             self.cache.write(&mut table, &request.prompt[..cached]);
             for (index, block) in onboard.iter().enumerate() {
@@ -463,13 +558,35 @@ impl EngineModel {
                     });
                 }
             }
-            // Already in the host: the write-through below only refreshes them.
+            for (index, block) in from_disk.iter().enumerate() {
+                if let Some(slot) = table.slot(disk_start + index) {
+                    pass.transfers.push(KvTransfer::Copy {
+                        hash: block.hash().0,
+                        from: (crate::worker::Tier::Disk, block.id().0),
+                        to: (crate::worker::Tier::Device, slot),
+                    });
+                }
+            }
+            for (index, &hash) in hashes.iter().enumerate().skip(near).take(fetched) {
+                if let Some(slot) = table.slot(index) {
+                    pass.transfers.push(KvTransfer::Fetched { hash, slot });
+                }
+            }
+            // Loaded, not computed: nothing to publish. The host's copies are only refreshed;
+            // what came from disk or the pool is written through to the host like any device
+            // block.
             let stored = self.cache.take_stored();
             pass.events.extend(self.cache.take_events());
-            host.write_through(stored, now, &mut pass.events, &mut pass.transfers);
-            pass.onboard_time += host.charge_onboard(onboard.len(), self.config.block_size);
+            if let Some(host) = &mut self.host {
+                host.write_through(stored, now, &mut pass.events, &mut pass.transfers);
+                pass.onboard_time += host.charge_onboard(onboard.len(), block_size);
+                pass.onboard_time += host.charge_disk_onboard(from_disk.len(), block_size);
+            }
+            if let Some(pool) = self.pool.as_mut().filter(|_| fetched > 0) {
+                pass.onboard_time += pool.charge_fetch(fetched, block_size);
+            }
         }
-        drop(onboard);
+        drop((onboard, from_disk));
         self.stats.prefix_queries += request.prompt.len() as u64;
         self.stats.prefix_hits += device_cached as u64;
         self.stats.prompt_tokens += request.prompt.len() as u64;
@@ -495,19 +612,25 @@ impl EngineModel {
 struct Pass {
     prefill_tokens: usize,
     decoding: bool,
-    /// Time loading host blocks into the device.
+    /// Time loading host and pool blocks into the device.
     onboard_time: Duration,
     /// Events so far, in order (with a host tier, device and host events interleave).
     events: Vec<CacheEvent>,
     transfers: Vec<KvTransfer>,
 }
 
-/// With a host tier: move the device's events so far into the pass, record the blocks just
-/// computed, and write them through.
-fn sync_host(cache: &mut KvCache, host: Option<&mut HostTier>, pass: &mut Pass, now: Tick) {
-    let Some(host) = host else {
+/// With a host tier or a pool: move the device's events so far into the pass, record the blocks
+/// just computed, publish them and write them through.
+fn sync_tiers(
+    cache: &mut KvCache,
+    host: &mut Option<HostTier>,
+    pool: &mut Option<PoolTier>,
+    pass: &mut Pass,
+    now: Tick,
+) {
+    if host.is_none() && pool.is_none() {
         return;
-    };
+    }
     pass.events.extend(cache.take_events());
     let stored = cache.take_stored();
     pass.transfers
@@ -515,7 +638,12 @@ fn sync_host(cache: &mut KvCache, host: Option<&mut HostTier>, pass: &mut Pass, 
             hash: b.hash,
             slot: b.slot,
         }));
-    host.write_through(stored, now, &mut pass.events, &mut pass.transfers);
+    if let Some(pool) = pool {
+        pool.publish(&stored, &mut pass.transfers);
+    }
+    if let Some(host) = host {
+        host.write_through(stored, now, &mut pass.events, &mut pass.transfers);
+    }
 }
 
 /// Give `seq` up to `budget` tokens of this pass: a prefill chunk, or one decode. Returns the

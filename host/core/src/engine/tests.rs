@@ -15,6 +15,7 @@ fn request(id: u64, prompt: Vec<u32>, max_tokens: u32) -> EngineRequest {
         id,
         prompt,
         max_tokens,
+        pool_prefix_blocks: 0,
     }
 }
 

@@ -1,5 +1,6 @@
-//! The engine's host tier (G2): where device blocks are written through, and where a prefix
-//! the device lost is loaded back from instead of recomputed (kv-cache.md, vLLM's CPU offload).
+//! The engine's lower tiers: the host tier (G2), where device blocks are written through and
+//! where a prefix the device lost is loaded back from instead of recomputed (kv-cache.md, vLLM's
+//! CPU offload), and the shared pool (G4), which the model only talks to through its driver.
 //!
 //! The bookkeeping is `switchyard-kvbm`'s [`BlockPool`] (its pure logic, built without the
 //! `storage` feature): registry by sequence hash, leaf-first retention-aware eviction and the
@@ -9,9 +10,21 @@
 //! Movement is data: every write-through and onboard is a [`KvTransfer`] of the step, in order,
 //! so a driver with real slabs (the mock engine) moves the bytes and one without (the simulator)
 //! only charges the time.
+//!
+//! The shared pool lives outside the engine (every worker shares it; the driver owns it), so the
+//! model keeps no state of it: the driver says per request how many leading prompt blocks the
+//! pool holds ([`EngineRequest::pool_prefix_blocks`](super::EngineRequest::pool_prefix_blocks)),
+//! the model loads the part the device and host lack ([`KvTransfer::Fetched`]) and asks the
+//! driver to publish every block it computes ([`KvTransfer::Publish`]).
+
+mod disk;
+
+pub use disk::{DEFAULT_DISK_BANDWIDTH, DiskTierConfig};
 
 use super::cache::{CacheEvent, StoredBlock};
 use crate::worker::Tier;
+use disk::{Demoted, DiskTier};
+use std::collections::HashMap;
 use std::time::Duration;
 use switchyard_kvbm::pool::{BlockPool, ImmutableBlock};
 use switchyard_kvbm::retention::Retention;
@@ -24,6 +37,15 @@ pub const DEFAULT_BLOCK_BYTES: u64 = 2 << 20;
 /// Host-to-device bandwidth an onboard achieves by default: half of PCIe Gen5's ~50 GB/s one
 /// way, for pageable copies and batching losses (kv-cache.md).
 pub const DEFAULT_HOST_BANDWIDTH: f64 = 25e9;
+
+/// Pool-to-device bandwidth of a fetch from the shared pool by default: one 100 Gb/s NIC at line
+/// rate (an RDMA transfer engine such as Mooncake's gets close to it), half the host tier's.
+pub const DEFAULT_POOL_BANDWIDTH: f64 = 12.5e9;
+
+/// Time to move `blocks` blocks of `block_bytes` at `bandwidth` bytes per second.
+fn transfer_time(blocks: usize, block_bytes: u64, bandwidth: f64) -> Duration {
+    Duration::from_secs_f64(blocks as f64 * block_bytes as f64 / bandwidth)
+}
 
 /// A host-memory tier behind the device cache.
 #[derive(Debug, Clone, PartialEq)]
@@ -51,9 +73,7 @@ impl HostTierConfig {
 
     /// Time to load `blocks` blocks into the device.
     pub fn load_time(&self, blocks: usize) -> Duration {
-        Duration::from_secs_f64(
-            blocks as f64 * self.block_bytes as f64 / self.bandwidth_bytes_per_s,
-        )
+        transfer_time(blocks, self.block_bytes, self.bandwidth_bytes_per_s)
     }
 
     pub(crate) fn validate(&self, device_blocks: usize) -> Result<(), &'static str> {
@@ -70,8 +90,49 @@ impl HostTierConfig {
     }
 }
 
+/// The shared pool (G4) as the engine sees it: how fast blocks come from it. Its capacity and
+/// contents are the driver's (the pool is shared by every worker).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolTierConfig {
+    /// Bytes of one KV block across layers: what a fetch moves. Must equal the host tier's
+    /// when there is one. Default [`DEFAULT_BLOCK_BYTES`].
+    pub block_bytes: u64,
+    /// Pool-to-device bandwidth of a fetch, in bytes per second; the load time of a pool hit is
+    /// added to the step that admits the request. Default [`DEFAULT_POOL_BANDWIDTH`].
+    pub bandwidth_bytes_per_s: f64,
+}
+
+impl Default for PoolTierConfig {
+    fn default() -> Self {
+        Self {
+            block_bytes: DEFAULT_BLOCK_BYTES,
+            bandwidth_bytes_per_s: DEFAULT_POOL_BANDWIDTH,
+        }
+    }
+}
+
+impl PoolTierConfig {
+    /// Time to fetch `blocks` blocks into the device.
+    pub fn load_time(&self, blocks: usize) -> Duration {
+        transfer_time(blocks, self.block_bytes, self.bandwidth_bytes_per_s)
+    }
+
+    pub(crate) fn validate(&self, host: Option<&HostTierConfig>) -> Result<(), &'static str> {
+        if self.block_bytes == 0 {
+            return Err("pool block_bytes must be positive");
+        }
+        if host.is_some_and(|host| host.block_bytes != self.block_bytes) {
+            return Err("pool block_bytes must equal the host tier's");
+        }
+        if !(self.bandwidth_bytes_per_s.is_finite() && self.bandwidth_bytes_per_s > 0.0) {
+            return Err("pool bandwidth must be positive and finite");
+        }
+        Ok(())
+    }
+}
+
 /// One movement of KV bytes implied by a step, in the order it happened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KvTransfer {
     /// The step computed block `hash` into device slot `slot`.
     Computed {
@@ -88,6 +149,30 @@ pub enum KvTransfer {
         from: (Tier, u32),
         /// Destination tier and slot.
         to: (Tier, u32),
+    },
+    /// Block `hash` came from the shared pool into device slot `slot`: the driver writes the
+    /// bytes it fetched for the request (it looked the prefix up; see
+    /// [`EngineRequest::pool_prefix_blocks`](super::EngineRequest::pool_prefix_blocks)).
+    Fetched {
+        /// Engine sequence hash.
+        hash: u64,
+        /// Device block.
+        slot: u32,
+    },
+    /// Put block `hash` into the shared pool, from `(tier, slot)` (write-through of a block the
+    /// device computed; off the request path, so no time is charged). Idempotent on the pool
+    /// side: a block it already has costs nothing.
+    Publish {
+        /// Engine sequence hash.
+        hash: u64,
+        /// The block before it (`None` at the start of a sequence), so the pool can evict leaves
+        /// first.
+        parent: Option<u64>,
+        /// Where the bytes are: tier and slot.
+        from: (Tier, u32),
+        /// Its `block_size` tokens: the pool's events carry them, so that a reader with another
+        /// hash (the router) can re-hash the block.
+        token_ids: Vec<u32>,
     },
 }
 
@@ -110,22 +195,99 @@ pub struct TierStats {
     pub host_evictions: u64,
     /// Prompt tokens served from the host tier (part of `cached_tokens`).
     pub host_hit_tokens: u64,
-    /// Simulated time spent onboarding.
+    /// Simulated time spent onboarding from the host tier.
     pub onboard_time: Duration,
+    /// Prompt tokens served from the shared pool (part of `cached_tokens`).
+    pub pool_hit_tokens: u64,
+    /// Blocks fetched from the shared pool into the device.
+    pub pool_fetched_blocks: u64,
+    /// Bytes of those fetches.
+    pub pool_fetched_bytes: u64,
+    /// Computed device blocks handed to the driver to publish to the pool.
+    pub pool_published_blocks: u64,
+    /// Simulated time spent fetching from the pool.
+    pub pool_onboard_time: Duration,
+    /// Disk tier capacity in blocks (0: no disk tier).
+    pub disk_capacity_blocks: usize,
+    /// Blocks the disk tier holds.
+    pub disk_blocks: usize,
+    /// Host evictions written to disk (`kvbm_offload_blocks_h2d`, G2 -> G3).
+    pub disk_stored_blocks: u64,
+    /// Bytes of those writes.
+    pub disk_stored_bytes: u64,
+    /// Disk blocks loaded into the device (`kvbm_onboard_blocks_d2d`, G3 -> G1).
+    pub disk_onboarded_blocks: u64,
+    /// Bytes of those loads.
+    pub disk_onboarded_bytes: u64,
+    /// Blocks the disk tier evicted.
+    pub disk_evictions: u64,
+    /// Prompt tokens served from the disk tier (part of `cached_tokens`).
+    pub disk_hit_tokens: u64,
+    /// Simulated time spent loading from disk.
+    pub disk_onboard_time: Duration,
 }
 
-/// The host tier's state.
+impl std::ops::AddAssign for TierStats {
+    /// Sum of two engines' counters (a deployment's, or one engine's tiers).
+    fn add_assign(&mut self, other: TierStats) {
+        self.host_capacity_blocks += other.host_capacity_blocks;
+        self.host_blocks += other.host_blocks;
+        self.offloaded_blocks += other.offloaded_blocks;
+        self.onboarded_blocks += other.onboarded_blocks;
+        self.offloaded_bytes += other.offloaded_bytes;
+        self.onboarded_bytes += other.onboarded_bytes;
+        self.host_evictions += other.host_evictions;
+        self.host_hit_tokens += other.host_hit_tokens;
+        self.onboard_time += other.onboard_time;
+        self.pool_hit_tokens += other.pool_hit_tokens;
+        self.pool_fetched_blocks += other.pool_fetched_blocks;
+        self.pool_fetched_bytes += other.pool_fetched_bytes;
+        self.pool_published_blocks += other.pool_published_blocks;
+        self.pool_onboard_time += other.pool_onboard_time;
+        self.disk_capacity_blocks += other.disk_capacity_blocks;
+        self.disk_blocks += other.disk_blocks;
+        self.disk_stored_blocks += other.disk_stored_blocks;
+        self.disk_stored_bytes += other.disk_stored_bytes;
+        self.disk_onboarded_blocks += other.disk_onboarded_blocks;
+        self.disk_onboarded_bytes += other.disk_onboarded_bytes;
+        self.disk_evictions += other.disk_evictions;
+        self.disk_hit_tokens += other.disk_hit_tokens;
+        self.disk_onboard_time += other.disk_onboard_time;
+    }
+}
+
+impl std::iter::Sum for TierStats {
+    fn sum<I: Iterator<Item = TierStats>>(iter: I) -> TierStats {
+        iter.fold(TierStats::default(), |mut sum, t| {
+            sum += t;
+            sum
+        })
+    }
+}
+
+/// The host tier's state, and the disk tier behind it.
 #[derive(Debug)]
 pub(crate) struct HostTier {
     config: HostTierConfig,
     pool: BlockPool,
     stats: TierStats,
+    disk: Option<DiskTier>,
+    /// With a disk tier: where each host block is, its parent and tokens, so that an eviction
+    /// can be written to disk and described there.
+    resident: HashMap<u64, Resident>,
+}
+
+#[derive(Debug)]
+struct Resident {
+    slot: u32,
+    parent: Option<u64>,
+    token_ids: Vec<u32>,
 }
 
 // === impl HostTier ===
 
 impl HostTier {
-    pub(crate) fn new(config: HostTierConfig) -> Self {
+    pub(crate) fn new(config: HostTierConfig, disk: Option<DiskTierConfig>) -> Self {
         Self {
             pool: new_pool(config.num_blocks),
             stats: TierStats {
@@ -133,14 +295,37 @@ impl HostTier {
                 ..TierStats::default()
             },
             config,
+            disk: disk.map(DiskTier::new),
+            resident: HashMap::new(),
         }
     }
 
     pub(crate) fn stats(&self) -> TierStats {
-        TierStats {
+        let mut stats = TierStats {
             host_blocks: self.pool.usage().registered,
             host_evictions: self.pool.counters().evictions,
             ..self.stats
+        };
+        if let Some(disk) = &self.disk {
+            stats += disk.stats();
+        }
+        stats
+    }
+
+    /// The leading run of `hashes` the disk tier holds (the part of a prompt after what the
+    /// device and host hold), held until loaded; empty without a disk tier.
+    pub(crate) fn disk_lookup(&self, hashes: &[u64], now: Tick) -> Vec<ImmutableBlock> {
+        match &self.disk {
+            Some(disk) => disk.lookup(hashes, now),
+            None => Vec::new(),
+        }
+    }
+
+    /// Account for loading `blocks` from disk and return the time it takes.
+    pub(crate) fn charge_disk_onboard(&mut self, blocks: usize, block_size: usize) -> Duration {
+        match &mut self.disk {
+            Some(disk) if blocks > 0 => disk.charge_onboard(blocks, block_size),
+            _ => Duration::ZERO,
         }
     }
 
@@ -183,7 +368,7 @@ impl HostTier {
         let Ok(allocation) = self.pool.allocate(missing.len(), now) else {
             return;
         };
-        self.removals(events);
+        self.removals(now, events, transfers);
         let mut run: Option<(Option<u64>, Vec<u64>, Vec<u32>)> = None;
         for (dest, block) in allocation.blocks.into_iter().zip(missing) {
             let slot = dest.id().0;
@@ -199,6 +384,14 @@ impl HostTier {
                 from: (Tier::Device, block.slot),
                 to: (Tier::Host, slot),
             });
+            if self.disk.is_some() {
+                let resident = Resident {
+                    slot,
+                    parent: block.parent,
+                    token_ids: block.token_ids.clone(),
+                };
+                self.resident.insert(block.hash, resident);
+            }
             self.stats.offloaded_blocks += 1;
             self.stats.offloaded_bytes += self.config.block_bytes;
             // Consecutive blocks of a sequence go out as one event, as vLLM batches them.
@@ -219,16 +412,89 @@ impl HostTier {
     /// Drop everything (the engine's prefix cache reset).
     pub(crate) fn reset(&mut self) {
         self.pool = new_pool(self.config.num_blocks);
+        self.resident.clear();
+        if let Some(disk) = &mut self.disk {
+            disk.reset();
+        }
     }
 
-    fn removals(&mut self, events: &mut Vec<CacheEvent>) {
+    /// Report the host's evictions; with a disk tier, write each one to disk first (its host
+    /// slot is only overwritten by the copies that follow).
+    fn removals(
+        &mut self,
+        now: Tick,
+        events: &mut Vec<CacheEvent>,
+        transfers: &mut Vec<KvTransfer>,
+    ) {
         let removed = self.pool.drain_removed();
+        if let Some(disk) = &mut self.disk {
+            for hash in &removed {
+                if let Some(Resident {
+                    slot,
+                    parent,
+                    token_ids,
+                }) = self.resident.remove(&hash.0)
+                {
+                    let block = Demoted {
+                        hash: hash.0,
+                        parent,
+                        token_ids,
+                        host_slot: slot,
+                    };
+                    disk.demote(block, now, events, transfers);
+                }
+            }
+        }
         if !removed.is_empty() {
             events.push(CacheEvent::Removed {
                 tier: Tier::Host,
                 hashes: removed.into_iter().map(|h| h.0).collect(),
             });
         }
+    }
+}
+
+/// What the engine keeps of the shared pool: its settings and counters (the pool's contents are
+/// the driver's).
+#[derive(Debug)]
+pub(crate) struct PoolTier {
+    config: PoolTierConfig,
+    stats: TierStats,
+}
+
+// === impl PoolTier ===
+
+impl PoolTier {
+    pub(crate) fn new(config: PoolTierConfig) -> Self {
+        Self {
+            config,
+            stats: TierStats::default(),
+        }
+    }
+
+    pub(crate) fn stats(&self) -> TierStats {
+        self.stats
+    }
+
+    /// Account for fetching `blocks` and return the time it takes.
+    pub(crate) fn charge_fetch(&mut self, blocks: usize, block_size: usize) -> Duration {
+        let time = self.config.load_time(blocks);
+        self.stats.pool_fetched_blocks += blocks as u64;
+        self.stats.pool_fetched_bytes += blocks as u64 * self.config.block_bytes;
+        self.stats.pool_hit_tokens += (blocks * block_size) as u64;
+        self.stats.pool_onboard_time += time;
+        time
+    }
+
+    /// Ask the driver to publish the blocks the device just computed, in order.
+    pub(crate) fn publish(&mut self, computed: &[StoredBlock], transfers: &mut Vec<KvTransfer>) {
+        self.stats.pool_published_blocks += computed.len() as u64;
+        transfers.extend(computed.iter().map(|b| KvTransfer::Publish {
+            hash: b.hash,
+            parent: b.parent,
+            from: (Tier::Device, b.slot),
+            token_ids: b.token_ids.clone(),
+        }));
     }
 }
 

@@ -23,11 +23,22 @@ fn tokens(tag: u32, len: usize) -> Vec<u32> {
 }
 
 fn run(engine: &mut EngineModel, id: u64, prompt: Vec<u32>) -> Vec<Step> {
+    run_with_pool(engine, id, prompt, 0)
+}
+
+/// Run one request whose first `pool_prefix_blocks` blocks the driver found in the pool.
+fn run_with_pool(
+    engine: &mut EngineModel,
+    id: u64,
+    prompt: Vec<u32>,
+    pool_prefix_blocks: usize,
+) -> Vec<Step> {
     engine
         .add_request(EngineRequest {
             id,
             prompt,
             max_tokens: 1,
+            pool_prefix_blocks,
         })
         .expect("accepted");
     let mut steps = Vec::new();
@@ -175,6 +186,374 @@ fn a_host_tier_smaller_than_the_device_is_refused() {
         ..EngineConfig::default()
     };
     assert!(EngineModel::new(config).is_err());
+}
+
+/// 4-token blocks, 8 on the device, `host` host blocks at 10 us per block, and with `pool` a
+/// shared pool at 20 us per block.
+fn tiered(host: Option<usize>, pool: bool) -> EngineModel {
+    let mut config = engine(host).config().clone();
+    config.pool = pool.then_some(PoolTierConfig {
+        block_bytes: 1_000,
+        bandwidth_bytes_per_s: 5e7,
+    });
+    EngineModel::new(config).expect("valid config")
+}
+
+/// The driver's side of a shared pool: blocks by engine hash, with their parent and tokens.
+#[derive(Default)]
+struct ToyPool(std::collections::HashMap<u64, (Option<u64>, Vec<u32>)>);
+
+impl ToyPool {
+    /// Execute the steps' publishes.
+    fn publish(&mut self, steps: &[Step]) {
+        for (hash, parent, tokens) in published(steps) {
+            self.0.entry(hash).or_insert((parent, tokens));
+        }
+    }
+
+    /// How many leading blocks of `prompt` the pool holds, in `engine`'s hashes.
+    fn prefix(&self, engine: &EngineModel, prompt: &[u32]) -> usize {
+        let hashes = engine.cache().hash_blocks(prompt);
+        hashes.iter().take_while(|h| self.0.contains_key(h)).count()
+    }
+}
+
+fn published(steps: &[Step]) -> Vec<(u64, Option<u64>, Vec<u32>)> {
+    steps
+        .iter()
+        .flat_map(|s| &s.transfers)
+        .filter_map(|t| match t {
+            KvTransfer::Publish {
+                hash,
+                parent,
+                from: (Tier::Device, _),
+                token_ids,
+            } => Some((*hash, *parent, token_ids.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The blocks a step loaded, in order: `(true, hash)` from the host, `(false, hash)` from the
+/// pool.
+fn loads(steps: &[Step]) -> Vec<(bool, u64)> {
+    steps
+        .iter()
+        .flat_map(|s| &s.transfers)
+        .filter_map(|t| match t {
+            KvTransfer::Copy {
+                hash,
+                from: (Tier::Host, _),
+                to: (Tier::Device, _),
+            } => Some((true, *hash)),
+            KvTransfer::Fetched { hash, .. } => Some((false, *hash)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn pool_config(engine: &EngineModel) -> PoolTierConfig {
+    engine.config().pool.clone().expect("a pool")
+}
+
+#[test]
+fn a_prefix_published_by_one_engine_is_fetched_by_another() {
+    let prompt = tokens(1, 17); // 4 full blocks + 1 token
+    let mut pool = ToyPool::default();
+    let mut a = tiered(None, true);
+    let hashes = a.cache().hash_blocks(&prompt);
+    let computed = run(&mut a, 1, prompt.clone());
+
+    // A publishes every block it computed, in order, each after its computation, with its
+    // parent and tokens.
+    let publishes = published(&computed);
+    let parents: Vec<Option<u64>> = std::iter::once(None)
+        .chain(hashes[..3].iter().copied().map(Some))
+        .collect();
+    assert_eq!(publishes.iter().map(|p| p.0).collect::<Vec<_>>(), hashes);
+    assert_eq!(publishes.iter().map(|p| p.1).collect::<Vec<_>>(), parents);
+    for (block, (_, _, token_ids)) in prompt.chunks_exact(4).zip(&publishes) {
+        assert_eq!(block, token_ids.as_slice());
+    }
+    let transfers: Vec<&KvTransfer> = computed.iter().flat_map(|s| &s.transfers).collect();
+    for hash in &hashes {
+        let at = |publish: bool| {
+            transfers.iter().position(|t| match t {
+                KvTransfer::Computed { hash: h, .. } => !publish && h == hash,
+                KvTransfer::Publish { hash: h, .. } => publish && h == hash,
+                _ => false,
+            })
+        };
+        assert!(at(false) < at(true), "published before it was computed");
+    }
+    assert_eq!(a.stats().tiers.pool_published_blocks, 4);
+    pool.publish(&computed);
+
+    // B, which never saw the prompt, is told the pool holds it: it fetches instead of computing.
+    let mut b = tiered(None, true);
+    let found = pool.prefix(&b, &prompt);
+    assert_eq!(found, 4);
+    let fetched = run_with_pool(&mut b, 2, prompt.clone(), found);
+    assert_eq!(cached(&fetched, 2), 16);
+    assert_eq!(
+        loads(&fetched),
+        hashes.iter().map(|&h| (false, h)).collect::<Vec<_>>()
+    );
+    // Device blocks now (a GPU store), and not published back: B computed none of them.
+    assert_eq!(stored(&fetched, Tier::Device), hashes);
+    assert!(published(&fetched).is_empty());
+    let stats = b.stats().tiers;
+    assert_eq!(stats.pool_fetched_blocks, 4);
+    assert_eq!(stats.pool_fetched_bytes, 4_000);
+    assert_eq!(stats.pool_hit_tokens, 16);
+    assert_eq!(stats.pool_published_blocks, 0);
+    let load = pool_config(&b).load_time(4);
+    assert_eq!(stats.pool_onboard_time, load);
+    assert_eq!(
+        b.stats().prefix_hits,
+        0,
+        "vLLM's prefix-cache counters stay the device's"
+    );
+
+    // The load is charged to the admitting step, and is cheaper than computing.
+    let timing = b.config().timing;
+    assert_eq!(
+        fetched[0].duration,
+        timing.step(1, false, 1.0 / 8.0 * 17.0 / 4.0) + load
+    );
+    let mut c = tiered(None, true);
+    let recomputed = run(&mut c, 3, prompt);
+    assert_eq!(cached(&recomputed, 3), 0);
+    assert!(fetched[0].duration < recomputed[0].duration);
+}
+
+#[test]
+fn without_a_pool_nothing_changes() {
+    // The driver's count is ignored by an engine without a pool...
+    let mut told = engine(None);
+    let mut untold = engine(None);
+    let with_count = run_with_pool(&mut told, 1, tokens(1, 17), 4);
+    let without = run_with_pool(&mut untold, 1, tokens(1, 17), 0);
+    assert_eq!(with_count, without);
+    assert_eq!(cached(&with_count, 1), 0);
+    assert!(with_count.iter().all(|s| s.transfers.is_empty()));
+    assert_eq!(told.stats(), untold.stats());
+    assert_eq!(told.stats().tiers, TierStats::default());
+
+    // ... and a host tier alone publishes nothing.
+    let mut host_only = engine(Some(16));
+    let steps = run_with_pool(&mut host_only, 1, tokens(1, 17), 4);
+    assert!(published(&steps).is_empty());
+    assert!(loads(&steps).is_empty());
+    assert_eq!(host_only.stats().tiers.pool_hit_tokens, 0);
+}
+
+#[test]
+fn a_prefix_is_loaded_from_the_nearest_tier_first() {
+    let prompt = tokens(1, 17);
+    let mut pool = ToyPool::default();
+    let mut a = tiered(None, true);
+    let hashes = a.cache().hash_blocks(&prompt);
+    pool.publish(&run(&mut a, 1, prompt.clone()));
+
+    // B computed the first two blocks, then other traffic took the device but the first one:
+    // block 0 on the device, block 1 in the host tier, blocks 2 and 3 only in the pool.
+    let mut b = tiered(Some(32), true);
+    run(&mut b, 1, tokens(1, 9));
+    run(&mut b, 2, tokens(2, 25));
+    assert_eq!(b.cache().cached_prefix(&hashes), 1);
+    let found = pool.prefix(&b, &prompt);
+    let again = run_with_pool(&mut b, 3, prompt, found);
+
+    assert_eq!(cached(&again, 3), 16);
+    assert_eq!(
+        loads(&again),
+        vec![(true, hashes[1]), (false, hashes[2]), (false, hashes[3])]
+    );
+    let stats = b.stats();
+    assert_eq!(stats.prefix_hits, 4);
+    assert_eq!(stats.tiers.host_hit_tokens, 4);
+    assert_eq!(stats.tiers.pool_hit_tokens, 8);
+    let host = b.config().host_tier.clone().expect("a host tier");
+    let load = host.load_time(1) + pool_config(&b).load_time(2);
+    let timing = b.config().timing;
+    assert_eq!(
+        again[0].duration,
+        timing.step(1, false, 1.0 / 8.0 * 17.0 / 4.0) + load
+    );
+    // What came from the pool is written through to the host like any device block.
+    assert_eq!(stored(&again, Tier::Host), hashes[2..].to_vec());
+}
+
+#[test]
+fn a_pool_with_a_bad_bandwidth_or_block_size_is_refused() {
+    let with = |pool: PoolTierConfig| EngineConfig {
+        host_tier: Some(HostTierConfig::blocks(EngineConfig::default().num_blocks)),
+        pool: Some(pool),
+        ..EngineConfig::default()
+    };
+    assert!(EngineModel::new(with(PoolTierConfig::default())).is_ok());
+    for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        let pool = PoolTierConfig {
+            bandwidth_bytes_per_s: bad,
+            ..PoolTierConfig::default()
+        };
+        assert!(EngineModel::new(with(pool)).is_err());
+    }
+    let other_size = PoolTierConfig {
+        block_bytes: DEFAULT_BLOCK_BYTES / 2,
+        ..PoolTierConfig::default()
+    };
+    assert!(EngineModel::new(with(other_size)).is_err());
+}
+
+/// 4-token blocks, 8 on the device, `host` host blocks at 10 us per block, `disk` disk blocks at
+/// 25 us per block.
+fn with_disk(host: usize, disk: usize) -> EngineModel {
+    let mut config = engine(Some(host)).config().clone();
+    config.disk_tier = Some(DiskTierConfig {
+        num_blocks: disk,
+        block_bytes: 1_000,
+        bandwidth_bytes_per_s: 4e7,
+    });
+    EngineModel::new(config).expect("valid config")
+}
+
+#[test]
+fn a_host_eviction_is_written_to_disk_and_loaded_back_from_it() {
+    let mut tiered = with_disk(8, 32);
+    let prompt = tokens(1, 17);
+    let hashes = tiered.cache().hash_blocks(&prompt);
+    run(&mut tiered, 1, prompt.clone());
+    // 8 more blocks: the device loses the prompt, the host evicts it to disk.
+    let traffic = run(&mut tiered, 2, tokens(2, 32));
+    let mut demoted = hashes.clone();
+    demoted.reverse(); // leaf-first
+    assert_eq!(stored(&traffic, Tier::Disk), demoted);
+    // Each block is copied to disk before the host slot it leaves is written again.
+    for step in &traffic {
+        for (at, transfer) in step.transfers.iter().enumerate() {
+            if let KvTransfer::Copy {
+                from: (Tier::Host, slot),
+                to: (Tier::Disk, _),
+                ..
+            } = transfer
+            {
+                let overwritten = step.transfers.iter().position(
+                    |t| matches!(t, KvTransfer::Copy { to: (Tier::Host, s), .. } if s == slot),
+                );
+                assert!(overwritten.is_some_and(|o| o > at));
+            }
+        }
+    }
+    assert_eq!(tiered.stats().tiers.disk_stored_blocks, 4);
+    assert_eq!(tiered.stats().tiers.disk_blocks, 4);
+
+    let again = run(&mut tiered, 3, prompt.clone());
+    assert_eq!(cached(&again, 3), 16);
+    let loads: Vec<u64> = again
+        .iter()
+        .flat_map(|s| &s.transfers)
+        .filter_map(|t| match t {
+            KvTransfer::Copy {
+                hash,
+                from: (Tier::Disk, _),
+                to: (Tier::Device, _),
+            } => Some(*hash),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(loads, hashes);
+    assert_eq!(stored(&again, Tier::Device), hashes);
+    // Back in the host tier too, like any device block.
+    assert_eq!(stored(&again, Tier::Host), hashes);
+    let stats = tiered.stats().tiers;
+    assert_eq!(stats.disk_hit_tokens, 16);
+    assert_eq!(stats.disk_onboarded_blocks, 4);
+    assert_eq!(stats.disk_onboarded_bytes, 4_000);
+    assert_eq!(stats.host_hit_tokens, 0);
+    let load = tiered
+        .config()
+        .disk_tier
+        .as_ref()
+        .expect("a disk tier")
+        .load_time(4);
+    assert_eq!(stats.disk_onboard_time, load);
+    let timing = tiered.config().timing;
+    assert_eq!(
+        again[0].duration,
+        timing.step(1, false, 1.0 / 8.0 * 17.0 / 4.0) + load
+    );
+    let mut plain = engine(Some(8));
+    run(&mut plain, 1, prompt.clone());
+    run(&mut plain, 2, tokens(2, 32));
+    let recomputed = run(&mut plain, 3, prompt);
+    assert_eq!(cached(&recomputed, 3), 0);
+    assert!(again[0].duration < recomputed[0].duration);
+}
+
+#[test]
+fn a_disk_tier_needs_a_host_tier_of_its_block_size() {
+    let device = EngineConfig::default().num_blocks;
+    let with = |host: Option<HostTierConfig>, disk: DiskTierConfig| EngineConfig {
+        host_tier: host,
+        disk_tier: Some(disk),
+        ..EngineConfig::default()
+    };
+    let host = || Some(HostTierConfig::blocks(device));
+    assert!(EngineModel::new(with(host(), DiskTierConfig::blocks(device))).is_ok());
+    assert!(EngineModel::new(with(None, DiskTierConfig::blocks(device))).is_err());
+    let other_size = DiskTierConfig {
+        block_bytes: 1,
+        ..DiskTierConfig::blocks(device)
+    };
+    assert!(EngineModel::new(with(host(), other_size)).is_err());
+    assert!(EngineModel::new(with(host(), DiskTierConfig::blocks(0))).is_err());
+}
+
+proptest! {
+    /// With a disk tier too, each tier's events replay to what it holds, and a disk copy is
+    /// announced while the engine still knows the block (before the host's removal).
+    #[test]
+    fn events_replay_to_each_tier_with_a_disk(
+        prompts in proptest::collection::vec((0u32..6, 1usize..30), 1..25),
+    ) {
+        let mut tiered = with_disk(8, 10);
+        let mut sets: [HashSet<u64>; 3] = Default::default();
+        let index = |tier: Tier| match tier {
+            Tier::Device => 0,
+            Tier::Host => 1,
+            Tier::Disk => 2,
+        };
+        for (id, (tag, len)) in prompts.into_iter().enumerate() {
+            for step in run(&mut tiered, id as u64, tokens(tag, len)) {
+                for event in step.events {
+                    match event {
+                        CacheEvent::Stored { tier, hashes, token_ids, .. } => {
+                            prop_assert_eq!(token_ids.len(), hashes.len() * 4);
+                            for hash in hashes {
+                                if tier != Tier::Device {
+                                    prop_assert!(sets.iter().any(|s| s.contains(&hash)));
+                                }
+                                prop_assert!(sets[index(tier)].insert(hash));
+                            }
+                        }
+                        CacheEvent::Removed { tier, hashes } => {
+                            for hash in hashes {
+                                prop_assert!(sets[index(tier)].remove(&hash));
+                            }
+                        }
+                        CacheEvent::Cleared => {}
+                    }
+                }
+            }
+            let cached: HashSet<u64> = tiered.cache().cached_hashes().collect();
+            prop_assert_eq!(&sets[0], &cached);
+            let stats = tiered.stats().tiers;
+            prop_assert_eq!(sets[1].len(), stats.host_blocks);
+            prop_assert_eq!(sets[2].len(), stats.disk_blocks);
+        }
+    }
 }
 
 proptest! {
