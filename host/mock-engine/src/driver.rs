@@ -13,7 +13,10 @@ use switchyard_core::engine::{
 use switchyard_kv_events::publisher::Publisher;
 use switchyard_kv_events::wire::{EventBatch, KvEvent};
 
-use crate::tiers::TierSlabs;
+use crate::pool::PoolLink;
+use crate::tiers::{PoolSide, TierSlabs};
+use bytes::Bytes;
+use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -34,6 +37,8 @@ enum Command {
         pin: Option<Duration>,
         progress: mpsc::UnboundedSender<Progress>,
         accepted: oneshot::Sender<Result<(), RequestError>>,
+        /// The leading prompt blocks fetched from the shared pool, by hash, in order.
+        staged: Vec<(u64, Bytes)>,
     },
     Cancel(u64),
     ResetPrefixCache(oneshot::Sender<bool>),
@@ -53,6 +58,7 @@ pub(crate) struct EngineClient {
     commands: mpsc::UnboundedSender<Command>,
     next_id: AtomicU64,
     stats: watch::Receiver<EngineStats>,
+    pool: Option<Arc<PoolLink>>,
 }
 
 /// Why a request did not reach the engine.
@@ -80,12 +86,17 @@ impl EngineClient {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (progress, events) = mpsc::unbounded_channel();
         let (accepted, answer) = oneshot::channel();
+        // Ask the pool before the engine sees the request, as a KV connector does: what it
+        // holds is loaded instead of computed.
+        let staged = match &self.pool {
+            Some(pool) => pool.fetch_prefix(&prompt).await,
+            None => Vec::new(),
+        };
         let request = EngineRequest {
             id,
             prompt,
             max_tokens,
-            // No shared pool wired yet: the engine config has none either.
-            pool_prefix_blocks: 0,
+            pool_prefix_blocks: staged.len(),
         };
         self.commands
             .send(Command::Submit {
@@ -93,6 +104,7 @@ impl EngineClient {
                 pin,
                 progress,
                 accepted,
+                staged,
             })
             .map_err(|_| SubmitError::Stopped)?;
         answer.await.map_err(|_| SubmitError::Stopped)??;
@@ -154,11 +166,21 @@ impl Drop for Generation {
     }
 }
 
+/// What the engine task drives besides the model.
+#[derive(Debug)]
+pub(crate) struct Attachments {
+    /// The bytes of the KV tiers (with a host tier or a pool).
+    pub(crate) slabs: Option<TierSlabs>,
+    /// Where KV events go.
+    pub(crate) sink: Option<EventSink>,
+    /// The shared KV pool.
+    pub(crate) pool: Option<Arc<PoolLink>>,
+}
+
 /// Start the engine task. It stops on `shutdown`.
 pub(crate) fn start(
     model: EngineModel,
-    slabs: Option<TierSlabs>,
-    sink: Option<EventSink>,
+    attached: Attachments,
     speedup: f64,
     shutdown: CancellationToken,
 ) -> (EngineClient, tokio::task::JoinHandle<()>) {
@@ -169,8 +191,10 @@ pub(crate) fn start(
         inbox,
         requests: HashMap::new(),
         pins: Vec::new(),
-        slabs,
-        sink,
+        slabs: attached.slabs,
+        sink: attached.sink,
+        pool: attached.pool.clone(),
+        staged: Staged::default(),
         speedup,
         stats: stats_tx,
     };
@@ -179,6 +203,7 @@ pub(crate) fn start(
         commands,
         next_id: AtomicU64::new(0),
         stats,
+        pool: attached.pool,
     };
     (client, task)
 }
@@ -190,11 +215,52 @@ struct Driver {
     requests: HashMap<u64, Running>,
     /// Pinned prompt prefixes and when their pins expire.
     pins: Vec<(Instant, BlockTable)>,
-    /// The bytes of the KV tiers, with a host tier.
+    /// The bytes of the KV tiers, with a host tier or a pool.
     slabs: Option<TierSlabs>,
     sink: Option<EventSink>,
+    pool: Option<Arc<PoolLink>>,
+    /// Pool blocks fetched for requests not admitted yet.
+    staged: Staged,
     speedup: f64,
     stats: watch::Sender<EngineStats>,
+}
+
+/// Bytes fetched from the pool at arrival, kept until their request is admitted (the step
+/// that admits it lists the fetches). Requests staging the same block share one copy.
+#[derive(Debug, Default)]
+struct Staged {
+    bytes: HashMap<u64, Bytes>,
+    /// Requests holding each block.
+    holders: HashMap<u64, usize>,
+    /// Blocks each request holds.
+    by_request: HashMap<u64, Vec<u64>>,
+}
+
+impl Staged {
+    fn hold(&mut self, id: u64, blocks: Vec<(u64, Bytes)>) {
+        if blocks.is_empty() {
+            return;
+        }
+        let mut hashes = Vec::with_capacity(blocks.len());
+        for (hash, bytes) in blocks {
+            self.bytes.entry(hash).or_insert(bytes);
+            *self.holders.entry(hash).or_default() += 1;
+            hashes.push(hash);
+        }
+        self.by_request.insert(id, hashes);
+    }
+
+    fn release(&mut self, id: u64) {
+        for hash in self.by_request.remove(&id).unwrap_or_default() {
+            if let Some(holders) = self.holders.get_mut(&hash) {
+                *holders -= 1;
+                if *holders == 0 {
+                    self.holders.remove(&hash);
+                    self.bytes.remove(&hash);
+                }
+            }
+        }
+    }
 }
 
 /// A request in the engine.
@@ -245,7 +311,20 @@ impl Driver {
                 }
             }
             if let Some(slabs) = &mut self.slabs {
-                slabs.apply(&step.transfers);
+                let pool = self.pool.as_deref();
+                let mut publish = |block| {
+                    if let Some(pool) = pool {
+                        pool.publish(block);
+                    }
+                };
+                let side = pool.map(|_| PoolSide {
+                    staged: &self.staged.bytes,
+                    publish: &mut publish,
+                });
+                slabs.apply(&step.transfers, side);
+            }
+            for admitted in &step.admitted {
+                self.staged.release(admitted.id);
             }
             // Gauges first: a client that reads a token and then the metrics sees this step.
             self.stats.send_replace(self.model.stats());
@@ -260,18 +339,21 @@ impl Driver {
                 pin,
                 progress,
                 accepted,
+                staged,
             } => {
                 let id = request.id;
                 let pin = pin.map(|ttl| (request.prompt.clone(), ttl));
                 let result = self.model.add_request(request);
                 if result.is_ok() {
                     self.requests.insert(id, Running { progress, pin });
+                    self.staged.hold(id, staged);
                 }
                 let _ = accepted.send(result);
             }
             Command::Cancel(id) => {
                 self.model.cancel(id);
                 self.requests.remove(&id);
+                self.staged.release(id);
             }
             Command::ResetPrefixCache(reply) => {
                 let _ = reply.send(self.model.reset_prefix_cache());

@@ -29,18 +29,20 @@ mod api;
 mod driver;
 mod length;
 mod metrics;
+mod pool;
 mod respond;
 mod script;
 mod tiers;
 
 pub use length::AnswerLength;
+pub use pool::PoolSettings;
 pub use switchyard_core::engine::HostTierConfig;
 
 use axum::serve::ListenerExt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::ops::Range;
 use std::sync::Arc;
-use switchyard_core::engine::{ConfigError, EngineConfig, EngineModel};
+use switchyard_core::engine::{ConfigError, EngineConfig, EngineModel, PoolTierConfig};
 use switchyard_kv_events::publisher::Publisher;
 use switchyard_kv_events::wire::Encoding;
 use switchyard_tokenizer::ModelTokenizer;
@@ -95,6 +97,11 @@ pub struct MockEngineConfig {
     /// bytes per block moved between the tiers' slabs, and `CPU` events published. Default
     /// `None`: the device cache alone.
     pub host_tier: Option<HostTierConfig>,
+    /// A shared KV pool (`switchyard kv-pool`) behind the device and host tiers: the leading
+    /// prompt blocks it holds are fetched at arrival and loaded at its bandwidth, computed blocks
+    /// are written through to it. Blocks are `block_bytes` each (the host tier's, when there is
+    /// one). Default `None`.
+    pub pool: Option<(PoolSettings, u64)>,
 }
 
 impl Default for MockEngineConfig {
@@ -118,6 +125,7 @@ impl Default for MockEngineConfig {
             reasoning_parser: Some("qwen3".to_owned()),
             answer_length: AnswerLength::default(),
             host_tier: None,
+            pool: None,
         }
     }
 }
@@ -146,6 +154,12 @@ pub enum MockEngineError {
     /// The KV tiers' memory could not be set up.
     #[error("KV tier storage: {0}")]
     Storage(#[from] switchyard_kvbm::StorageError),
+    /// The shared pool's address or settings are unusable.
+    #[error("KV pool: {0}")]
+    Pool(#[from] switchyard_kv_pool::PoolError),
+    /// The pool protocol carries block sizes in 32 bits.
+    #[error("KV blocks of {0} bytes are too large for the shared pool (at most 4 GiB)")]
+    PoolBlockBytes(u64),
     /// A task of the engine panicked.
     #[error("mock engine task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
@@ -213,10 +227,39 @@ pub async fn spawn(
         max_batched_tokens: config.max_batched_tokens,
         output_vocab: output_vocab(&tokenizer).ok_or(MockEngineError::NoOutputVocabulary)?,
         host_tier: config.host_tier.clone(),
+        pool: config
+            .pool
+            .as_ref()
+            .map(|(settings, block_bytes)| PoolTierConfig {
+                block_bytes: *block_bytes,
+                bandwidth_bytes_per_s: settings.bandwidth_bytes_per_s,
+            }),
         ..EngineConfig::default()
     })?;
-    let slabs = match &config.host_tier {
-        Some(host) => Some(tiers::TierSlabs::new(config.num_blocks, host)?),
+    let block_bytes = config
+        .host_tier
+        .as_ref()
+        .map(|h| h.block_bytes)
+        .or(config.pool.as_ref().map(|(_, bytes)| *bytes));
+    let slabs = match block_bytes {
+        Some(bytes) => Some(tiers::TierSlabs::new(
+            config.num_blocks,
+            config.host_tier.as_ref().map(|h| h.num_blocks),
+            bytes,
+        )?),
+        None => None,
+    };
+    let pool = match &config.pool {
+        Some((settings, block_bytes)) => {
+            let block_bytes = u32::try_from(*block_bytes)
+                .map_err(|_| MockEngineError::PoolBlockBytes(*block_bytes))?;
+            Some(Arc::new(pool::PoolLink::start(
+                settings,
+                config.block_size,
+                block_bytes,
+                shutdown.clone(),
+            )?))
+        }
         None => None,
     };
     let sink = match &config.kv_events {
@@ -242,12 +285,15 @@ pub async fn spawn(
     let listener = tokio::net::TcpListener::bind((config.host, config.port)).await?;
     let addr = listener.local_addr()?;
 
-    let (engine, engine_task) = driver::start(model, slabs, sink, config.speedup, shutdown.clone());
+    let pool_counters = pool.as_ref().map(|p| p.counters.clone());
+    let attached = driver::Attachments { slabs, sink, pool };
+    let (engine, engine_task) = driver::start(model, attached, config.speedup, shutdown.clone());
     let model_name = config
         .served_model_name
         .unwrap_or_else(|| tokenizer.name().to_owned());
     let registry = metrics::registry(
         engine.stats(),
+        pool_counters,
         &model_name,
         config.block_size,
         config.num_blocks,

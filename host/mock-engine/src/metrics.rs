@@ -1,11 +1,14 @@
 //! `/metrics` under vLLM's names (engine-protocols.md section 4), read from the engine task's
 //! latest stats at scrape time.
 
+use crate::pool::PoolCounters;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use switchyard_core::engine::EngineStats;
 use tokio::sync::watch;
 
@@ -13,6 +16,7 @@ use tokio::sync::watch;
 #[derive(Debug)]
 struct EngineCollector {
     stats: watch::Receiver<EngineStats>,
+    pool: Option<Arc<PoolCounters>>,
     model_name: String,
     block_size: String,
     num_blocks: String,
@@ -21,6 +25,7 @@ struct EngineCollector {
 /// A registry holding the engine's metrics.
 pub(crate) fn registry(
     stats: watch::Receiver<EngineStats>,
+    pool: Option<Arc<PoolCounters>>,
     model_name: &str,
     block_size: usize,
     num_blocks: usize,
@@ -28,6 +33,7 @@ pub(crate) fn registry(
     let mut registry = Registry::default();
     registry.register_collector(Box::new(EngineCollector {
         stats,
+        pool,
         model_name: model_name.to_owned(),
         block_size: block_size.to_string(),
         num_blocks: num_blocks.to_string(),
@@ -89,8 +95,11 @@ impl Collector for EngineCollector {
         for (name, help, value) in counters {
             put(name, help, &ConstCounter::new(value))?;
         }
-        if stats.tiers.host_capacity_blocks > 0 {
+        if stats.tiers.host_capacity_blocks > 0 || self.pool.is_some() {
             encode_kvbm(&mut encoder, &stats, &self.block_size, &self.num_blocks)?;
+        }
+        if let Some(pool) = &self.pool {
+            encode_pool(&mut encoder, &stats, pool)?;
         }
         // vLLM publishes its cache configuration as labels of a gauge fixed at 1.
         let config = [
@@ -156,7 +165,7 @@ fn encode_kvbm(
         (
             "kvbm_matched_tokens",
             "Prompt tokens found in any tier.",
-            stats.prefix_hits + tiers.host_hit_tokens,
+            stats.prefix_hits + tiers.host_hit_tokens + tiers.pool_hit_tokens,
         ),
         (
             "kvbm_offload_blocks_d2h",
@@ -183,6 +192,59 @@ fn encode_kvbm(
         let gauge = ConstGauge::new(value as i64);
         let family = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
         gauge.encode(family)?;
+    }
+    Ok(())
+}
+
+/// The shared pool's side, in kvbm's names where Dynamo has one (`kvbm_onboard_blocks_g4`).
+fn encode_pool(
+    encoder: &mut DescriptorEncoder,
+    stats: &EngineStats,
+    pool: &PoolCounters,
+) -> Result<(), std::fmt::Error> {
+    let tiers = &stats.tiers;
+    let read = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    let counters = [
+        (
+            "kvbm_onboard_blocks_g4",
+            "Blocks loaded from the shared pool into the device.",
+            tiers.pool_fetched_blocks,
+        ),
+        (
+            "kvbm_pool_hit_tokens",
+            "Prompt tokens loaded from the shared pool (part of cached_tokens).",
+            tiers.pool_hit_tokens,
+        ),
+        (
+            "kvbm_offload_blocks_g4",
+            "Blocks written through to the shared pool.",
+            read(&pool.published),
+        ),
+        (
+            "kvbm_pool_publish_failed",
+            "Blocks whose write to the shared pool failed.",
+            read(&pool.publish_failed),
+        ),
+        (
+            "kvbm_pool_publish_dropped",
+            "Blocks not written to the shared pool because its queue was full.",
+            read(&pool.publish_dropped),
+        ),
+        (
+            "kvbm_pool_unavailable",
+            "Pool lookups that found it unreachable or too slow (the engine recomputed).",
+            read(&pool.unavailable),
+        ),
+        (
+            "kvbm_pool_refused",
+            "Pool requests refused with a 4xx (block size, token or version).",
+            read(&pool.refused),
+        ),
+    ];
+    for (name, help, value) in counters {
+        let counter = ConstCounter::new(value);
+        let family = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
+        counter.encode(family)?;
     }
     Ok(())
 }

@@ -1,10 +1,14 @@
-//! Real bytes under the engine model's tiers: one `switchyard-kvbm` host slab per tier (G1 and
-//! G2), and the step's [`KvTransfer`]s replayed on them in order, so every write-through and
-//! onboard copies `block_bytes` per block, and a loaded block is checked against what was
-//! computed.
+//! Real bytes under the engine model's tiers: one `switchyard-kvbm` host slab for the device
+//! (G1) and one for the host tier (G2), and the step's [`KvTransfer`]s replayed on them in
+//! order, so every write-through and onboard copies `block_bytes` per block, blocks fetched from
+//! the shared pool land in their device slots, computed blocks go out to it, and every loaded
+//! block is checked against what was computed.
 
-use switchyard_core::engine::{HostTierConfig, KvTransfer};
+use bytes::Bytes;
+use std::collections::HashMap;
+use switchyard_core::engine::KvTransfer;
 use switchyard_core::worker::Tier;
+use switchyard_kv_pool::PutBlock;
 use switchyard_kvbm::storage::{BlockStore, HostSlab};
 use switchyard_kvbm::{BlockId, SequenceHash, StorageError};
 
@@ -12,40 +16,71 @@ use switchyard_kvbm::{BlockId, SequenceHash, StorageError};
 #[derive(Debug)]
 pub(crate) struct TierSlabs {
     device: HostSlab,
-    host: HostSlab,
+    host: Option<HostSlab>,
     scratch: Vec<u8>,
-    /// Onboarded blocks whose bytes differed from what was computed (never expected).
+    /// Loaded blocks whose bytes differed from what was computed (never expected).
     pub(crate) corrupt_onboards: u64,
+    /// Pool fetches the model asked for whose bytes were not staged (never expected).
+    pub(crate) missing_fetches: u64,
+}
+
+/// Where a step's transfers find the pool: the bytes fetched at arrival, by hash, and where
+/// computed blocks go.
+pub(crate) struct PoolSide<'a> {
+    pub(crate) staged: &'a HashMap<u64, Bytes>,
+    pub(crate) publish: &'a mut dyn FnMut(PutBlock),
 }
 
 // === impl TierSlabs ===
 
 impl TierSlabs {
-    /// Slabs for `device_blocks` device blocks and the host tier of `host`.
-    pub(crate) fn new(device_blocks: usize, host: &HostTierConfig) -> Result<Self, StorageError> {
+    /// Slabs of `block_bytes` per block for `device_blocks` device blocks and, if given, a host
+    /// tier of `host_blocks`.
+    pub(crate) fn new(
+        device_blocks: usize,
+        host_blocks: Option<usize>,
+        block_bytes: u64,
+    ) -> Result<Self, StorageError> {
         let block_bytes =
-            usize::try_from(host.block_bytes).map_err(|_| StorageError::WrongBlockSize {
+            usize::try_from(block_bytes).map_err(|_| StorageError::WrongBlockSize {
                 expected: usize::MAX,
                 got: 0,
             })?;
         Ok(Self {
             device: HostSlab::new(device_blocks, block_bytes)?,
-            host: HostSlab::new(host.num_blocks, block_bytes)?,
+            host: host_blocks
+                .map(|blocks| HostSlab::new(blocks, block_bytes))
+                .transpose()?,
             scratch: vec![0; block_bytes],
             corrupt_onboards: 0,
+            missing_fetches: 0,
         })
     }
 
     /// Replay a step's movements, in order.
-    pub(crate) fn apply(&mut self, transfers: &[KvTransfer]) {
+    pub(crate) fn apply(&mut self, transfers: &[KvTransfer], mut pool: Option<PoolSide<'_>>) {
         for transfer in transfers {
-            if let Err(error) = self.apply_one(transfer) {
+            if let Err(error) = self.apply_one(transfer, pool.as_mut()) {
                 tracing::warn!(%error, ?transfer, "KV block transfer failed");
             }
         }
     }
 
-    fn apply_one(&mut self, transfer: &KvTransfer) -> Result<(), StorageError> {
+    /// The device block in `slot` must hold what computing `hash` wrote.
+    fn check_loaded(&mut self, hash: u64, slot: u32) -> Result<(), StorageError> {
+        fill(&mut self.scratch, hash);
+        if self.device.block(BlockId(slot))? != self.scratch.as_slice() {
+            self.corrupt_onboards += 1;
+            tracing::warn!(hash, "a loaded KV block differs from the computed one");
+        }
+        Ok(())
+    }
+
+    fn apply_one(
+        &mut self,
+        transfer: &KvTransfer,
+        pool: Option<&mut PoolSide<'_>>,
+    ) -> Result<(), StorageError> {
         match *transfer {
             KvTransfer::Computed { hash, slot } => {
                 fill(&mut self.scratch, hash);
@@ -58,27 +93,51 @@ impl TierSlabs {
                 to: (Tier::Host, to),
             } => self
                 .host
+                .as_mut()
+                .ok_or_else(no_host)?
                 .copy_from(&self.device, &[(BlockId(from), BlockId(to))]),
             KvTransfer::Copy {
                 hash,
                 from: (Tier::Host, from),
                 to: (Tier::Device, to),
             } => {
+                let host = self.host.as_ref().ok_or_else(no_host)?;
                 self.device
-                    .copy_from(&self.host, &[(BlockId(from), BlockId(to))])?;
+                    .copy_from(host, &[(BlockId(from), BlockId(to))])?;
                 // What comes back must be what was computed.
-                fill(&mut self.scratch, hash);
-                if self.device.block(BlockId(to))? != self.scratch.as_slice() {
-                    self.corrupt_onboards += 1;
-                    tracing::warn!(hash, "an onboarded KV block differs from the computed one");
-                }
+                self.check_loaded(hash, to)
+            }
+            KvTransfer::Fetched { hash, slot } => {
+                let Some(bytes) = pool.and_then(|p| p.staged.get(&hash)) else {
+                    self.missing_fetches += 1;
+                    tracing::warn!(hash, "the engine loaded a pool block that was not fetched");
+                    return Ok(());
+                };
+                self.device
+                    .write_block(BlockId(slot), SequenceHash(hash), bytes)?;
+                // Another engine computed it: it must be what this one would have.
+                self.check_loaded(hash, slot)
+            }
+            KvTransfer::Publish {
+                hash,
+                parent,
+                from: (Tier::Device, slot),
+                ref token_ids,
+            } => {
+                let Some(pool) = pool else { return Ok(()) };
+                let bytes = Bytes::copy_from_slice(self.device.block(BlockId(slot))?);
+                (pool.publish)(PutBlock {
+                    hash,
+                    parent,
+                    token_ids: token_ids.clone(),
+                    retention: None,
+                    bytes,
+                });
                 Ok(())
             }
-            // The shared pool's fetches and publishes are not wired here yet (the engine runs
-            // without a pool, so none come).
-            KvTransfer::Copy { .. } | KvTransfer::Fetched { .. } | KvTransfer::Publish { .. } => {
-                Ok(())
-            }
+            // The disk tier's copies (G3) are bookkeeping only here: the mock engine gives no
+            // disk tier to its model.
+            KvTransfer::Copy { .. } | KvTransfer::Publish { .. } => Ok(()),
         }
     }
 
@@ -86,6 +145,12 @@ impl TierSlabs {
     #[cfg(test)]
     pub(crate) fn device_block(&self, slot: u32) -> &[u8] {
         self.device.block(BlockId(slot)).unwrap_or_default()
+    }
+}
+
+fn no_host() -> StorageError {
+    StorageError::DeviceUnavailable {
+        reason: "the engine has no host tier".into(),
     }
 }
 
@@ -100,7 +165,7 @@ pub(crate) fn fill(out: &mut [u8], hash: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use switchyard_core::engine::{EngineConfig, EngineModel, EngineRequest};
+    use switchyard_core::engine::{EngineConfig, EngineModel, EngineRequest, HostTierConfig};
 
     #[test]
     fn a_block_evicted_from_the_device_comes_back_with_its_bytes() {
@@ -116,7 +181,7 @@ mod tests {
             ..EngineConfig::default()
         })
         .expect("valid");
-        let mut slabs = TierSlabs::new(8, &host).expect("slabs");
+        let mut slabs = TierSlabs::new(8, Some(16), 256).expect("slabs");
         let mut run = |model: &mut EngineModel, id: u64, prompt: Vec<u32>| {
             model
                 .add_request(EngineRequest {
@@ -129,7 +194,7 @@ mod tests {
             let mut transfers = Vec::new();
             while model.has_work() {
                 let step = model.step();
-                slabs.apply(&step.transfers);
+                slabs.apply(&step.transfers, None);
                 transfers.extend(step.transfers);
             }
             transfers

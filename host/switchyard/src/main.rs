@@ -12,7 +12,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use switchyard_kv_events::wire::Encoding;
-use switchyard_mock_engine::{AnswerLength, HostTierConfig, MockEngineConfig};
+use switchyard_mock_engine::{AnswerLength, HostTierConfig, MockEngineConfig, PoolSettings};
 use switchyard_tokenizer::ModelTokenizer;
 use tokio_util::sync::CancellationToken;
 
@@ -80,12 +80,26 @@ enum Command {
         /// Host KV tier (G2) in blocks, at least --num-blocks; none without it.
         #[arg(long)]
         host_tier_blocks: Option<usize>,
-        /// Bytes of one KV block, moved between the tiers' memory (with --host-tier-blocks).
+        /// Bytes of one KV block, moved between the tiers' memory (with --host-tier-blocks or
+        /// --kv-pool; the pool's --block-bytes must be the same).
         #[arg(long, default_value_t = 4096)]
         kv_block_bytes: u64,
         /// Host-to-device bandwidth charged for loading host blocks, in GB/s.
         #[arg(long, default_value_t = 25.0)]
         host_gb_per_s: f64,
+        /// A shared KV pool (`switchyard kv-pool`, its base URL) to write computed blocks
+        /// through to and to load prompt prefixes from.
+        #[arg(long)]
+        kv_pool: Option<String>,
+        /// The pool's bearer token.
+        #[arg(long, env = "SWITCHYARD_KV_POOL_TOKEN", hide_env_values = true)]
+        kv_pool_token: Option<String>,
+        /// Pool-to-device bandwidth charged for loading pool blocks, in GB/s.
+        #[arg(long, default_value_t = 12.5)]
+        pool_gb_per_s: f64,
+        /// Longest wait for one pool call before the engine recomputes instead.
+        #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+        kv_pool_timeout: std::time::Duration,
     },
     /// Run the shared KV pool (G4): put / get / exists by sequence hash over HTTP, memory and
     /// disk tiers, Mooncake-format events.
@@ -134,6 +148,10 @@ async fn main() -> anyhow::Result<()> {
             host_tier_blocks,
             kv_block_bytes,
             host_gb_per_s,
+            kv_pool,
+            kv_pool_token,
+            pool_gb_per_s,
+            kv_pool_timeout,
         } => {
             let tokenizer = ModelTokenizer::embedded_agent_model()?;
             let config = MockEngineConfig {
@@ -158,6 +176,15 @@ async fn main() -> anyhow::Result<()> {
                     num_blocks,
                     block_bytes: kv_block_bytes,
                     bandwidth_bytes_per_s: host_gb_per_s * 1e9,
+                }),
+                pool: kv_pool.map(|url| {
+                    let settings = PoolSettings {
+                        url,
+                        token: kv_pool_token,
+                        bandwidth_bytes_per_s: pool_gb_per_s * 1e9,
+                        timeout: kv_pool_timeout,
+                    };
+                    (settings, kv_block_bytes)
                 }),
                 ..MockEngineConfig::default()
             };
