@@ -169,7 +169,7 @@ async fn a_subagent_on_another_worker_reuses_the_parents_prefix_through_the_pool
     let pool_events = pool.wait_for("kv pool events on ");
     let pool_replay = pool.wait_for("kv pool replay on ");
     let engine_flags = ["--kv-pool", pool_url.as_str(), "--kv-block-bytes", "4096"];
-    let mut engines = vec![
+    let mut engines = [
         Some(MockEngine::start_with(50.0, 1024, &engine_flags)),
         Some(MockEngine::start_with(50.0, 1024, &engine_flags)),
     ];

@@ -36,11 +36,12 @@ mod tiers;
 
 pub use length::AnswerLength;
 pub use pool::PoolSettings;
-pub use switchyard_core::engine::HostTierConfig;
+pub use switchyard_core::engine::{DiskTierConfig, HostTierConfig};
 
 use axum::serve::ListenerExt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::ops::Range;
+use std::path::PathBuf;
 use std::sync::Arc;
 use switchyard_core::engine::{ConfigError, EngineConfig, EngineModel, PoolTierConfig};
 use switchyard_kv_events::publisher::Publisher;
@@ -97,6 +98,10 @@ pub struct MockEngineConfig {
     /// bytes per block moved between the tiers' slabs, and `CPU` events published. Default
     /// `None`: the device cache alone.
     pub host_tier: Option<HostTierConfig>,
+    /// A disk tier (G3) behind the host tier, in a slot file under the directory given: what the
+    /// host evicts is written there (checksummed records, kvbm's `DiskStore`) and loaded back at
+    /// its bandwidth, with `STORAGE` events. Needs `host_tier`. Default `None`.
+    pub disk_tier: Option<(DiskTierConfig, PathBuf)>,
     /// A shared KV pool (`switchyard kv-pool`) behind the device and host tiers: the leading
     /// prompt blocks it holds are fetched at arrival and loaded at its bandwidth, computed blocks
     /// are written through to it. Blocks are `block_bytes` each (the host tier's, when there is
@@ -125,6 +130,7 @@ impl Default for MockEngineConfig {
             reasoning_parser: Some("qwen3".to_owned()),
             answer_length: AnswerLength::default(),
             host_tier: None,
+            disk_tier: None,
             pool: None,
         }
     }
@@ -227,6 +233,7 @@ pub async fn spawn(
         max_batched_tokens: config.max_batched_tokens,
         output_vocab: output_vocab(&tokenizer).ok_or(MockEngineError::NoOutputVocabulary)?,
         host_tier: config.host_tier.clone(),
+        disk_tier: config.disk_tier.as_ref().map(|(disk, _)| disk.clone()),
         pool: config
             .pool
             .as_ref()
@@ -245,6 +252,10 @@ pub async fn spawn(
         Some(bytes) => Some(tiers::TierSlabs::new(
             config.num_blocks,
             config.host_tier.as_ref().map(|h| h.num_blocks),
+            config
+                .disk_tier
+                .as_ref()
+                .map(|(disk, dir)| (disk.num_blocks, dir.as_path())),
             bytes,
         )?),
         None => None,

@@ -6,10 +6,11 @@
 
 use bytes::Bytes;
 use std::collections::HashMap;
+use std::path::Path;
 use switchyard_core::engine::KvTransfer;
 use switchyard_core::worker::Tier;
 use switchyard_kv_pool::PutBlock;
-use switchyard_kvbm::storage::{BlockStore, HostSlab};
+use switchyard_kvbm::storage::{BlockCopy, BlockStore, DiskStore, HostSlab, copy_between};
 use switchyard_kvbm::{BlockId, SequenceHash, StorageError};
 
 /// The KV bytes of the device and host tiers.
@@ -17,6 +18,8 @@ use switchyard_kvbm::{BlockId, SequenceHash, StorageError};
 pub(crate) struct TierSlabs {
     device: HostSlab,
     host: Option<HostSlab>,
+    /// G3: the kvbm disk store (checksummed records in one slot file).
+    disk: Option<DiskStore>,
     scratch: Vec<u8>,
     /// Loaded blocks whose bytes differed from what was computed (never expected).
     pub(crate) corrupt_onboards: u64,
@@ -35,10 +38,11 @@ pub(crate) struct PoolSide<'a> {
 
 impl TierSlabs {
     /// Slabs of `block_bytes` per block for `device_blocks` device blocks and, if given, a host
-    /// tier of `host_blocks`.
+    /// tier of `host_blocks` and a disk tier of `disk.0` blocks under directory `disk.1`.
     pub(crate) fn new(
         device_blocks: usize,
         host_blocks: Option<usize>,
+        disk: Option<(usize, &Path)>,
         block_bytes: u64,
     ) -> Result<Self, StorageError> {
         let block_bytes =
@@ -50,6 +54,9 @@ impl TierSlabs {
             device: HostSlab::new(device_blocks, block_bytes)?,
             host: host_blocks
                 .map(|blocks| HostSlab::new(blocks, block_bytes))
+                .transpose()?,
+            disk: disk
+                .map(|(blocks, dir)| DiskStore::open(dir, blocks, block_bytes, None))
                 .transpose()?,
             scratch: vec![0; block_bytes],
             corrupt_onboards: 0,
@@ -107,6 +114,25 @@ impl TierSlabs {
                 // What comes back must be what was computed.
                 self.check_loaded(hash, to)
             }
+            KvTransfer::Copy {
+                hash,
+                from: (Tier::Host, from),
+                to: (Tier::Disk, to),
+            } => {
+                let host = self.host.as_mut().ok_or_else(no_host)?;
+                let disk = self.disk.as_mut().ok_or_else(no_disk)?;
+                one_copy(host, disk, hash, from, to)
+            }
+            KvTransfer::Copy {
+                hash,
+                from: (Tier::Disk, from),
+                to: (Tier::Device, to),
+            } => {
+                let disk = self.disk.as_mut().ok_or_else(no_disk)?;
+                one_copy(disk, &mut self.device, hash, from, to)?;
+                // A checksummed record read back must be what was computed.
+                self.check_loaded(hash, to)
+            }
             KvTransfer::Fetched { hash, slot } => {
                 let Some(bytes) = pool.and_then(|p| p.staged.get(&hash)) else {
                     self.missing_fetches += 1;
@@ -135,8 +161,7 @@ impl TierSlabs {
                 });
                 Ok(())
             }
-            // The disk tier's copies (G3) are bookkeeping only here: the mock engine gives no
-            // disk tier to its model.
+            // The model moves nothing else; a publish from another tier has no pool to go to.
             KvTransfer::Copy { .. } | KvTransfer::Publish { .. } => Ok(()),
         }
     }
@@ -145,6 +170,28 @@ impl TierSlabs {
     #[cfg(test)]
     pub(crate) fn device_block(&self, slot: u32) -> &[u8] {
         self.device.block(BlockId(slot)).unwrap_or_default()
+    }
+}
+
+/// Copy one block between two stores through kvbm's copy path.
+fn one_copy(
+    source: &mut dyn BlockStore,
+    dest: &mut dyn BlockStore,
+    hash: u64,
+    from: u32,
+    to: u32,
+) -> Result<(), StorageError> {
+    let copy = BlockCopy {
+        hash: SequenceHash(hash),
+        from: BlockId(from),
+        to: BlockId(to),
+    };
+    copy_between(source, dest, &[copy]).pop().unwrap_or(Ok(()))
+}
+
+fn no_disk() -> StorageError {
+    StorageError::DeviceUnavailable {
+        reason: "the engine has no disk tier".into(),
     }
 }
 
@@ -165,7 +212,9 @@ pub(crate) fn fill(out: &mut [u8], hash: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use switchyard_core::engine::{EngineConfig, EngineModel, EngineRequest, HostTierConfig};
+    use switchyard_core::engine::{
+        DiskTierConfig, EngineConfig, EngineModel, EngineRequest, HostTierConfig,
+    };
 
     #[test]
     fn a_block_evicted_from_the_device_comes_back_with_its_bytes() {
@@ -181,7 +230,7 @@ mod tests {
             ..EngineConfig::default()
         })
         .expect("valid");
-        let mut slabs = TierSlabs::new(8, Some(16), 256).expect("slabs");
+        let mut slabs = TierSlabs::new(8, Some(16), None, 256).expect("slabs");
         let mut run = |model: &mut EngineModel, id: u64, prompt: Vec<u32>| {
             model
                 .add_request(EngineRequest {
@@ -221,5 +270,71 @@ mod tests {
         }
         assert_eq!(slabs.corrupt_onboards, 0);
         assert_eq!(model.stats().tiers.onboarded_bytes, 4 * 256);
+    }
+
+    #[test]
+    fn a_block_the_host_evicted_comes_back_from_the_disk_file() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let host = HostTierConfig {
+            num_blocks: 8,
+            block_bytes: 256,
+            bandwidth_bytes_per_s: 1e9,
+        };
+        let disk = DiskTierConfig {
+            num_blocks: 64,
+            block_bytes: 256,
+            bandwidth_bytes_per_s: 1e8,
+        };
+        let mut model = EngineModel::new(EngineConfig {
+            block_size: 4,
+            num_blocks: 8,
+            host_tier: Some(host),
+            disk_tier: Some(disk),
+            ..EngineConfig::default()
+        })
+        .expect("valid");
+        let mut slabs =
+            TierSlabs::new(8, Some(8), Some((64, dir.path())), 256).expect("slabs and file");
+        let mut run = |model: &mut EngineModel, id: u64, prompt: Vec<u32>| {
+            model
+                .add_request(EngineRequest {
+                    id,
+                    prompt,
+                    max_tokens: 1,
+                    pool_prefix_blocks: 0,
+                })
+                .expect("accepted");
+            let mut transfers = Vec::new();
+            while model.has_work() {
+                let step = model.step();
+                slabs.apply(&step.transfers, None);
+                transfers.extend(step.transfers);
+            }
+            transfers
+        };
+        let prompt: Vec<u32> = (0..17).collect();
+        run(&mut model, 1, prompt.clone());
+        // Two more prompts that each fill the device and, together, push the first one out of
+        // the host tier onto disk.
+        run(&mut model, 2, (100..129).collect());
+        run(&mut model, 3, (200..229).collect());
+        let loaded: Vec<(u64, u32)> = run(&mut model, 4, prompt)
+            .into_iter()
+            .filter_map(|t| match t {
+                KvTransfer::Copy {
+                    hash,
+                    from: (Tier::Disk, _),
+                    to: (Tier::Device, slot),
+                } => Some((hash, slot)),
+                _ => None,
+            })
+            .collect();
+        assert!(!loaded.is_empty(), "the prefix came from disk");
+        let mut expected = vec![0; 256];
+        for (hash, slot) in loaded {
+            fill(&mut expected, hash);
+            assert_eq!(slabs.device_block(slot), expected.as_slice());
+        }
+        assert_eq!(slabs.corrupt_onboards, 0);
     }
 }
