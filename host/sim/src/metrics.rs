@@ -220,7 +220,8 @@ impl Outcome {
                         tokens as f64 / prompt as f64
                     }
                 };
-                let device = cached.saturating_sub(t.host_hit_tokens + t.pool_hit_tokens);
+                let lower = t.host_hit_tokens + t.disk_hit_tokens + t.pool_hit_tokens;
+                let device = cached.saturating_sub(lower);
                 let pool = self.pool.unwrap_or_default();
                 TierReport {
                     device_hit_tokens: device,
@@ -234,6 +235,14 @@ impl Outcome {
                     onboarded_bytes: t.onboarded_bytes,
                     onboard_s: t.onboard_time.as_secs_f64(),
                     host_evictions: t.host_evictions,
+                    disk_capacity_blocks: t.disk_capacity_blocks,
+                    disk_hit_tokens: t.disk_hit_tokens,
+                    disk_hit_ratio: ratio(t.disk_hit_tokens),
+                    disk_stored_blocks: t.disk_stored_blocks,
+                    disk_onboarded_blocks: t.disk_onboarded_blocks,
+                    disk_onboarded_bytes: t.disk_onboarded_bytes,
+                    disk_onboard_s: t.disk_onboard_time.as_secs_f64(),
+                    disk_evictions: t.disk_evictions,
                     pool_capacity_blocks: pool.capacity_blocks,
                     pool_hit_tokens: t.pool_hit_tokens,
                     pool_hit_ratio: ratio(t.pool_hit_tokens),

@@ -103,6 +103,30 @@ pub struct TierReport {
     pub onboard_s: f64,
     /// Blocks the host tiers evicted.
     pub host_evictions: u64,
+    /// Disk tier blocks, summed over workers (0: no disk tier).
+    #[serde(default)]
+    pub disk_capacity_blocks: usize,
+    /// Prompt tokens loaded from the disk tier instead of recomputed (G3).
+    #[serde(default)]
+    pub disk_hit_tokens: u64,
+    /// Disk hit tokens / prompt tokens.
+    #[serde(default)]
+    pub disk_hit_ratio: f64,
+    /// Host evictions written to disk.
+    #[serde(default)]
+    pub disk_stored_blocks: u64,
+    /// Blocks loaded disk -> device.
+    #[serde(default)]
+    pub disk_onboarded_blocks: u64,
+    /// Bytes loaded disk -> device.
+    #[serde(default)]
+    pub disk_onboarded_bytes: u64,
+    /// Virtual seconds spent loading from disk, summed over workers.
+    #[serde(default)]
+    pub disk_onboard_s: f64,
+    /// Blocks the disk tiers evicted.
+    #[serde(default)]
+    pub disk_evictions: u64,
     /// Shared pool blocks (0: no pool).
     #[serde(default)]
     pub pool_capacity_blocks: usize,
@@ -133,11 +157,14 @@ pub struct TierReport {
 }
 
 impl TierReport {
-    /// The tiers a run had: `g1+g2`, `g1+g4`, `g1+g2+g4`.
+    /// The tiers a run had: `g1+g2`, `g1+g2+g3`, `g1+g4`, `g1+g2+g4`, ...
     pub fn name(&self) -> String {
         let mut name = "g1".to_owned();
         if self.host_capacity_blocks > 0 {
             name.push_str("+g2");
+        }
+        if self.disk_capacity_blocks > 0 {
+            name.push_str("+g3");
         }
         if self.pool_capacity_blocks > 0 {
             name.push_str("+g4");
@@ -301,6 +328,24 @@ impl Report {
             }));
             rows.push(("onboard s", |r| {
                 format!("{:.2}", r.tiers.unwrap_or_default().onboard_s)
+            }));
+        }
+        if self
+            .runs
+            .iter()
+            .any(|r| r.tiers.is_some_and(|t| t.disk_capacity_blocks > 0))
+        {
+            rows.push(("disk hit ratio", |r| {
+                format!("{:.3}", r.tiers.unwrap_or_default().disk_hit_ratio)
+            }));
+            rows.push(("disk loaded GB", |r| {
+                format!(
+                    "{:.2}",
+                    r.tiers.unwrap_or_default().disk_onboarded_bytes as f64 / 1e9
+                )
+            }));
+            rows.push(("disk load s", |r| {
+                format!("{:.2}", r.tiers.unwrap_or_default().disk_onboard_s)
             }));
         }
         if self

@@ -2,7 +2,7 @@
 //! mock engine's, on the virtual clock.
 
 use std::time::Duration;
-use switchyard_core::engine::{EngineConfig, HostTierConfig, PoolTierConfig};
+use switchyard_core::engine::{DiskTierConfig, EngineConfig, HostTierConfig, PoolTierConfig};
 use switchyard_sim::workload::{Session, TraceRequest, Workload};
 use switchyard_sim::{SimConfig, Simulation};
 
@@ -159,4 +159,38 @@ fn a_pool_needs_both_its_size_and_the_engines_settings() {
     let mut settings_only = config(None);
     settings_only.engine.pool = Some(PoolTierConfig::default());
     assert!(Simulation::new(&workload, settings_only).is_err());
+}
+
+/// A host tier no larger than the device churns; a disk tier behind it keeps what it evicts.
+#[test]
+fn a_disk_tier_keeps_what_the_host_tier_evicted() {
+    let workload = agents(16, 6);
+    let small_host = config(Some(256));
+    let mut with_disk = config(Some(256));
+    with_disk.engine.disk_tier = Some(DiskTierConfig::blocks(8_192));
+    let host_only = run(&workload, small_host);
+    let disk = run(&workload, with_disk);
+    let (h, d) = (
+        host_only.tiers.expect("tier report"),
+        disk.tiers.expect("tier report"),
+    );
+    eprintln!(
+        "G1+G2: hit {:.3}, TTFT mean {:.1} ms; G1+G2+G3: hit {:.3} (disk {:.3}), TTFT mean {:.1} ms",
+        host_only.prefix_hit_ratio,
+        host_only.ttft_ms.mean,
+        disk.prefix_hit_ratio,
+        d.disk_hit_ratio,
+        disk.ttft_ms.mean,
+    );
+    assert_eq!(h.disk_capacity_blocks, 0);
+    assert_eq!(disk.label(), "kv-cost g1+g2+g3@unlimited");
+    assert!(d.disk_stored_blocks > 0);
+    assert!(d.disk_hit_tokens > 0);
+    assert_eq!(d.disk_onboarded_blocks * u64::from(BLOCK), d.disk_hit_tokens);
+    assert_eq!(
+        d.device_hit_tokens + d.host_hit_tokens + d.disk_hit_tokens,
+        disk.cached_tokens
+    );
+    assert!(disk.cached_tokens > host_only.cached_tokens);
+    assert!(disk.recomputed_tokens < host_only.recomputed_tokens);
 }

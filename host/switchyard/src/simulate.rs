@@ -9,8 +9,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use switchyard_core::admission::AdmissionPolicy;
 use switchyard_core::engine::{
-    DEFAULT_BLOCK_BYTES, DEFAULT_HOST_BANDWIDTH, DEFAULT_POOL_BANDWIDTH, EngineConfig,
-    HostTierConfig, PoolTierConfig,
+    DEFAULT_BLOCK_BYTES, DEFAULT_DISK_BANDWIDTH, DEFAULT_HOST_BANDWIDTH, DEFAULT_POOL_BANDWIDTH,
+    DiskTierConfig, EngineConfig, HostTierConfig, PoolTierConfig,
 };
 use switchyard_core::router::queue::{QueueConfig, QueueOrder};
 use switchyard_core::router::{RouterConfig, RoutingPolicy};
@@ -77,6 +77,13 @@ pub(crate) struct SimulateArgs {
     /// Host-to-device bandwidth of loads from the host tier, in GB/s.
     #[arg(long, default_value_t = DEFAULT_HOST_BANDWIDTH / 1e9)]
     host_gb_per_s: f64,
+    /// Disk KV tier (G3) per worker behind the host tier, in blocks: host evictions are written
+    /// to it; none without it.
+    #[arg(long)]
+    disk_tier_blocks: Option<usize>,
+    /// Disk-to-device bandwidth of loads from the disk tier, in GB/s.
+    #[arg(long, default_value_t = DEFAULT_DISK_BANDWIDTH / 1e9)]
+    disk_gb_per_s: f64,
     /// Shared KV pool (G4) of all workers, in blocks: engines publish the blocks they compute
     /// and fetch a prefix they lack from it; none without it.
     #[arg(long)]
@@ -85,8 +92,9 @@ pub(crate) struct SimulateArgs {
     #[arg(long, default_value_t = DEFAULT_POOL_BANDWIDTH / 1e9)]
     pool_gb_per_s: f64,
     /// KV tiers to compare, one run per value: `g1` (the device alone), `g1+g2` (with the host
-    /// tier of --host-tier-blocks), `g1+g4`, `g1+g2+g4` (with the pool of --pool-blocks).
-    /// Default: the tiers those flags give.
+    /// tier of --host-tier-blocks), `g1+g2+g3` (and the disk tier of --disk-tier-blocks),
+    /// `g1+g4`, `g1+g2+g4`, `g1+g2+g3+g4` (with the pool of --pool-blocks). Default: the tiers
+    /// those flags give.
     #[arg(long, value_delimiter = ',', value_parser = parse_tiers)]
     tiers: Vec<Tiers>,
     /// Most running requests per worker.
@@ -128,6 +136,7 @@ fn parse_gap(s: &str) -> Result<Duration, String> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Tiers {
     host: bool,
+    disk: bool,
     pool: bool,
 }
 
@@ -140,15 +149,17 @@ fn parse_tiers(s: &str) -> Result<Tiers, String> {
     }
     let mut tiers = Tiers {
         host: false,
+        disk: false,
         pool: false,
     };
     for part in parts {
         match part.as_str() {
             "g2" if !tiers.host && !tiers.pool => tiers.host = true,
+            "g3" if tiers.host && !tiers.disk && !tiers.pool => tiers.disk = true,
             "g4" if !tiers.pool => tiers.pool = true,
             _ => {
                 return Err(format!(
-                    "`{s}` is not g1 followed by +g2 and/or +g4, in that order"
+                    "`{s}` is not g1 followed by +g2, +g3 (after g2) and +g4, in that order"
                 ));
             }
         }
@@ -243,6 +254,15 @@ fn engine(args: &SimulateArgs, workload: &Workload, tiers: Tiers) -> anyhow::Res
         }),
         (true, None) => bail!("--tiers with g2 needs --host-tier-blocks"),
     };
+    let disk_tier = match (tiers.disk, args.disk_tier_blocks) {
+        (false, _) => None,
+        (true, Some(num_blocks)) => Some(DiskTierConfig {
+            num_blocks,
+            block_bytes,
+            bandwidth_bytes_per_s: args.disk_gb_per_s * 1e9,
+        }),
+        (true, None) => bail!("--tiers with g3 needs --disk-tier-blocks"),
+    };
     let pool = match (tiers.pool, args.pool_blocks) {
         (false, _) => None,
         (true, Some(_)) => Some(PoolTierConfig {
@@ -257,6 +277,7 @@ fn engine(args: &SimulateArgs, workload: &Workload, tiers: Tiers) -> anyhow::Res
         max_num_seqs: args.max_num_seqs,
         max_batched_tokens: args.max_batched_tokens,
         host_tier,
+        disk_tier,
         pool,
         ..EngineConfig::default()
     })
@@ -267,6 +288,7 @@ fn configs(args: &SimulateArgs, workload: &Workload) -> anyhow::Result<Vec<SimCo
     let tiers = if args.tiers.is_empty() {
         vec![Tiers {
             host: args.host_tier_blocks.is_some(),
+            disk: args.disk_tier_blocks.is_some(),
             pool: args.pool_blocks.is_some(),
         }]
     } else {
