@@ -243,7 +243,7 @@ impl<'w> Simulation<'w> {
         }
         let pool = match (config.pool_blocks, &config.engine.pool) {
             (Some(blocks), Some(_)) => Some(
-                SharedPool::new(blocks)
+                SharedPool::new(blocks, workload.block_size)
                     .map_err(|_| SimError::Invalid("pool_blocks must be between 1 and 2^32 - 2"))?,
             ),
             (None, None) => None,
@@ -618,9 +618,20 @@ impl<'w> Simulation<'w> {
         // computed the blocks.
         if let Some(pool) = &mut self.pool {
             for transfer in &step.transfers {
-                if let KvTransfer::Publish { hash, parent, .. } = transfer {
-                    pool.publish(*hash, *parent, now);
+                if let KvTransfer::Publish {
+                    hash,
+                    parent,
+                    token_ids,
+                    ..
+                } = transfer
+                {
+                    pool.publish(*hash, *parent, token_ids, now);
                 }
+            }
+            // The router sees the pool as the gateway does, from its events (here without
+            // transport delay).
+            for op in pool.index_ops() {
+                self.index.apply(&op);
             }
         }
         for TokenOut {
