@@ -11,7 +11,7 @@
 use std::time::Duration;
 use switchyard_core::index::{IndexOp, SHARED_POOL};
 use switchyard_kv_events::ingest::Ingestor;
-use switchyard_kv_events::wire::{EngineHash, Encoding, EventBatch, KvEvent, encode_batch};
+use switchyard_kv_events::wire::{Encoding, EngineHash, EventBatch, KvEvent, encode_batch};
 use switchyard_kvbm::pool::BlockPool;
 use switchyard_kvbm::retention::Retention;
 use switchyard_kvbm::{KvbmError, SequenceHash, Tick, Tier};

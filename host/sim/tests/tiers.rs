@@ -186,7 +186,10 @@ fn a_disk_tier_keeps_what_the_host_tier_evicted() {
     assert_eq!(disk.label(), "kv-cost g1+g2+g3@unlimited");
     assert!(d.disk_stored_blocks > 0);
     assert!(d.disk_hit_tokens > 0);
-    assert_eq!(d.disk_onboarded_blocks * u64::from(BLOCK), d.disk_hit_tokens);
+    assert_eq!(
+        d.disk_onboarded_blocks * u64::from(BLOCK),
+        d.disk_hit_tokens
+    );
     assert_eq!(
         d.device_hit_tokens + d.host_hit_tokens + d.disk_hit_tokens,
         disk.cached_tokens
