@@ -216,6 +216,30 @@ mod tests {
         DiskTierConfig, EngineConfig, EngineModel, EngineRequest, HostTierConfig,
     };
 
+    /// Run one request to its end, replaying every step's transfers on `slabs`.
+    fn run(
+        model: &mut EngineModel,
+        slabs: &mut TierSlabs,
+        id: u64,
+        prompt: Vec<u32>,
+    ) -> Vec<KvTransfer> {
+        model
+            .add_request(EngineRequest {
+                id,
+                prompt,
+                max_tokens: 1,
+                pool_prefix_blocks: 0,
+            })
+            .expect("accepted");
+        let mut transfers = Vec::new();
+        while model.has_work() {
+            let step = model.step();
+            slabs.apply(&step.transfers, None);
+            transfers.extend(step.transfers);
+        }
+        transfers
+    }
+
     #[test]
     fn a_block_evicted_from_the_device_comes_back_with_its_bytes() {
         let host = HostTierConfig {
@@ -231,23 +255,7 @@ mod tests {
         })
         .expect("valid");
         let mut slabs = TierSlabs::new(8, Some(16), None, 256).expect("slabs");
-        let mut run = |model: &mut EngineModel, id: u64, prompt: Vec<u32>| {
-            model
-                .add_request(EngineRequest {
-                    id,
-                    prompt,
-                    max_tokens: 1,
-                    pool_prefix_blocks: 0,
-                })
-                .expect("accepted");
-            let mut transfers = Vec::new();
-            while model.has_work() {
-                let step = model.step();
-                slabs.apply(&step.transfers, None);
-                transfers.extend(step.transfers);
-            }
-            transfers
-        };
+        let mut run = |model: &mut EngineModel, id, prompt| run(model, &mut slabs, id, prompt);
         let prompt: Vec<u32> = (0..17).collect();
         run(&mut model, 1, prompt.clone());
         run(&mut model, 2, (100..129).collect()); // takes the whole device
@@ -295,23 +303,7 @@ mod tests {
         .expect("valid");
         let mut slabs =
             TierSlabs::new(8, Some(8), Some((64, dir.path())), 256).expect("slabs and file");
-        let mut run = |model: &mut EngineModel, id: u64, prompt: Vec<u32>| {
-            model
-                .add_request(EngineRequest {
-                    id,
-                    prompt,
-                    max_tokens: 1,
-                    pool_prefix_blocks: 0,
-                })
-                .expect("accepted");
-            let mut transfers = Vec::new();
-            while model.has_work() {
-                let step = model.step();
-                slabs.apply(&step.transfers, None);
-                transfers.extend(step.transfers);
-            }
-            transfers
-        };
+        let mut run = |model: &mut EngineModel, id, prompt| run(model, &mut slabs, id, prompt);
         let prompt: Vec<u32> = (0..17).collect();
         run(&mut model, 1, prompt.clone());
         // Two more prompts that each fill the device and, together, push the first one out of

@@ -332,10 +332,7 @@ impl HostTier {
     /// The leading run of `hashes` the host tier holds (the part of a prompt after its device
     /// prefix), held so nothing evicts it before it is loaded.
     pub(crate) fn lookup(&self, hashes: &[u64], now: Tick) -> Vec<ImmutableBlock> {
-        hashes
-            .iter()
-            .map_while(|&hash| self.pool.get(SequenceHash(hash), now))
-            .collect()
+        leading_run(&self.pool, hashes, now)
     }
 
     /// Account for onboarding `blocks` and return the time it takes.
@@ -496,6 +493,15 @@ impl PoolTier {
             token_ids: b.token_ids.clone(),
         }));
     }
+}
+
+/// The leading run of `hashes` that `pool` holds, each block held (so nothing evicts it before
+/// it is loaded).
+pub(super) fn leading_run(pool: &BlockPool, hashes: &[u64], now: Tick) -> Vec<ImmutableBlock> {
+    hashes
+        .iter()
+        .map_while(|&hash| pool.get(SequenceHash(hash), now))
+        .collect()
 }
 
 fn new_pool(num_blocks: usize) -> BlockPool {

@@ -103,10 +103,7 @@ impl DiskTier {
 
     /// The leading run of `hashes` the disk holds, held until loaded.
     pub(crate) fn lookup(&self, hashes: &[u64], now: Tick) -> Vec<ImmutableBlock> {
-        hashes
-            .iter()
-            .map_while(|&hash| self.pool.get(SequenceHash(hash), now))
-            .collect()
+        super::leading_run(&self.pool, hashes, now)
     }
 
     /// Account for loading `blocks` and return the time it takes.
