@@ -69,6 +69,35 @@ fn envelope(flavor: Flavor, streaming: bool, meta: &ReplyMeta, choices: Vec<Valu
     })
 }
 
+/// One streamed chunk, as [`envelope`] writes it.
+#[derive(serde::Serialize)]
+struct StreamChunk<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: [StreamChoice<'a>; 1],
+}
+
+/// Its choice, as [`Flavor::choice`] writes it for a stream.
+struct StreamChoice<'a> {
+    content_key: &'static str,
+    content: &'a Value,
+    finish_reason: Option<&'a str>,
+}
+
+impl serde::Serialize for StreamChoice<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(4))?;
+        map.serialize_entry("index", &0)?;
+        map.serialize_entry(self.content_key, self.content)?;
+        map.serialize_entry("logprobs", &())?;
+        map.serialize_entry("finish_reason", &self.finish_reason)?;
+        map.end()
+    }
+}
+
 /// The full body: `chat.completion` or `text_completion`.
 pub(crate) fn body(flavor: Flavor, reply: &Reply, meta: &ReplyMeta) -> Value {
     let content = match flavor {
@@ -128,8 +157,23 @@ impl ChunkFormat {
     }
 
     fn chunk(&self, meta: &ReplyMeta, content: Value, finish_reason: Option<&str>) -> SseFrame {
-        let choice = self.flavor.choice(true, content, finish_reason);
-        frame(None, &envelope(self.flavor, true, meta, vec![choice]))
+        // A chunk per token: written from borrowed fields (the same keys, in the same order,
+        // as `envelope` and `Flavor::choice`), not built as a `Value` tree.
+        let chunk = StreamChunk {
+            id: &self.flavor.api().object_id(&meta.request_id),
+            object: self.flavor.object(true),
+            created: meta.created,
+            model: &meta.model,
+            choices: [StreamChoice {
+                content_key: match self.flavor {
+                    Flavor::Chat => "delta",
+                    Flavor::Completion => "text",
+                },
+                content: &content,
+                finish_reason,
+            }],
+        };
+        frame(None, &chunk)
     }
 
     fn finish_chunk(&mut self, reply: &Reply, meta: &ReplyMeta, out: &mut Vec<SseFrame>) {
@@ -204,5 +248,33 @@ fn done() -> SseFrame {
     SseFrame {
         event: None,
         data: "[DONE]".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The typed chunk writes exactly the bytes the `Value` envelope does.
+    #[test]
+    fn a_streamed_chunk_is_the_envelope_byte_for_byte() {
+        let meta = ReplyMeta::new("r1", 1_700_000_000, "m \"quoted\"");
+        for flavor in [Flavor::Chat, Flavor::Completion] {
+            let format = ChunkFormat::new(flavor);
+            for (content, finish) in [
+                (json!({"content": "hé\n\"x\""}), None),
+                (json!({}), Some("stop")),
+                (json!("text"), Some("length")),
+                (
+                    json!({"tool_calls": [{"index": 0, "id": "c", "type": "function"}]}),
+                    None,
+                ),
+            ] {
+                let typed = format.chunk(&meta, content.clone(), finish);
+                let choice = flavor.choice(true, content, finish);
+                let reference = envelope(flavor, true, &meta, vec![choice]).to_string();
+                assert_eq!(typed.data, reference);
+            }
+        }
     }
 }

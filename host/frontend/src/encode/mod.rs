@@ -184,10 +184,14 @@ pub(crate) fn typed(kind: &str, fields: Value) -> Value {
     Value::Object(event)
 }
 
-/// A JSON value as an SSE frame.
-pub(crate) fn frame(event: Option<&'static str>, data: &Value) -> SseFrame {
+/// A JSON value (a `Value`, or a typed frame) as an SSE frame.
+pub(crate) fn frame<T: serde::Serialize + ?Sized>(
+    event: Option<&'static str>,
+    data: &T,
+) -> SseFrame {
     SseFrame {
         event,
-        data: data.to_string(),
+        // Every frame has string keys only, which is all that can make serialization fail.
+        data: serde_json::to_string(data).unwrap_or_default(),
     }
 }
