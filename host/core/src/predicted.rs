@@ -10,6 +10,9 @@ use smallvec::SmallVec;
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
+/// Stale queue entries tolerated beyond twice the live ones before the queue is compacted.
+const COMPACT_SLACK: usize = 1024;
+
 /// Predicted blocks per rank with expiry times and a per-rank size bound.
 #[derive(Debug, Clone)]
 pub struct PredictedBlocks {
@@ -47,6 +50,19 @@ impl PredictedBlocks {
                 }
             }
             order.push_back((expires, hash));
+        }
+        // A refresh leaves its older queue entry behind (skipped when popped). Agents resend the
+        // same prefix on every request, so without compaction the queue grew by the prompt's
+        // blocks per request until they expired: ~4 KB a request, over a gigabyte in
+        // `approx_ttl` at a few thousand requests a second.
+        let live = self.live.get(&rank).copied().unwrap_or(0);
+        if order.len() > 2 * live + COMPACT_SLACK {
+            let entries = &self.entries;
+            order.retain(|(expires, hash)| {
+                entries
+                    .get(hash)
+                    .is_some_and(|owners| owners.iter().any(|(r, at)| *r == rank && at == expires))
+            });
         }
         while self.live.get(&rank).copied().unwrap_or(0) > self.max_blocks_per_rank {
             if !self.pop_oldest(rank, None) {
@@ -150,6 +166,28 @@ mod tests {
 
     fn secs(s: u64) -> Duration {
         Duration::from_secs(s)
+    }
+
+    #[test]
+    fn refreshing_the_same_prefix_keeps_the_queue_bounded() {
+        let rank = Rank::new(0, 0);
+        let hashes = BlockHasher::new(4).sequence(&(0..400).collect::<Vec<u32>>());
+        let mut predicted = PredictedBlocks::new(1 << 20);
+        for i in 0..10_000u64 {
+            predicted.insert(rank, &hashes, secs(120), Duration::from_millis(i));
+        }
+        assert_eq!(predicted.len(rank), hashes.len());
+        let queued = predicted.order[&rank].len();
+        assert!(
+            queued <= 2 * hashes.len() + COMPACT_SLACK + hashes.len(),
+            "{queued} queue entries for {} live blocks",
+            hashes.len()
+        );
+        // Still exact: everything expires with the last refresh, not before.
+        predicted.expire(Duration::from_millis(9_999) + secs(119));
+        assert_eq!(predicted.find_matches(&hashes, secs(120))[0].1, 100);
+        predicted.expire(Duration::from_millis(9_999) + secs(121));
+        assert!(predicted.is_empty());
     }
 
     #[test]
