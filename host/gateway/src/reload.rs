@@ -165,6 +165,7 @@ fn apply(shared: &Shared, new: Config) -> Result<Reloaded, ConfigError> {
     differs("trace", &old.trace, &new.trace, pending);
     differs("policies", &old.policies, &new.policies, pending);
     differs("cluster", &old.cluster, &new.cluster, pending);
+    differs("kv_pool", &old.kv_pool, &new.kv_pool, pending);
 
     // The fleet: workers that left the list leave, new ones join (and start cold).
     let workers_changed = old.workers != new.workers;

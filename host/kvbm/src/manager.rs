@@ -718,6 +718,12 @@ impl KvBlockManager {
             if let Some(pool) = pool {
                 metrics.set_usage(Tier::LOCAL[index], pool.usage());
                 metrics.tiers[index].evictions = pool.counters().evictions;
+                metrics.tiers[index].load_bytes_per_s = self.load[index]
+                    .nanos_per_block
+                    .filter(|nanos| *nanos > 0.0)
+                    .map_or(0, |nanos| {
+                        (self.config.block_bytes as f64 * 1e9 / nanos) as u64
+                    });
             }
         }
         metrics

@@ -17,6 +17,10 @@ pub struct TierMetrics {
     pub evictions: u64,
     /// Pins refused by this tier's budget (`kvbm_pins_clipped_total`).
     pub pins_clipped: u64,
+    /// Measured bandwidth of loads from this tier into the device, in bytes per second (the
+    /// moving average behind the bypass rule; 0 until a load was recorded)
+    /// (`kvbm_load_bandwidth_bytes_per_second`).
+    pub load_bytes_per_s: u64,
 }
 
 /// Every counter of one block manager.
@@ -95,6 +99,10 @@ impl KvbmMetrics {
                 ("kvbm_hits_total", metrics.hits),
                 ("kvbm_evictions_total", metrics.evictions),
                 ("kvbm_pins_clipped_total", metrics.pins_clipped),
+                (
+                    "kvbm_load_bandwidth_bytes_per_second",
+                    metrics.load_bytes_per_s,
+                ),
             ] {
                 out.push(MetricSample {
                     name,

@@ -341,10 +341,19 @@ fn a_tier_slower_than_recompute_is_bypassed() -> TestResult {
         &mut OffloadBudget::unlimited(),
         Tick(1),
     )?);
+    assert_eq!(
+        manager.metrics().tiers[1].load_bytes_per_s,
+        0,
+        "nothing measured yet"
+    );
     manager.record_load(Tier::Host, 2, Duration::from_micros(20));
     assert_eq!(manager.lookup(&hashes(1, 2), Tick(2)).lower.len(), 2);
+    // 10 us a block.
+    let fast = manager.metrics().tiers[1].load_bytes_per_s;
+    assert_eq!(fast, BLOCK_BYTES as u64 * 100_000);
     manager.record_load(Tier::Host, 1, Duration::from_millis(5));
     assert!(manager.is_bypassed(Tier::Host));
+    assert!(manager.metrics().tiers[1].load_bytes_per_s < fast / 100);
     assert_eq!(manager.lookup(&hashes(1, 2), Tick(3)).local_blocks(), 0);
     assert_eq!(manager.metrics().bypassed_reads, 1);
     Ok(())
