@@ -200,20 +200,24 @@ async fn a_subagent_on_another_worker_reuses_the_parents_prefix_through_the_pool
     assert!(shared > 1_000, "the shared prefix is {shared} tokens");
     assert!(shared < parent_prompt);
 
-    // The pool holds it, and the gateway has indexed the pool's events.
-    let mut indexed = 0.0;
-    for _ in 0..100 {
-        indexed = gateway_metric(&gateway, "switchyard_kv_events_messages_total", "pool").await;
+    // The pool holds it, and the gateway has indexed all of the pool's events: its count of
+    // them has stopped moving.
+    let (mut indexed, mut stable) = (0.0, 0);
+    for _ in 0..200 {
+        let now = gateway_metric(&gateway, "switchyard_kv_events_messages_total", "pool").await;
         let held = metric_sum(
             &get_text(&format!("{pool_url}/metrics")).await,
             "kvbm_tier_usage_blocks",
         );
-        if indexed > 0.0 && held * 16.0 >= shared as f64 {
+        let settled = now > 0.0 && now == indexed && held * 16.0 >= shared as f64;
+        stable = if settled { stable + 1 } else { 0 };
+        indexed = now;
+        if stable == 3 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(indexed > 0.0, "the gateway never read the pool's events");
+    assert_eq!(stable, 3, "the pool's events never settled in the gateway");
 
     // That worker goes away; its KV lives on in the pool. A subagent with the same system
     // prompt is placed on the other worker, which loads the prefix instead of computing it.
