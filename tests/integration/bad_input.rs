@@ -305,3 +305,64 @@ async fn an_engine_that_never_answers_blocks_nothing() {
         "{metrics}"
     );
 }
+
+/// `POST {url}{path}` with `body` and `headers`: status and JSON body.
+async fn post_with(url: &str, path: &str, body: &Value, headers: &[(&str, &str)]) -> (u16, Value) {
+    let mut request = client().post(format!("{url}{path}")).json(body);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_apis_need_one_of_the_api_keys_and_say_so_in_their_own_shape() {
+    let engine = MockEngine::start(100.0, 1024);
+    let key_file = crate::support::TempFile::new("api-key", "from-a-file\n");
+    let config = format!(
+        "[server]\napi_keys = [{{ key = \"inline-key\" }}, {{ key_file = \"{}\" }}]\n{}",
+        key_file.path.display(),
+        Gateway::config_for(&[&engine], "kv-cost")
+    );
+    let gateway = Gateway::start(&config);
+    let url = gateway.url.as_str();
+    let messages = json!({"model": MODEL, "max_tokens": 4,
+        "messages": [{"role": "user", "content": "hi"}]});
+
+    // No key, or a wrong one: a 401 in each API's own error shape.
+    let (status, body) = post_with(url, "/v1/chat/completions", &chat("hi"), &[]).await;
+    assert_eq!(status, 401);
+    assert_openai_error(&body, "API key");
+    assert_eq!(body["error"]["code"], "invalid_api_key");
+    let wrong = [("authorization", "Bearer inline-ke")];
+    let (status, _) = post_with(url, "/v1/chat/completions", &chat("hi"), &wrong).await;
+    assert_eq!(status, 401);
+    let (status, body) = post_with(url, "/v1/messages", &messages, &[("x-api-key", "nope")]).await;
+    assert_eq!(status, 401);
+    assert_eq!(body["type"], "error");
+    assert_eq!(body["error"]["type"], "authentication_error");
+    let models = client()
+        .get(format!("{url}/v1/models"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(models.status(), 401);
+
+    // Either key, either header, any API.
+    let bearer = [("authorization", "Bearer inline-key")];
+    let (status, _) = post_with(url, "/v1/chat/completions", &chat("hi"), &bearer).await;
+    assert_eq!(status, 200);
+    let anthropic = [("x-api-key", "from-a-file")];
+    let (status, body) = post_with(url, "/v1/messages", &messages, &anthropic).await;
+    assert_eq!(status, 200, "{body}");
+    // Operations endpoints stay open for probes and scrapers.
+    let health = client().get(format!("{url}/health")).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+    let metrics = get_text(&format!("{url}/metrics")).await;
+    assert!(
+        metrics.contains("switchyard_rejected_total{reason=\"invalid_api_key\"} 3"),
+        "{metrics}"
+    );
+}

@@ -8,6 +8,8 @@ use serde_json::{Value, json};
 pub enum ErrorKind {
     /// The request is malformed or asks for something unsupported (400).
     InvalidRequest,
+    /// The request carries no valid API key (401).
+    Authentication,
     /// Something named by the request does not exist (404).
     NotFound,
     /// The body is larger than the gateway accepts (413).
@@ -27,6 +29,7 @@ impl ErrorKind {
     pub fn default_status(self) -> u16 {
         match self {
             Self::InvalidRequest => 400,
+            Self::Authentication => 401,
             Self::NotFound => 404,
             Self::RequestTooLarge => 413,
             Self::RateLimited => 429,
@@ -39,7 +42,10 @@ impl ErrorKind {
     /// `error.type` in OpenAI's error body.
     pub fn openai_type(self) -> &'static str {
         match self {
-            Self::InvalidRequest | Self::RequestTooLarge => "invalid_request_error",
+            // OpenAI reports a bad key as an invalid request with code `invalid_api_key`.
+            Self::InvalidRequest | Self::Authentication | Self::RequestTooLarge => {
+                "invalid_request_error"
+            }
             Self::NotFound => "not_found_error",
             Self::RateLimited => "rate_limit_exceeded",
             Self::Overloaded => "service_unavailable",
@@ -51,6 +57,7 @@ impl ErrorKind {
     pub fn anthropic_type(self) -> &'static str {
         match self {
             Self::InvalidRequest => "invalid_request_error",
+            Self::Authentication => "authentication_error",
             Self::NotFound => "not_found_error",
             Self::RequestTooLarge => "request_too_large",
             Self::RateLimited => "rate_limit_error",

@@ -150,6 +150,50 @@ pub struct ServerConfig {
     /// Default: 30 s (Kubernetes' default grace).
     #[serde(with = "humantime_serde")]
     pub drain_timeout: Duration,
+    /// Keys a client must present on the client APIs (`Authorization: Bearer <key>`, or
+    /// Anthropic's `x-api-key: <key>`); a request without one of them gets a 401 in its API's
+    /// shape. Empty (the default): the APIs are open. A reload applies a new list at once.
+    pub api_keys: Vec<ApiKeyConfig>,
+}
+
+/// One `[[server.api_keys]]` entry: where a client API key comes from.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKeyConfig {
+    /// The key itself.
+    pub key: Option<String>,
+    /// An environment variable holding the key.
+    pub key_env: Option<String>,
+    /// A file holding the key (trailing whitespace and newline trimmed), e.g. a mounted
+    /// Kubernetes Secret.
+    pub key_file: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for ApiKeyConfig {
+    /// Never the key itself: configurations are logged.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiKeyConfig")
+            .field("key", &self.key.as_ref().map(|_| "<redacted>"))
+            .field("key_env", &self.key_env)
+            .field("key_file", &self.key_file)
+            .finish()
+    }
+}
+
+impl ApiKeyConfig {
+    fn source(&self) -> crate::secrets::Source<'_> {
+        crate::secrets::Source {
+            names: ["key", "key_env", "key_file"],
+            inline: self.key.as_deref(),
+            env: self.key_env.as_deref(),
+            file: self.key_file.as_ref(),
+        }
+    }
+
+    /// The key, read from wherever it is (`field` names the entry in errors).
+    pub(crate) fn resolve(&self, field: &str) -> Result<String, ConfigError> {
+        self.source().resolve(field)
+    }
 }
 
 impl Default for ServerConfig {
@@ -163,6 +207,7 @@ impl Default for ServerConfig {
             health_interval: Duration::from_secs(2),
             drain_timeout: Duration::from_secs(30),
             max_concurrent_requests: 10_000,
+            api_keys: Vec::new(),
         }
     }
 }
@@ -667,6 +712,9 @@ impl TryFrom<RawConfig> for Config {
         if let Some(cluster) = &raw.cluster {
             cluster.validate()?;
         }
+        for (i, key) in raw.server.api_keys.iter().enumerate() {
+            key.source().validate(&format!("server.api_keys[{i}]"))?;
+        }
         if let Some(pool) = &raw.kv_pool {
             let zmq = |e: &str| e.starts_with("tcp://") || e.starts_with("ipc://");
             if !zmq(&pool.kv_events) || pool.replay.as_deref().is_some_and(|r| !zmq(r)) {
@@ -844,6 +892,10 @@ mod tests {
             (
                 "[[workers]]\nurl = \"http://a\"\nbogus = 1",
                 "unknown field",
+            ),
+            (
+                "[server]\napi_keys = [{ key = \"a\", key_env = \"B\" }]\n[[workers]]\nurl = \"http://a\"",
+                "server.api_keys[0]: give exactly one of key, key_env, key_file (found 2)",
             ),
             (
                 "[kv_pool]\nkv_events = \"http://pool:5600\"\n[[workers]]\nurl = \"http://a\"",

@@ -65,6 +65,11 @@ pub enum GatewayError {
     /// The admin API was called without the right bearer token.
     #[error("missing or invalid admin token")]
     Unauthorized,
+    /// A client API was called without one of `[[server.api_keys]]`.
+    #[error(
+        "missing or invalid API key: send it as `Authorization: Bearer <key>` or `x-api-key: <key>`"
+    )]
+    InvalidApiKey,
     /// The admin token is valid but its role may not do this (a `read` token on a change).
     #[error("{0}")]
     Forbidden(String),
@@ -84,7 +89,7 @@ impl GatewayError {
             Self::NoHealthyWorker | Self::Overloaded { .. } | Self::Stopping => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::Unauthorized | Self::InvalidApiKey => StatusCode::UNAUTHORIZED,
             Self::Forbidden(_) => StatusCode::FORBIDDEN,
             Self::Rejected(_) | Self::Busy { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::Upstream(_) => StatusCode::BAD_GATEWAY,
@@ -106,6 +111,7 @@ impl GatewayError {
             Self::Overloaded { .. } => "overloaded",
             Self::Stopping => "stopping",
             Self::Unauthorized => "unauthorized",
+            Self::InvalidApiKey => "invalid_api_key",
             Self::Forbidden(_) => "forbidden",
             Self::Rejected(_) => "rejected",
             Self::Busy { .. } => "busy",
@@ -122,6 +128,7 @@ impl GatewayError {
             Self::BadRequest(_) | Self::Unauthorized | Self::Forbidden(_) => {
                 ErrorKind::InvalidRequest
             }
+            Self::InvalidApiKey => ErrorKind::Authentication,
             Self::TooLarge { .. } => ErrorKind::RequestTooLarge,
             Self::UnknownModel(_) | Self::NoSuchEndpoint(_) => ErrorKind::NotFound,
             Self::NoHealthyWorker | Self::Overloaded { .. } | Self::Stopping => {
@@ -158,7 +165,7 @@ impl GatewayError {
             param: None,
             code: match self {
                 Self::UnknownModel(_) => Some("model_not_found".into()),
-                Self::Unauthorized => Some("invalid_api_key".into()),
+                Self::Unauthorized | Self::InvalidApiKey => Some("invalid_api_key".into()),
                 Self::Forbidden(_) => Some("insufficient_permissions".into()),
                 _ => None,
             },

@@ -38,6 +38,7 @@ pub mod policies;
 pub mod proxy;
 mod queue;
 pub mod reload;
+mod secrets;
 pub mod server;
 pub mod sse;
 pub mod trace;

@@ -3,6 +3,7 @@
 //! (read from the registry at scrape time).
 
 use crate::config::ConfigError;
+use crate::secrets::Source;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
@@ -119,41 +120,23 @@ impl std::fmt::Debug for AdminTokenConfig {
 }
 
 impl AdminTokenConfig {
+    fn source(&self) -> Source<'_> {
+        Source {
+            names: ["token", "token_env", "token_file"],
+            inline: self.token.as_deref(),
+            env: self.token_env.as_deref(),
+            file: self.token_file.as_ref(),
+        }
+    }
+
     /// Exactly one source of the secret (`field` names the entry in errors).
     fn validate(&self, field: &str) -> Result<(), ConfigError> {
-        let sources = [
-            self.token.is_some(),
-            self.token_env.is_some(),
-            self.token_file.is_some(),
-        ];
-        match sources.iter().filter(|s| **s).count() {
-            1 => Ok(()),
-            n => Err(ConfigError::Invalid(format!(
-                "{field}: give exactly one of token, token_env, token_file (found {n})"
-            ))),
-        }
+        self.source().validate(field)
     }
 
     /// The secret, read from wherever it is; an empty one is an error.
     fn resolve(&self, field: &str) -> Result<String, ConfigError> {
-        self.validate(field)?;
-        let secret = if let Some(token) = &self.token {
-            token.clone()
-        } else if let Some(var) = &self.token_env {
-            std::env::var(var)
-                .map_err(|e| ConfigError::Invalid(format!("{field}.token_env: ${var}: {e}")))?
-        } else if let Some(path) = &self.token_file {
-            std::fs::read_to_string(path).map_err(|e| {
-                ConfigError::Invalid(format!("{field}.token_file: {}: {e}", path.display()))
-            })?
-        } else {
-            unreachable!("validate checked for exactly one source")
-        };
-        let secret = secret.trim_end().to_string();
-        if secret.trim().is_empty() {
-            return Err(ConfigError::Invalid(format!("{field}: the token is empty")));
-        }
-        Ok(secret)
+        self.source().resolve(field)
     }
 }
 
@@ -197,14 +180,14 @@ impl AdminTokens {
     /// The role `given` carries, if it is one of the tokens. Every token is compared, each in
     /// constant time, so the time taken reveals neither which one matched nor how much of one.
     pub(crate) fn role_of(&self, given: &[u8]) -> Option<AdminRole> {
-        use subtle::ConstantTimeEq;
-        let mut granted = None;
-        for (role, token) in &self.0 {
-            if bool::from(given.ct_eq(token.as_bytes())) {
-                granted = granted.max(Some(*role));
-            }
-        }
-        granted
+        let secrets: Vec<String> = self.0.iter().map(|(_, token)| token.clone()).collect();
+        let matched = crate::secrets::matches(&secrets, given);
+        self.0
+            .iter()
+            .zip(matched)
+            .filter(|(_, matched)| *matched)
+            .map(|((role, _), _)| *role)
+            .max()
     }
 }
 

@@ -56,14 +56,15 @@ pub async fn handle(shared: Arc<Shared>, api: Api, headers: &HeaderMap, body: Bo
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
     // Held until the response body is done (a stream's end), so it bounds streams too.
-    let admitted =
+    let admitted = shared.live().admits(headers).and_then(|()| {
         shared
             .in_flight
             .clone()
             .try_acquire_owned()
             .map_err(|_| GatewayError::Overloaded {
                 limit: shared.live().config.server.max_concurrent_requests,
-            });
+            })
+    });
     let result = match admitted {
         Ok(permit) => proxy(&shared, api, body, (agent, do_not_queue), received)
             .await

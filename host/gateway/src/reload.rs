@@ -61,6 +61,12 @@ fn apply(shared: &Shared, new: Config) -> Result<Reloaded, ConfigError> {
         live,
     );
     take(
+        "server.api_keys",
+        &mut next.server.api_keys,
+        new.server.api_keys.clone(),
+        live,
+    );
+    take(
         "max_attempts",
         &mut next.max_attempts,
         new.max_attempts,

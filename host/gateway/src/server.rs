@@ -52,11 +52,21 @@ pub(crate) struct Live {
     pub(crate) model_aliases: globset::GlobSet,
     /// The model's context window, in tokens.
     pub(crate) context_length: u32,
+    /// `[[server.api_keys]]`, resolved (empty: the client APIs are open).
+    api_keys: Vec<String>,
 }
 
 impl Live {
     pub(crate) fn new(config: Config, tokenizer: &ModelTokenizer) -> Result<Live, ConfigError> {
+        let api_keys = config
+            .server
+            .api_keys
+            .iter()
+            .enumerate()
+            .map(|(i, key)| key.resolve(&format!("server.api_keys[{i}]")))
+            .collect::<Result<_, _>>()?;
         Ok(Live {
+            api_keys,
             model_aliases: config.model.alias_matcher()?,
             context_length: config
                 .model
@@ -65,6 +75,29 @@ impl Live {
                 .unwrap_or(DEFAULT_CONTEXT_LENGTH),
             config,
         })
+    }
+
+    /// Whether a client request may use the APIs: no keys are configured, or it carries one of
+    /// them as `Authorization: Bearer <key>` (OpenAI's SDKs) or `x-api-key: <key>` (Anthropic's).
+    pub(crate) fn admits(&self, headers: &HeaderMap) -> Result<(), GatewayError> {
+        if self.api_keys.is_empty() {
+            return Ok(());
+        }
+        let bearer = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        let given = bearer.or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()));
+        let known = given.is_some_and(|given| {
+            crate::secrets::matches(&self.api_keys, given.as_bytes())
+                .into_iter()
+                .any(|m| m)
+        });
+        if known {
+            Ok(())
+        } else {
+            Err(GatewayError::InvalidApiKey)
+        }
     }
 }
 
@@ -576,7 +609,12 @@ async fn messages_count_tokens(
     body: Body,
 ) -> Response {
     let limit = shared.live().config.server.max_body_bytes;
-    let counted = match read_body(body, limit).await {
+    let admitted = shared.live().admits(&headers);
+    let counted = match admitted {
+        Err(err) => Err(err),
+        Ok(()) => read_body(body, limit).await,
+    };
+    let counted = match counted {
         Ok(bytes) => count_tokens(&shared, &bytes).await,
         Err(err) => Err(err),
     };
@@ -619,6 +657,9 @@ async fn tool_events(
     body: Body,
 ) -> Response {
     let limit = shared.live().config.server.max_body_bytes;
+    if let Err(err) = shared.live().admits(&headers) {
+        return err.into_api_response(Api::ChatCompletions);
+    }
     let bytes = match read_body(body, limit).await {
         Ok(bytes) => bytes,
         Err(err) => return err.into_response(),
@@ -639,7 +680,10 @@ async fn tool_events(
     axum::Json(serde_json::json!({"recorded": recorded})).into_response()
 }
 
-async fn models(State(shared): State<Arc<Shared>>) -> Response {
+async fn models(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+    if let Err(err) = shared.live().admits(&headers) {
+        return err.into_api_response(Api::ChatCompletions);
+    }
     axum::Json(serde_json::json!({
         "object": "list",
         "data": [{"id": shared.model_name, "object": "model", "created": 0, "owned_by": "switchyard"}],

@@ -117,7 +117,10 @@ fn custom_input(arguments: &str) -> String {
 /// `error.code` of a failed response: the request's fault is never a `server_error`.
 fn failure_code(error: &ApiError) -> String {
     match error.kind {
-        ErrorKind::InvalidRequest | ErrorKind::NotFound | ErrorKind::RequestTooLarge => error
+        ErrorKind::InvalidRequest
+        | ErrorKind::Authentication
+        | ErrorKind::NotFound
+        | ErrorKind::RequestTooLarge => error
             .code
             .clone()
             .unwrap_or_else(|| "invalid_prompt".into()),
