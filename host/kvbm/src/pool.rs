@@ -310,6 +310,28 @@ impl BlockPool {
         self.shared.lock().registry.contains_key(&hash)
     }
 
+    /// Store one block (`hash`, after `parent`) unless the pool holds it, which then only
+    /// counts as a use: allocate a slot, evicting as needed (the victims go to the removal log,
+    /// [`drain_removed`](Self::drain_removed)), and register it. The slot it took, or `None`
+    /// when it was present or nothing could be evicted.
+    pub fn store(
+        &self,
+        hash: SequenceHash,
+        parent: Option<SequenceHash>,
+        retention: Retention,
+        now: Tick,
+    ) -> Option<BlockId> {
+        if self.touch(hash, now) {
+            return None;
+        }
+        let block = self.allocate(1, now).ok()?.blocks.pop()?;
+        let slot = block.id();
+        let registration = self
+            .register(block.complete(hash, parent), retention, now)
+            .ok()?;
+        registration.stored.then_some(slot)
+    }
+
     /// Mark `hash` as just used (LRU), if present.
     pub fn touch(&self, hash: SequenceHash, now: Tick) -> bool {
         let mut state = self.shared.lock();

@@ -81,14 +81,13 @@ impl SharedPool {
         token_ids: &[u32],
         now: Duration,
     ) {
-        let (key, now) = (SequenceHash(hash), tick(now));
-        if self.index.touch(key, now) {
-            return;
-        }
         // Nobody holds a pool block between calls, so eviction always finds room.
-        let Ok(mut allocation) = self.index.allocate(1, now) else {
-            return;
-        };
+        let stored = self.index.store(
+            SequenceHash(hash),
+            parent.map(SequenceHash),
+            Retention::DEFAULT,
+            tick(now),
+        );
         let removed = self.index.drain_removed();
         if !removed.is_empty() {
             self.events.push(KvEvent::BlockRemoved {
@@ -97,13 +96,7 @@ impl SharedPool {
                 group_idx: None,
             });
         }
-        let Some(block) = allocation.blocks.pop() else {
-            return;
-        };
-        let complete = block.complete(key, parent.map(SequenceHash));
-        if let Ok(registration) = self.index.register(complete, Retention::DEFAULT, now)
-            && registration.stored
-        {
+        if stored.is_some() {
             self.stored += 1;
             self.events.push(KvEvent::BlockStored {
                 block_hashes: vec![EngineHash(hash)],

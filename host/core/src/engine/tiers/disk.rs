@@ -125,14 +125,13 @@ impl DiskTier {
         events: &mut Vec<CacheEvent>,
         transfers: &mut Vec<KvTransfer>,
     ) {
-        let hash = SequenceHash(block.hash);
-        if self.pool.touch(hash, now) {
-            return;
-        }
         // Nothing holds a disk block between steps but a load in progress: there is room.
-        let Ok(mut allocation) = self.pool.allocate(1, now) else {
-            return;
-        };
+        let slot = self.pool.store(
+            SequenceHash(block.hash),
+            block.parent.map(SequenceHash),
+            Retention::DEFAULT,
+            now,
+        );
         let removed = self.pool.drain_removed();
         if !removed.is_empty() {
             events.push(CacheEvent::Removed {
@@ -140,21 +139,13 @@ impl DiskTier {
                 hashes: removed.into_iter().map(|h| h.0).collect(),
             });
         }
-        let Some(dest) = allocation.blocks.pop() else {
+        let Some(slot) = slot else {
             return;
         };
-        let slot = dest.id().0;
-        let complete = dest.complete(hash, block.parent.map(SequenceHash));
-        let Ok(registration) = self.pool.register(complete, Retention::DEFAULT, now) else {
-            return;
-        };
-        if !registration.stored {
-            return;
-        }
         transfers.push(KvTransfer::Copy {
             hash: block.hash,
             from: (Tier::Host, block.host_slot),
-            to: (Tier::Disk, slot),
+            to: (Tier::Disk, slot.0),
         });
         self.stats.disk_stored_blocks += 1;
         self.stats.disk_stored_bytes += self.config.block_bytes;
