@@ -180,11 +180,10 @@ impl AdminTokens {
     /// The role `given` carries, if it is one of the tokens. Every token is compared, each in
     /// constant time, so the time taken reveals neither which one matched nor how much of one.
     pub(crate) fn role_of(&self, given: &[u8]) -> Option<AdminRole> {
-        let secrets: Vec<String> = self.0.iter().map(|(_, token)| token.clone()).collect();
-        let matched = crate::secrets::matches(&secrets, given);
+        let secrets = self.0.iter().map(|(_, token)| token.as_str());
         self.0
             .iter()
-            .zip(matched)
+            .zip(crate::secrets::matches(secrets, given))
             .filter(|(_, matched)| *matched)
             .map(|((role, _), _)| *role)
             .max()

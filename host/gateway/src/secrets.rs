@@ -55,12 +55,15 @@ impl Source<'_> {
     }
 }
 
-/// Whether `given` equals one of `secrets`. Every secret is compared, each in constant time, so
-/// the time taken reveals neither which one matched nor how much of one.
-pub(crate) fn matches(secrets: &[String], given: &[u8]) -> Vec<bool> {
+/// For each of `secrets`, whether `given` equals it, each compared in constant time. Consume
+/// it whole (`fold`, not `any`), so the time taken reveals neither which one matched nor how
+/// much of one.
+pub(crate) fn matches<'a>(
+    secrets: impl IntoIterator<Item = &'a str>,
+    given: &'a [u8],
+) -> impl Iterator<Item = bool> {
     use subtle::ConstantTimeEq;
     secrets
-        .iter()
-        .map(|secret| bool::from(given.ct_eq(secret.as_bytes())))
-        .collect()
+        .into_iter()
+        .map(move |secret| bool::from(given.ct_eq(secret.as_bytes())))
 }

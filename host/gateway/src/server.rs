@@ -89,9 +89,8 @@ impl Live {
             .and_then(|v| v.strip_prefix("Bearer "));
         let given = bearer.or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()));
         let known = given.is_some_and(|given| {
-            crate::secrets::matches(&self.api_keys, given.as_bytes())
-                .into_iter()
-                .any(|m| m)
+            let keys = self.api_keys.iter().map(String::as_str);
+            crate::secrets::matches(keys, given.as_bytes()).fold(false, |any, m| any | m)
         });
         if known {
             Ok(())

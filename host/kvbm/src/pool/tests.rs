@@ -164,10 +164,20 @@ fn store_takes_a_slot_once_and_logs_what_it_evicted() -> Result<(), KvbmError> {
     let now = Tick(1);
     let first = pool.store(hash(1), None, Retention::DEFAULT, now);
     assert!(first.is_some());
-    assert_eq!(pool.store(hash(1), None, Retention::DEFAULT, now), None, "present");
-    assert!(pool.store(hash(2), Some(hash(1)), Retention::DEFAULT, now).is_some());
+    assert_eq!(
+        pool.store(hash(1), None, Retention::DEFAULT, now),
+        None,
+        "present"
+    );
+    assert!(
+        pool.store(hash(2), Some(hash(1)), Retention::DEFAULT, now)
+            .is_some()
+    );
     // Full: the chain's leaf goes, never its prefix.
-    assert!(pool.store(hash(9), None, Retention::DEFAULT, Tick(2)).is_some());
+    assert!(
+        pool.store(hash(9), None, Retention::DEFAULT, Tick(2))
+            .is_some()
+    );
     assert_eq!(pool.drain_removed(), vec![hash(2)]);
     assert!(pool.contains(hash(1)) && pool.contains(hash(9)));
     Ok(())
