@@ -66,7 +66,8 @@ pub struct CostWeights {
     pub disk_credit: f64,
     /// Credit per further prefix block in the shared pool, beyond what the worker holds itself.
     /// WIT 1.0's weights record has no field for it: the host sends it as the request extension
-    /// [`SHARED_CREDIT_EXTENSION`]; absent (an older host), it is 0 and the pool earns nothing.
+    /// [`SHARED_CREDIT_EXTENSION`] with `route` when a candidate has shared blocks; absent (no
+    /// shared blocks, another call, or an older host), it is 0 and the pool earns nothing.
     pub shared_credit: f64,
     /// Weight of prefill work against decode load.
     pub prefill_load_scale: f64,

@@ -32,12 +32,27 @@ pub(crate) fn request(r: &PolicyRequest<'_>, model: &str) -> Request {
         parent_session_id: r.parent_session_id.map(Into::into),
         priority: r.priority,
         osl: r.osl,
-        // WIT 1.0's weights record has no shared-pool credit: a trial signal (rule 3).
-        extensions: vec![(
-            SHARED_CREDIT_EXTENSION.to_string(),
-            w.shared_credit.to_string(),
-        )],
+        extensions: Vec::new(),
     }
+}
+
+/// [`request`] for a `route` call over `candidates`. WIT 1.0's weights record has no
+/// shared-pool credit, so it travels as a trial signal (rule 3), and only when a candidate has
+/// shared blocks for it to weigh: otherwise it cannot change a cost, and the call allocates
+/// nothing more for it.
+pub(crate) fn route_request(
+    r: &PolicyRequest<'_>,
+    model: &str,
+    candidates: &[Candidate],
+) -> Request {
+    let mut req = request(r, model);
+    if candidates.iter().any(|c| c.shared_blocks > 0) {
+        req.extensions.push((
+            SHARED_CREDIT_EXTENSION.to_string(),
+            r.weights.shared_credit.to_string(),
+        ));
+    }
+    req
 }
 
 /// Empty columns, to be filled by [`fill_workers`] (kept between calls to reuse the buffers).

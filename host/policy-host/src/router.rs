@@ -107,7 +107,7 @@ fn ask_route(
     candidates: &[Candidate],
 ) -> Result<Selection, PolicyError> {
     convert::fill_workers(columns, candidates);
-    let req = convert::request(request, model);
+    let req = convert::route_request(request, model, candidates);
     let columns = &*columns;
     let decision = guest.call(|instance, store| instance.call_route(store, &req, columns))?;
     convert::selection(decision, candidates.len())
