@@ -8,7 +8,7 @@ void exports_router_metadata(router_policy_metadata_t *ret) {
   router_string_dup(&ret->name, "least-load-c");
   router_string_dup(&ret->version, "1.0.0");
   router_string_dup(&ret->world_name, "router");
-  router_string_dup(&ret->wit_version, "1.0.0");
+  router_string_dup(&ret->wit_version, "1.1.0");
   router_string_dup(&ret->description, "Fewest active requests, then fewest decode blocks (C)");
   ret->extensions.ptr = NULL;
   ret->extensions.len = 0;
@@ -44,4 +44,23 @@ double exports_router_queue_key(router_request_t *req) {
   double key = -(double)req->priority;
   router_request_free(req);
   return key;
+}
+
+// WIT 1.1: least-load has no parameters, so it takes an empty list and refuses any other.
+bool exports_router_configure(router_params_t *params, router_string_t *err) {
+  bool empty = params->len == 0;
+  router_params_free(params);
+  if (!empty) {
+    router_string_dup(err, "least-load-c takes no parameters");
+  }
+  return empty;
+}
+
+// WIT 1.1: no key of its own; the queue's configured order applies.
+bool exports_router_queue_key_at(router_arriving_request_t *req, uint64_t arrival_ms,
+                                 double *ret) {
+  (void)arrival_ms;
+  (void)ret;
+  router_arriving_request_free(req);
+  return false;
 }

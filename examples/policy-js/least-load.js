@@ -11,7 +11,7 @@ export function metadata() {
     name: "least-load-js",
     version: "1.0.0",
     worldName: "router",
-    witVersion: "1.0.0",
+    witVersion: "1.1.0",
     description: "Fewest active requests, then fewest decode blocks (JavaScript)",
     extensions: [],
   };
@@ -35,4 +35,17 @@ export function observe(_outcome) {}
 // Higher priority first, as the Rust SDK's default.
 export function queueKey(req) {
   return -req.priority;
+}
+
+// WIT 1.1: least-load has no parameters, so it takes an empty list and refuses any other (a
+// thrown value is the result's error).
+export function configure(params) {
+  if (params.length > 0) {
+    throw "least-load-js takes no parameters";
+  }
+}
+
+// WIT 1.1: no key of its own (`undefined` is `none`); the queue's configured order applies.
+export function queueKeyAt(_req, _arrivalMs) {
+  return undefined;
 }

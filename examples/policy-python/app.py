@@ -7,6 +7,7 @@ and JavaScript examples: the conformance suite checks that they all decide alike
 
 from wit_world import WitWorld
 from wit_world.imports import types
+from componentize_py_types import Err
 
 
 class WitWorld(WitWorld):
@@ -15,7 +16,7 @@ class WitWorld(WitWorld):
             name="least-load-python",
             version="1.0.0",
             world_name="router",
-            wit_version="1.0.0",
+            wit_version="1.1.0",
             description="Fewest active requests, then fewest decode blocks (Python)",
             extensions=[],
         )
@@ -34,3 +35,12 @@ class WitWorld(WitWorld):
     def queue_key(self, req: types.Request) -> float:
         # Higher priority first, as the Rust SDK's default.
         return -float(req.priority)
+
+    def configure(self, params: list[tuple[str, str]]) -> None:
+        # WIT 1.1: least-load has no parameters, so it takes an empty list and refuses any other.
+        if params:
+            raise Err("least-load-python takes no parameters")
+
+    def queue_key_at(self, req: types.Request, arrival_ms: int) -> float | None:
+        # WIT 1.1: no key of its own; the queue's configured order applies.
+        return None

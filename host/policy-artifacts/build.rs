@@ -10,7 +10,7 @@ use std::process::{Command, exit};
 
 const TARGET: &str = "wasm32-wasip2";
 /// Crates of the policies workspace; their library artifacts are `<name with _>.wasm`.
-const POLICIES: [&str; 8] = [
+const POLICIES: [&str; 11] = [
     "kv-cost",
     "round-robin",
     "least-load",
@@ -19,12 +19,16 @@ const POLICIES: [&str; 8] = [
     "thunder-agent",
     "continuum",
     "autellix",
+    "demote-on-tool-call",
+    "subagent-reclaim",
+    "share-to-subagent",
 ];
 
 fn main() {
     let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));
     let root = manifest_dir.join("../..");
-    // The admission built-ins compile the core's native policies: a core change rebuilds them.
+    // The admission and kv-hints built-ins compile the core's native policies: a core change
+    // rebuilds them.
     for watched in ["policies", "sdk", "wit", "host/core"] {
         println!("cargo:rerun-if-changed={}", root.join(watched).display());
     }

@@ -418,4 +418,23 @@ pub trait AdmissionPolicy {
     ) -> Vec<Action> {
         Vec::new()
     }
+
+    /// Since WIT 1.1: the rank `session_id`'s next request should go to (the router then
+    /// bypasses its own choice), asked when the host admits a request of it; it must be a
+    /// healthy rank of `workers`. `None` (the default): no preference, the router decides.
+    fn placement(
+        &mut self,
+        _now_ms: u64,
+        _session_id: &str,
+        _sessions: &Sessions,
+        _workers: &Utilization,
+    ) -> Option<Rank> {
+        None
+    }
+
+    /// Since WIT 1.1: the parameters the configuration gives the policy; see
+    /// [`RouterPolicy::configure`](crate::RouterPolicy::configure). Default: take none.
+    fn configure(&mut self, params: &crate::Params) -> Result<(), String> {
+        crate::no_params(&self.metadata().name, params)
+    }
 }

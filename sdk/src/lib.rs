@@ -24,7 +24,8 @@
 //!
 //! Build with `cargo build --target wasm32-wasip2 --release` to get the component; test the
 //! logic natively with [`testing`]. The bindings come from the repository's `wit/`
-//! (package `switchyard:policy@1.0.0`) and exist only on `wasm32`.
+//! (package `switchyard:policy@1.1.0`: it needs a 1.1 host; a 1.0 component keeps loading on
+//! a 1.1 host) and exist only on `wasm32`.
 
 mod admission;
 pub mod columns;
@@ -45,18 +46,20 @@ pub use admission::{
     SessionView, Sessions, TOOL_COLUMN, Utilization,
 };
 pub use kv_hints::{
-    Compaction, EventKind, Hint, HintKind, IndexState, KvHintPolicy, LifecycleEvent, Residency,
-    Tier, TierUsage, ToolCall,
+    Compaction, EventKind, Hint, HintAction, HintKind, HintOutcome, HintOutcomeRow, HintOutcomes,
+    IndexState, KvHintPolicy, LifecycleEvent, Residency, TOOL_RESULT_AT_COLUMN,
+    TOOL_RESULT_POSITION_COLUMN, TOOL_RESULT_SESSION_COLUMN, TOOL_RESULT_TOOL_COLUMN,
+    TOOL_RESULT_WAITED_COLUMN, Tier, TierUsage, ToolCall, ToolResult,
 };
 pub use router::{Decision, Outcome, RouterPolicy, Worker, Workers, cheapest, kv_cost, kv_costs};
 pub use types::{
-    CostOverrides, CostWeights, Extensions, LogLevel, PolicyMetadata, Request,
-    SHARED_CREDIT_EXTENSION, find_extension,
+    CostOverrides, CostWeights, Extensions, LogLevel, Params, PolicyMetadata, Request,
+    SHARED_CREDIT_EXTENSION, find_extension, no_params,
 };
 
 /// The version of the `switchyard:policy` WIT package this SDK binds; the host accepts policies
 /// of the same major version.
-pub const WIT_VERSION: &str = "1.0.0";
+pub const WIT_VERSION: &str = "1.1.0";
 
 /// Writes `message` to the gateway's log, tagged with the policy's name (rate-limited by the
 /// host). In native tests it is captured instead: see [`testing::take_logs`].

@@ -30,6 +30,17 @@ macro_rules! export_router {
                 fn queue_key(req: glue::WitRequest) -> f64 {
                     POLICY.with_borrow_mut(|p| glue::queue_key(p, req))
                 }
+                fn queue_key_at(
+                    req: glue::WitRequest,
+                    arrival_ms: u64,
+                ) -> ::core::option::Option<f64> {
+                    POLICY.with_borrow_mut(|p| glue::queue_key_at(p, req, arrival_ms))
+                }
+                fn configure(
+                    params: ::std::vec::Vec<(::std::string::String, ::std::string::String)>,
+                ) -> ::core::result::Result<(), ::std::string::String> {
+                    POLICY.with_borrow_mut(|p| glue::configure(p, params))
+                }
             }
             $crate::__private::router_world::__export_router_world!(
                 SwitchyardRouterExport with_types_in $crate::__private::router_world
@@ -70,6 +81,20 @@ macro_rules! export_admission {
                 ) -> ::std::vec::Vec<glue::WitAction> {
                     POLICY.with_borrow_mut(|p| glue::arrival(p, now_ms, req, state, workers))
                 }
+                fn placement(
+                    now_ms: u64,
+                    session_id: ::std::string::String,
+                    state: glue::WitSessions,
+                    workers: glue::WitUtilization,
+                ) -> ::core::option::Option<(u32, u32)> {
+                    POLICY
+                        .with_borrow_mut(|p| glue::placement(p, now_ms, session_id, state, workers))
+                }
+                fn configure(
+                    params: ::std::vec::Vec<(::std::string::String, ::std::string::String)>,
+                ) -> ::core::result::Result<(), ::std::string::String> {
+                    POLICY.with_borrow_mut(|p| glue::configure(p, params))
+                }
             }
             $crate::__private::admission_world::__export_admission_world!(
                 SwitchyardAdmissionExport with_types_in $crate::__private::admission_world
@@ -101,6 +126,14 @@ macro_rules! export_kv_hints {
                     index: glue::WitIndexState,
                 ) -> ::std::vec::Vec<glue::WitHint> {
                     POLICY.with_borrow_mut(|p| glue::on_events(p, now_ms, events, index))
+                }
+                fn on_outcomes(now_ms: u64, outcomes: glue::WitHintOutcomes) {
+                    POLICY.with_borrow_mut(|p| glue::on_outcomes(p, now_ms, outcomes))
+                }
+                fn configure(
+                    params: ::std::vec::Vec<(::std::string::String, ::std::string::String)>,
+                ) -> ::core::result::Result<(), ::std::string::String> {
+                    POLICY.with_borrow_mut(|p| glue::configure(p, params))
                 }
             }
             $crate::__private::kv_hints_world::__export_kv_hints_world!(

@@ -1,6 +1,6 @@
 //! The routing decision point: which worker serves a request.
 
-use crate::types::{Extensions, PolicyMetadata, Request};
+use crate::types::{Extensions, Params, PolicyMetadata, Request, no_params};
 
 /// The candidate workers as columns: every `Vec` has one entry per candidate, in the same order,
 /// and a [`Decision`] refers to candidates by that index. Use [`Workers::iter`] or
@@ -234,6 +234,21 @@ pub trait RouterPolicy {
     /// Default: higher priority first (the host keeps arrival order among equal keys).
     fn queue_key(&mut self, request: &Request) -> f64 {
         -f64::from(request.priority)
+    }
+
+    /// Since WIT 1.1: the order key of a request joining the gateway queue, knowing it arrived
+    /// at `arrival_ms` (the host's monotonic clock), lower first; `arrival_ms as f64 -
+    /// head_start_ms` is FCFS with a head start. `None` (the default): the queue's own
+    /// configured order, as for a 1.0 policy.
+    fn queue_key_at(&mut self, _request: &Request, _arrival_ms: u64) -> Option<f64> {
+        None
+    }
+
+    /// Since WIT 1.1: the parameters the configuration gives the policy
+    /// (`name:key=value:...`), before any decision and again for every new instance; `Err`
+    /// refuses them and the load fails with that reason. Default: take none.
+    fn configure(&mut self, params: &Params) -> Result<(), String> {
+        no_params(&self.metadata().name, params)
     }
 }
 

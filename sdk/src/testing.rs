@@ -4,11 +4,13 @@
 //! gateway checks a component's (cost count, finiteness, index range), so a test fails where
 //! the host would have fallen back. [`RouterHarness::route`] resolves costs as the host does at
 //! temperature 0. [`AdmissionHarness`] does the same for admission: every action must name a
-//! known session.
+//! known session; and [`KvHintsHarness`] for KV hints: every hint must name known sessions and
+//! ranks.
 
 use std::cell::RefCell;
 
 use crate::admission::{Action, AdmissionPolicy, Incoming, Sessions, Utilization};
+use crate::kv_hints::{EventKind, Hint, HintKind, IndexState, KvHintPolicy, LifecycleEvent};
 /// Re-exported: tests resolve costs the way the host does.
 pub use crate::router::cheapest;
 use crate::router::{Decision, Outcome, RouterPolicy, Worker, Workers};
@@ -111,6 +113,96 @@ pub fn check_actions(
             unknown.session_id
         )),
         None => Ok(()),
+    }
+}
+
+/// Checks KV hints as the host does: every session a hint names (or shares with) must be
+/// tagged, spawned or ended in `events`, have a tool result, or be resident in `index`, and
+/// every target rank must be listed in `index` (the host refuses the whole answer otherwise).
+pub fn check_hints(
+    hints: &[Hint],
+    events: &[LifecycleEvent],
+    index: &IndexState,
+) -> Result<(), String> {
+    let tool_results = index.tool_results();
+    let mut sessions: Vec<&str> = index
+        .residency
+        .session_ids
+        .iter()
+        .map(String::as_str)
+        .chain(tool_results.iter().map(|r| r.session_id.as_str()))
+        .collect();
+    for event in events {
+        sessions.push(&event.session_id);
+        if let EventKind::SubagentSpawn(child) | EventKind::SubagentEnd(child) = &event.kind {
+            sessions.push(child);
+        }
+    }
+    let r = &index.residency;
+    let u = &index.usage;
+    let ranks: Vec<(u32, u32)> = r
+        .worker_ids
+        .iter()
+        .zip(&r.dp_ranks)
+        .chain(u.worker_ids.iter().zip(&u.dp_ranks))
+        .map(|(w, d)| (*w, *d))
+        .collect();
+    for hint in hints {
+        let shared_with = match &hint.kind {
+            HintKind::Share(other) => Some(other.as_str()),
+            _ => None,
+        };
+        for session in std::iter::once(hint.session_id.as_str()).chain(shared_with) {
+            if !sessions.contains(&session) {
+                return Err(format!("hint names unknown session `{session}`"));
+            }
+        }
+        if let Some(rank) = hint.target.filter(|t| !ranks.contains(t)) {
+            return Err(format!("hint targets unknown rank {rank:?}"));
+        }
+    }
+    Ok(())
+}
+
+/// Drives a [`KvHintPolicy`] as the gateway does, checking every answer.
+#[derive(Debug)]
+pub struct KvHintsHarness<P> {
+    policy: P,
+}
+
+impl<P: KvHintPolicy> KvHintsHarness<P> {
+    /// Wraps `policy`.
+    ///
+    /// # Panics
+    /// If its metadata would be refused at load.
+    pub fn new(policy: P) -> Self {
+        if let Err(why) = check_metadata(&policy.metadata()) {
+            panic!("the host would refuse this policy: {why}");
+        }
+        Self { policy }
+    }
+
+    /// The policy's hints for `events` (tool results go in `index`, see
+    /// [`IndexState::with_tool_results`]).
+    ///
+    /// # Panics
+    /// If a hint names a session or rank the host did not report.
+    pub fn on_events(
+        &mut self,
+        now_ms: u64,
+        events: &[LifecycleEvent],
+        index: &IndexState,
+    ) -> Vec<Hint> {
+        let hints = self.policy.on_events(now_ms, events, index);
+        if let Err(why) = check_hints(&hints, events, index) {
+            panic!("the host would refuse these hints: {why}");
+        }
+        hints
+    }
+
+    /// The policy, to inspect its state.
+    pub fn policy(&self) -> &P {
+        &self.policy
     }
 }
 

@@ -161,3 +161,16 @@ pub fn find_extension<'a>(extensions: &'a [(String, String)], key: &str) -> Opti
         .find(|(k, _)| k == key)
         .map(|(_, v)| v.as_str())
 }
+
+/// A policy's configured parameters (WIT 1.1 `params`): `(key, value)` in the configuration's
+/// order (`[policies] kv_hints = "my-policy:threshold=2s"`).
+pub type Params = [(String, String)];
+
+/// The default answer to `configure` for a policy that takes no parameters: none is fine, any
+/// is refused, naming it (the host then refuses the load with this reason).
+pub fn no_params(policy: &str, params: &Params) -> Result<(), String> {
+    match params.first() {
+        None => Ok(()),
+        Some((key, _)) => Err(format!("policy {policy} has no parameter `{key}`")),
+    }
+}

@@ -1,7 +1,7 @@
 //! The built-in Switchyard policies as WebAssembly components (`switchyard:policy@1.0.0`),
 //! built from `policies/` for `wasm32-wasip2` by this crate's build script, so the gateway can
 //! load them with no extra step: five routers (world `router`) and the Wasm twins of the native
-//! admission policies (world `admission`).
+//! admission policies (world `admission`) and KV-hint strategies (world `kv-hints`).
 
 /// The default KV-aware cost policy (agentic-serving.md section 3).
 pub const KV_COST: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kv-cost.wasm"));
@@ -22,8 +22,21 @@ pub const CONTINUUM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/continuum
 /// Autellix's least-attained-service priorities (twin of the native `autellix`).
 pub const AUTELLIX: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/autellix.wasm"));
 
-/// Routers first, then admission policies: [`builtin_for`] hands out the two halves.
-static BUILTIN: [(&str, &[u8]); 8] = [
+/// Demotes a session's KV during a slow tool call, prefetches it back before the tool returns
+/// (twin of the native `demote-on-tool-call`).
+pub const DEMOTE_ON_TOOL_CALL: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/demote-on-tool-call.wasm"));
+/// Evicts a finished subagent's KV (twin of the native `subagent-reclaim`).
+pub const SUBAGENT_RECLAIM: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/subagent-reclaim.wasm"));
+/// Shares a parent's prefix with the subagents it spawns (twin of the native
+/// `share-to-subagent`).
+pub const SHARE_TO_SUBAGENT: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/share-to-subagent.wasm"));
+
+/// Routers, then admission policies, then KV-hint strategies: [`builtin_for`] hands out each
+/// world's part.
+static BUILTIN: [(&str, &[u8]); 11] = [
     ("kv-cost", KV_COST),
     ("round-robin", ROUND_ROBIN),
     ("least-load", LEAST_LOAD),
@@ -32,8 +45,12 @@ static BUILTIN: [(&str, &[u8]); 8] = [
     ("thunder-agent", THUNDER_AGENT),
     ("continuum", CONTINUUM),
     ("autellix", AUTELLIX),
+    ("demote-on-tool-call", DEMOTE_ON_TOOL_CALL),
+    ("subagent-reclaim", SUBAGENT_RECLAIM),
+    ("share-to-subagent", SHARE_TO_SUBAGENT),
 ];
 const ROUTERS: usize = 5;
+const ADMISSION: usize = 3;
 
 /// Every built-in policy as `(name, component bytes)`, of every world; the name is also the one
 /// its `metadata()` reports, and no two worlds share a name.
@@ -41,11 +58,13 @@ pub fn builtin() -> &'static [(&'static str, &'static [u8])] {
     &BUILTIN
 }
 
-/// The built-in policies of `world` (`router`, `admission`); empty for any other world.
+/// The built-in policies of `world` (`router`, `admission`, `kv-hints`); empty for any other
+/// world.
 pub fn builtin_for(world: &str) -> &'static [(&'static str, &'static [u8])] {
     match world {
         "router" => &BUILTIN[..ROUTERS],
-        "admission" => &BUILTIN[ROUTERS..],
+        "admission" => &BUILTIN[ROUTERS..ROUTERS + ADMISSION],
+        "kv-hints" => &BUILTIN[ROUTERS + ADMISSION..],
         _ => &[],
     }
 }
@@ -106,9 +125,18 @@ mod tests {
             names("admission"),
             ["thunder-agent", "continuum", "autellix"]
         );
-        assert!(names("kv-hints").is_empty());
         assert_eq!(
-            builtin_for("router").len() + builtin_for("admission").len(),
+            names("kv-hints"),
+            [
+                "demote-on-tool-call",
+                "subagent-reclaim",
+                "share-to-subagent"
+            ]
+        );
+        assert!(names("no-such-world").is_empty());
+        let worlds = ["router", "admission", "kv-hints"];
+        assert_eq!(
+            worlds.map(|w| builtin_for(w).len()).iter().sum::<usize>(),
             builtin().len()
         );
     }

@@ -16,7 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use switchyard_core::admission::{
     ActionKind, AdmissionAction, AdmissionPolicy, AdmissionView, AdmitAll, Arrival,
-    RankUtilization, SessionPhase, SessionView, native_admission,
+    RankUtilization, SessionPhase, SessionView, ThunderAgentConfig, native_admission,
+    native_admission_spec,
 };
 use switchyard_core::router::PolicyRequest;
 use switchyard_core::worker::Rank;
@@ -88,6 +89,32 @@ impl WasmAdmission {
     ) -> Result<Vec<AdmissionAction>, PolicyError> {
         ask_arrival(&mut self.guest, view, arrival, now, &self.model)
     }
+
+    /// Ask the guest's 1.1 `placement`, with no fallback: the rank (checked against the view),
+    /// or `None` for no preference or a component without the export (1.0).
+    pub fn try_placement(
+        &mut self,
+        view: &AdmissionView,
+        session_id: &str,
+        now: Duration,
+    ) -> Result<Option<Rank>, PolicyError> {
+        ask_placement(&mut self.guest, view, session_id, now)
+    }
+
+    /// Configure the policy with `params` (its 1.1 `configure`; every later instance gets them
+    /// too) and start its instance. Refused with the policy's reason, or at once when it takes
+    /// no parameters (a 1.0 component) and `params` is not empty.
+    /// The native fallback gets the same parameters when its spec takes them.
+    pub fn configure(&mut self, params: Vec<(String, String)>) -> Result<(), PolicyError> {
+        self.guest.set_params(params.clone())?;
+        self.guest.warm_up()?;
+        if !params.is_empty()
+            && let Ok(fallback) = <AdmissionKind as Kind>::native_with(self.guest.name(), &params)
+        {
+            self.fallback = fallback;
+        }
+        Ok(())
+    }
 }
 
 impl AdmissionPolicy for WasmAdmission {
@@ -117,6 +144,48 @@ impl AdmissionPolicy for WasmAdmission {
             None => self.fallback.arrival(view, arrival, now),
         }
     }
+
+    /// The guest's 1.1 `placement`; a 1.0 component never places (as before 1.1), and a
+    /// failed call is answered by the native fallback.
+    fn placement(&mut self, view: &AdmissionView, session_id: &str, now: Duration) -> Option<Rank> {
+        if !self.guest.component().has_placement() {
+            return None;
+        }
+        match self
+            .guest
+            .decide(|guest| ask_placement(guest, view, session_id, now))
+        {
+            Some(rank) => rank,
+            None => self.fallback.placement(view, session_id, now),
+        }
+    }
+}
+
+fn ask_placement(
+    guest: &mut Guest<AdmissionComponent>,
+    view: &AdmissionView,
+    session_id: &str,
+    now: Duration,
+) -> Result<Option<Rank>, PolicyError> {
+    if !guest.component().has_placement() {
+        return Ok(None);
+    }
+    let (sessions, workers) = (sessions(view), utilization(view));
+    let placed = guest.call(|instance, store| match &instance.placement {
+        Some(p) => p.call_placement(store, convert::millis(now), session_id, &sessions, &workers),
+        None => Ok(None),
+    })?;
+    let Some((worker, dp_rank)) = placed else {
+        return Ok(None);
+    };
+    let rank = Rank::new(worker, dp_rank);
+    if view.workers.iter().any(|w| w.rank == rank && w.healthy) {
+        Ok(Some(rank))
+    } else {
+        Err(PolicyError::BadOutput(format!(
+            "placement on rank {worker}.{dp_rank}, not a healthy rank of the view"
+        )))
+    }
 }
 
 // Free functions rather than methods so `decide` can lend them the guest while `self.model`
@@ -129,7 +198,9 @@ fn ask_tick(
 ) -> Result<Vec<AdmissionAction>, PolicyError> {
     let (sessions, workers) = (sessions(view), utilization(view));
     let raw = guest.call(|instance, store| {
-        instance.call_tick(store, convert::millis(now), &sessions, &workers)
+        instance
+            .core
+            .call_tick(store, convert::millis(now), &sessions, &workers)
     })?;
     checked(raw, view, None)
 }
@@ -147,7 +218,9 @@ fn ask_arrival(
     };
     let (sessions, workers) = (sessions(view), utilization(view));
     let raw = guest.call(|instance, store| {
-        instance.call_arrival(store, convert::millis(now), &incoming, &sessions, &workers)
+        instance
+            .core
+            .call_arrival(store, convert::millis(now), &incoming, &sessions, &workers)
     })?;
     checked(raw, view, Some(arrival))
 }
@@ -172,7 +245,10 @@ const KV_CAPACITY_EXTENSION: &str = "switchyard.kv-capacity-tokens";
 /// A column as one extension: one CSV field per row, in the record's order, empty where
 /// unknown, quoted (`"` doubled) when empty or holding `,` or `"`; no entry at all when every
 /// value is unknown (or there are no rows).
-fn column(key: &str, values: impl Iterator<Item = Option<String>>) -> Option<(String, String)> {
+pub(crate) fn column(
+    key: &str,
+    values: impl Iterator<Item = Option<String>>,
+) -> Option<(String, String)> {
     let values: Vec<Option<String>> = values.collect();
     if values.iter().all(Option::is_none) {
         return None;
@@ -293,6 +369,15 @@ impl Kind for AdmissionKind {
         native_admission(name)
     }
 
+    fn native_with(name: &str, params: &[(String, String)]) -> Result<Box<Self::Policy>, String> {
+        let spec = std::iter::once(name.to_owned())
+            .chain(params.iter().map(|(k, v)| format!("{k}={v}")))
+            .collect::<Vec<_>>()
+            .join(":");
+        let tick = ThunderAgentConfig::default().tick_interval;
+        native_admission_spec(&spec, tick).map_err(|e| e.to_string())
+    }
+
     fn policy_name(policy: &Self::Policy) -> &str {
         policy.name()
     }
@@ -302,14 +387,15 @@ impl Kind for AdmissionKind {
         bytes: &[u8],
         stats: Arc<PolicyStats>,
         model: &str,
+        params: &[(String, String)],
     ) -> Result<(Metadata, Box<Self::Policy>), PolicyError> {
         let component = engine.load_admission(bytes)?;
-        canary(&component)?;
+        canary(&component, params)?;
         let metadata = component.metadata().clone();
         let mut admission = WasmAdmission::new(component, stats);
         admission.set_model(model);
         // The instance that will answer starts now, off the request path.
-        admission.guest.warm_up()?;
+        admission.configure(params.to_vec())?;
         Ok((metadata, Box::new(admission)))
     }
 }
@@ -317,8 +403,11 @@ impl Kind for AdmissionKind {
 /// Run a fresh instance's `tick` and `arrival` on sample views (3, then 8 sessions `s0`.. in
 /// every phase, on 4 ranks); any failure or action for a session not in the view rejects the
 /// load.
-fn canary(component: &AdmissionComponent) -> Result<(), PolicyError> {
+fn canary(component: &AdmissionComponent, params: &[(String, String)]) -> Result<(), PolicyError> {
     let mut trial = WasmAdmission::new(component.clone(), Arc::new(PolicyStats::default()));
+    trial.guest.set_params(params.to_vec())?;
+    // The policy's refusal of its parameters is the load's error, as the policy gave it.
+    trial.guest.warm_up()?;
     let phases = [
         SessionPhase::Queued,
         SessionPhase::Running,
@@ -377,6 +466,9 @@ fn canary(component: &AdmissionComponent) -> Result<(), PolicyError> {
         trial
             .try_arrival(&view, &arrival, now)
             .map_err(|e| PolicyError::Canary(format!("arrival on {sessions} sessions: {e}")))?;
+        trial
+            .try_placement(&view, "s1", now)
+            .map_err(|e| PolicyError::Canary(format!("placement on {sessions} sessions: {e}")))?;
     }
     Ok(())
 }

@@ -3,8 +3,11 @@
 //! ([`RouterComponent`], [`AdmissionComponent`], [`KvHintsComponent`]) keep the worlds apart in
 //! the type system so a runner cannot be built over the wrong one.
 
-use crate::bindings::{self, PolicyMetadata, RouterPre};
-use crate::bindings::{admission, kv_hints};
+use crate::bindings::configurable::{Configurable, ConfigurableIndices};
+use crate::bindings::{self, PolicyMetadata};
+use crate::bindings::{
+    admission, admission_placement, kv_hints, kv_hints_outcomes, router_arrival,
+};
 use crate::engine::{ContentHash, HostState, PolicyEngine, WIT_MAJOR};
 use crate::error::PolicyError;
 use std::fmt;
@@ -12,58 +15,141 @@ use std::sync::Arc;
 use wasmtime::Store;
 use wasmtime::component::InstancePre;
 
-/// One world's generated bindings, as the host needs them: implemented by each world's
-/// instance type (`bindings::Router`, ...).
+/// One world's bindings, as the host needs them: the frozen 1.0 core every component of the
+/// world exports, and the 1.1 additions it may export (the host dispatches on what is there).
 pub(crate) trait World: Sized + 'static {
     /// `world-name` a component of this world reports, and the world's name in `wit/`.
     const NAME: &'static str;
     /// The pre-linked, export-checked instance of this world.
     type Pre: Clone + Send + Sync + 'static;
 
-    /// Check the component's exports against this world's types.
+    /// Check the component's exports against this world's types (the 1.1 ones only if it
+    /// exports them).
     fn pre(pre: InstancePre<HostState>) -> wasmtime::Result<Self::Pre>;
     /// A new instance in `store`.
     fn instantiate(pre: &Self::Pre, store: &mut Store<HostState>) -> wasmtime::Result<Self>;
     /// Call the world's `metadata` export.
     fn metadata(&self, store: &mut Store<HostState>) -> wasmtime::Result<PolicyMetadata>;
+    /// The 1.1 `configure` export, if the component has it.
+    fn configurable(&self) -> Option<&Configurable>;
+    /// Whether the component exports 1.1's `configure`.
+    fn pre_configurable(pre: &Self::Pre) -> bool;
+    /// Whether the component exports the world's own 1.1 function (`queue-key-at`,
+    /// `placement`, `on-outcomes`).
+    fn pre_extended(pre: &Self::Pre) -> bool;
 }
 
-/// Implement [`World`] for a generated world: every world has the same three entry points,
-/// only the generated names differ.
+/// The indices of an optional export set: `None` when the component lacks `export`, an error
+/// when it has it with the wrong type.
+fn optional<I>(
+    pre: &InstancePre<HostState>,
+    export: &str,
+    indices: impl FnOnce(&InstancePre<HostState>) -> wasmtime::Result<I>,
+) -> wasmtime::Result<Option<I>> {
+    match pre.component().get_export_index(None, export) {
+        Some(_) => indices(pre).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// Define a world's instance and pre-linked types: its generated 1.0 core, `configure`, and
+/// the world's own 1.1 export set (`$extra`, loaded when the component exports `$export`).
 macro_rules! world {
-    ($instance:ty, $pre:ty, $name:literal) => {
+    (
+        $(#[$doc:meta])* $instance:ident, $pre:ident, $name:literal,
+        core: $core:ty, $core_indices:ty,
+        $extra:ident: $extra_ty:ty, $extra_indices:ty, $export:literal
+    ) => {
+        $(#[$doc])*
+        pub(crate) struct $instance {
+            /// The 1.0 exports.
+            pub(crate) core: $core,
+            /// 1.1 `configure`, if exported.
+            pub(crate) configure: Option<Configurable>,
+            #[doc = concat!("1.1 `", $export, "`, if exported.")]
+            pub(crate) $extra: Option<$extra_ty>,
+        }
+
+        #[doc = concat!("[`", stringify!($instance), "`], pre-linked.")]
+        #[derive(Clone)]
+        pub(crate) struct $pre {
+            instance_pre: InstancePre<HostState>,
+            core: $core_indices,
+            configure: Option<ConfigurableIndices>,
+            $extra: Option<$extra_indices>,
+        }
+
         impl World for $instance {
             const NAME: &'static str = $name;
             type Pre = $pre;
 
             fn pre(pre: InstancePre<HostState>) -> wasmtime::Result<Self::Pre> {
-                <$pre>::new(pre)
+                Ok($pre {
+                    core: <$core_indices>::new(&pre)?,
+                    configure: optional(&pre, "configure", ConfigurableIndices::new)?,
+                    $extra: optional(&pre, $export, <$extra_indices>::new)?,
+                    instance_pre: pre,
+                })
             }
 
             fn instantiate(
                 pre: &Self::Pre,
                 store: &mut Store<HostState>,
             ) -> wasmtime::Result<Self> {
-                pre.instantiate(store)
+                let instance = pre.instance_pre.instantiate(&mut *store)?;
+                Ok(Self {
+                    core: pre.core.load(&mut *store, &instance)?,
+                    configure: pre
+                        .configure
+                        .as_ref()
+                        .map(|i| i.load(&mut *store, &instance))
+                        .transpose()?,
+                    $extra: pre
+                        .$extra
+                        .as_ref()
+                        .map(|i| i.load(&mut *store, &instance))
+                        .transpose()?,
+                })
             }
 
             fn metadata(&self, store: &mut Store<HostState>) -> wasmtime::Result<PolicyMetadata> {
-                self.call_metadata(store)
+                self.core.call_metadata(store)
+            }
+
+            fn configurable(&self) -> Option<&Configurable> {
+                self.configure.as_ref()
+            }
+
+            fn pre_configurable(pre: &Self::Pre) -> bool {
+                pre.configure.is_some()
+            }
+
+            fn pre_extended(pre: &Self::Pre) -> bool {
+                pre.$extra.is_some()
             }
         }
     };
 }
 
-world!(bindings::Router, RouterPre<HostState>, "router");
 world!(
-    admission::Admission,
-    admission::AdmissionPre<HostState>,
-    "admission"
+    /// A live `router` component.
+    RouterInstance, RouterInstancePre, "router",
+    core: bindings::RouterCore, bindings::RouterCoreIndices,
+    arrival: router_arrival::RouterArrival, router_arrival::RouterArrivalIndices, "queue-key-at"
 );
 world!(
-    kv_hints::KvHints,
-    kv_hints::KvHintsPre<HostState>,
-    "kv-hints"
+    /// A live `admission` component.
+    AdmissionInstance, AdmissionInstancePre, "admission",
+    core: admission::AdmissionCore, admission::AdmissionCoreIndices,
+    placement: admission_placement::AdmissionPlacement,
+        admission_placement::AdmissionPlacementIndices, "placement"
+);
+world!(
+    /// A live `kv-hints` component.
+    KvHintsInstance, KvHintsInstancePre, "kv-hints",
+    core: kv_hints::KvHintsCore, kv_hints::KvHintsCoreIndices,
+    outcomes: kv_hints_outcomes::KvHintsOutcomes,
+        kv_hints_outcomes::KvHintsOutcomesIndices, "on-outcomes"
 );
 
 /// What a component said about itself at load.
@@ -147,6 +233,10 @@ impl<W: World> Loaded<W> {
         &self.metadata
     }
 
+    pub(crate) fn pre(&self) -> &W::Pre {
+        &self.pre
+    }
+
     pub(crate) fn engine(&self) -> &PolicyEngine {
         &self.engine
     }
@@ -192,6 +282,16 @@ macro_rules! handle {
             pub fn hash(&self) -> ContentHash {
                 self.0.hash
             }
+
+            /// Whether it takes parameters: it exports 1.1's `configure` (a 1.0 component
+            /// does not, and refuses any).
+            pub fn configurable(&self) -> bool {
+                <$world as World>::pre_configurable(self.0.pre())
+            }
+
+            fn extended(&self) -> bool {
+                <$world as World>::pre_extended(self.0.pre())
+            }
         }
 
         impl ComponentHandle for $handle {
@@ -215,15 +315,36 @@ macro_rules! handle {
 handle!(
     /// A checked `router` component: instantiating it is cheap. Cheap to clone.
     RouterComponent,
-    bindings::Router
+    RouterInstance
 );
 handle!(
     /// A checked `admission` component: instantiating it is cheap. Cheap to clone.
     AdmissionComponent,
-    admission::Admission
+    AdmissionInstance
 );
 handle!(
     /// A checked `kv-hints` component: instantiating it is cheap. Cheap to clone.
     KvHintsComponent,
-    kv_hints::KvHints
+    KvHintsInstance
 );
+
+impl RouterComponent {
+    /// Whether it exports 1.1's `queue-key-at`.
+    pub fn has_queue_key_at(&self) -> bool {
+        self.extended()
+    }
+}
+
+impl AdmissionComponent {
+    /// Whether it exports 1.1's `placement` (it may place programs on ranks).
+    pub fn has_placement(&self) -> bool {
+        self.extended()
+    }
+}
+
+impl KvHintsComponent {
+    /// Whether it exports 1.1's `on-outcomes` (it hears what became of its hints).
+    pub fn has_on_outcomes(&self) -> bool {
+        self.extended()
+    }
+}

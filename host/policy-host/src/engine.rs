@@ -241,7 +241,7 @@ impl PolicyEngine {
         let mut linker = Linker::new(&engine);
         // The router world brings `host` and `types`; the other worlds add their type-only
         // interfaces, so one linker serves every world.
-        bindings::Router::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state)
+        bindings::RouterCore::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state)
             .and_then(|()| {
                 admission::switchyard::policy::admission_types::add_to_linker::<_, HasSelf<_>>(
                     &mut linker,
@@ -321,6 +321,19 @@ impl PolicyEngine {
             .map_err(|e| classify_link_error(&e))
     }
 
+    /// The world a component is of, judged by its function exports: the world all of whose
+    /// exports it has, else the one it has most of (`router` on a tie), so that loading it as
+    /// that world names what is missing. Compiles the bytes (cached, as a load would).
+    pub fn world_of(&self, bytes: &[u8]) -> Result<&'static str, PolicyError> {
+        let component = self.compile(ContentHash::of(bytes), bytes)?;
+        let ty = component.component_type();
+        let exports: Vec<&str> = ty
+            .exports(&self.inner.engine)
+            .map(|(name, _)| name)
+            .collect();
+        Ok(closest_world(&exports))
+    }
+
     /// [`PolicyEngine::load_router`] on a file's contents.
     pub fn load_router_file(&self, path: &Path) -> Result<RouterComponent, PolicyError> {
         let bytes = std::fs::read(path).map_err(|e| PolicyError::Io(e.to_string()))?;
@@ -397,6 +410,24 @@ fn spawn_ticker(engine: &Engine, tick: Duration) -> Result<(), PolicyError> {
         .map_err(|e| PolicyError::Engine(format!("cannot start the epoch ticker: {e}")))
 }
 
+/// The world whose exports `exports` has all of, else the one it has most of; `router` on a tie.
+fn closest_world(exports: &[&str]) -> &'static str {
+    let present = |names: &[&str]| names.iter().filter(|n| exports.contains(n)).count();
+    if let Some((world, _)) = WORLD_EXPORTS
+        .iter()
+        .find(|(_, names)| present(names) == names.len())
+    {
+        return world;
+    }
+    let mut best = WORLD_EXPORTS[0];
+    for candidate in &WORLD_EXPORTS[1..] {
+        if present(candidate.1) > present(best.1) {
+            best = *candidate;
+        }
+    }
+    best.0
+}
+
 fn check_exports(engine: &Engine, component: &Component, world: &str) -> Result<(), PolicyError> {
     let ty = component.component_type();
     let exports: Vec<&str> = ty.exports(engine).map(|(name, _)| name).collect();
@@ -438,5 +469,25 @@ fn classify_link_error(err: &wasmtime::Error) -> PolicyError {
         PolicyError::IncompatibleVersion(text)
     } else {
         PolicyError::WrongWorld(format!("imports what the host does not provide: {text}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::closest_world;
+
+    #[test]
+    fn the_world_is_the_one_whose_exports_are_all_there_else_the_closest() {
+        assert_eq!(closest_world(&["metadata", "on-events"]), "kv-hints");
+        assert_eq!(closest_world(&["metadata", "tick", "arrival"]), "admission");
+        assert_eq!(
+            closest_world(&["metadata", "route", "observe", "queue-key"]),
+            "router"
+        );
+        // Incomplete: the closest, so a load as that world names what is missing.
+        assert_eq!(closest_world(&["tick"]), "admission");
+        assert_eq!(closest_world(&["on-events"]), "kv-hints");
+        assert_eq!(closest_world(&["metadata"]), "router");
+        assert_eq!(closest_world(&[]), "router");
     }
 }

@@ -44,6 +44,10 @@ pub enum PolicyError {
         /// The cap in force.
         cap_bytes: usize,
     },
+    /// The policy refused its parameters (its reason), or takes none (a 1.0 component without
+    /// `configure`) and was given some.
+    #[error("parameters refused: {0}")]
+    Params(String),
     /// The guest answered something impossible (wrong number of costs, index out of range, NaN).
     #[error("bad output: {0}")]
     BadOutput(String),
@@ -64,6 +68,7 @@ impl PolicyError {
             Self::Trap(_) => "trap",
             Self::Deadline => "deadline",
             Self::OutOfMemory { .. } => "out_of_memory",
+            Self::Params(_) => "params",
             Self::BadOutput(_) => "bad_output",
         }
     }

@@ -23,6 +23,8 @@ const LOG_BURST: Duration = Duration::from_secs(10);
 pub(crate) struct Guest<H: ComponentHandle> {
     component: H,
     live: Option<(Store<HostState>, H::World)>,
+    /// What every new instance's 1.1 `configure` is given (empty: the policy's defaults).
+    params: Vec<(String, String)>,
     /// Whether an instance was ever created (later ones get no startup allowance).
     started: bool,
     stats: Arc<PolicyStats>,
@@ -48,6 +50,7 @@ impl<H: ComponentHandle> Guest<H> {
         Self {
             component,
             live: None,
+            params: Vec::new(),
             started: false,
             stats,
             consecutive_failures: 0,
@@ -63,6 +66,26 @@ impl<H: ComponentHandle> Guest<H> {
 
     pub(crate) fn stats(&self) -> &Arc<PolicyStats> {
         &self.stats
+    }
+
+    /// Configure the policy with `params` from now on: the live instance (if any) is dropped, and
+    /// every new one gets them through 1.1's `configure` before anything else. Refused at once
+    /// when the component takes no parameters (1.0: no `configure`) and `params` is not empty;
+    /// the policy's own refusal surfaces on the next instantiation ([`Guest::warm_up`]).
+    pub(crate) fn set_params(&mut self, params: Vec<(String, String)>) -> Result<(), PolicyError> {
+        if !params.is_empty() && !H::World::pre_configurable(self.component.loaded().pre()) {
+            let keys: Vec<&str> = params.iter().map(|(k, _)| k.as_str()).collect();
+            return Err(PolicyError::Params(format!(
+                "`{}` takes no parameters (it exports no `configure`: built against \
+                 switchyard:policy@{}), but was given {}",
+                self.name(),
+                self.component.loaded().metadata().wit_version,
+                keys.join(", ")
+            )));
+        }
+        self.params = params;
+        self.live = None;
+        Ok(())
     }
 
     /// The policy's name, from its metadata.
@@ -85,7 +108,16 @@ impl<H: ComponentHandle> Guest<H> {
             Some(live) => live,
             None => {
                 self.started = true;
-                self.live.insert(loaded.instantiate(startup)?)
+                let (mut store, instance) = loaded.instantiate(startup)?;
+                if let Some(configurable) = instance.configurable() {
+                    loaded.engine().arm_deadline(&mut store, startup);
+                    match configurable.call_configure(&mut store, &self.params) {
+                        Ok(Ok(())) => {}
+                        Ok(Err(reason)) => return Err(PolicyError::Params(reason)),
+                        Err(e) => return Err(PolicyError::from_call(&e, store.data())),
+                    }
+                }
+                self.live.insert((store, instance))
             }
         };
         loaded.engine().arm_deadline(store, startup);
@@ -104,7 +136,11 @@ impl<H: ComponentHandle> Guest<H> {
     pub(crate) fn warm_up(&mut self) -> Result<(), PolicyError> {
         self.call(|instance, store| instance.metadata(store))
             .map(drop)
-            .map_err(|e| PolicyError::Canary(format!("warm-up: {e}")))
+            .map_err(|e| match e {
+                // The policy's own reason, as it gave it.
+                PolicyError::Params(_) => e,
+                e => PolicyError::Canary(format!("warm-up: {e}")),
+            })
     }
 
     /// One decision: `attempt` asks the guest (through [`Guest::call`]) and checks its answer.

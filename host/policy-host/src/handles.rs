@@ -8,7 +8,7 @@ use crate::registry::PolicyRegistry;
 use std::sync::Arc;
 use std::time::Duration;
 use switchyard_core::admission::{AdmissionAction, AdmissionPolicy, AdmissionView, Arrival};
-use switchyard_core::kv_hints::{IndexState, KvHint, KvHintPolicy, LifecycleEvent};
+use switchyard_core::kv_hints::{HintOutcome, IndexState, KvHint, KvHintPolicy, LifecycleEvent};
 use switchyard_core::router::{
     Candidate, KvCost, Outcome, PolicyRequest, RoutingPolicy, Selection,
 };
@@ -51,6 +51,15 @@ impl RoutingPolicy for RegistryPolicy {
             shadow.stats.record_shadow(ours != theirs, delta);
         }
         selection
+    }
+
+    /// The active router's key (not the shadow's: the queue has one order).
+    fn queue_key_at(&mut self, request: &PolicyRequest<'_>, arrival: Duration) -> Option<f64> {
+        self.registry
+            .router
+            .current
+            .load_full()
+            .and_then(|active| active.call(|p| p.queue_key_at(request, arrival)))
     }
 
     fn observe(&mut self, outcome: &Outcome) {
@@ -113,8 +122,8 @@ impl AdmissionPolicy for RegistryAdmission {
         }
     }
 
-    /// The active policy's placement: a native one may place (`native:thunder-agent`); a
-    /// component never does (the WIT 1.0 world has no `placement`).
+    /// The active policy's placement: a native one may place (`native:thunder-agent`), and so
+    /// may a component exporting 1.1's `placement` (a 1.0 component never does).
     fn placement(&mut self, view: &AdmissionView, session_id: &str, now: Duration) -> Option<Rank> {
         self.registry
             .admission
@@ -151,6 +160,12 @@ impl KvHintPolicy for RegistryKvHints {
         match self.registry.kv_hints.current.load_full() {
             Some(active) => active.call(|p| p.on_events(events, index, now)),
             None => Vec::new(),
+        }
+    }
+
+    fn on_outcomes(&mut self, outcomes: &[HintOutcome], now: Duration) {
+        if let Some(active) = self.registry.kv_hints.current.load_full() {
+            active.call(|p| p.on_outcomes(outcomes, now));
         }
     }
 }

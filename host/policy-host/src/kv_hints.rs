@@ -1,8 +1,10 @@
 //! [`WasmKvHints`]: a `kv-hints` component behind the core's [`KvHintPolicy`] trait, with the
 //! native policy of the same name answering whenever the guest cannot.
 
+use crate::admission::column;
 use crate::bindings::kv_hints::{
-    Compaction, EventKind, Hint, HintKind as WitHintKind, IndexState as WitIndexState,
+    Compaction, EventKind, Hint, HintAction, HintKind as WitHintKind,
+    HintOutcome as HintOutcomeKind, HintOutcomes, IndexState as WitIndexState,
     LifecycleEvent as WitEvent, Residency, Tier, TierUsage, ToolCall,
 };
 use crate::component::{KvHintsComponent, Metadata};
@@ -14,9 +16,10 @@ use crate::slot::Kind;
 use crate::stats::PolicyStats;
 use std::sync::Arc;
 use std::time::Duration;
+use switchyard_core::kv_hints::actions::{ActionType, Outcome};
 use switchyard_core::kv_hints::{
-    HintKind, HintTier, IndexState, KvHint, KvHintPolicy, LifecycleEvent, LifecycleKind, NoHints,
-    RankUsage, SessionResidency, check_hints, native_kv_hints,
+    HintKind, HintOutcome, HintTier, IndexState, KvHint, KvHintPolicy, LifecycleEvent,
+    LifecycleKind, NoHints, RankUsage, SessionResidency, check_hints, native_kv_hints,
 };
 use switchyard_core::worker::Rank;
 
@@ -70,6 +73,69 @@ impl WasmKvHints {
     ) -> Result<Vec<KvHint>, PolicyError> {
         ask(&mut self.guest, events, index, now)
     }
+
+    /// Give the guest's 1.1 `on-outcomes` `outcomes`, with no fallback; nothing happens for a
+    /// component without it (1.0) or for no outcomes.
+    pub fn try_on_outcomes(
+        &mut self,
+        outcomes: &[HintOutcome],
+        now: Duration,
+    ) -> Result<(), PolicyError> {
+        if outcomes.is_empty() || !self.guest.component().has_on_outcomes() {
+            return Ok(());
+        }
+        let columns = hint_outcomes(outcomes);
+        self.guest.call(|instance, store| match &instance.outcomes {
+            Some(o) => o.call_on_outcomes(store, convert::millis(now), &columns),
+            None => Ok(()),
+        })
+    }
+
+    /// Configure the policy with `params` (its 1.1 `configure`; every later instance gets them
+    /// too) and start its instance. Refused with the policy's reason, or at once when it takes
+    /// no parameters (a 1.0 component) and `params` is not empty.
+    /// The native fallback gets the same parameters when its spec takes them.
+    pub fn configure(&mut self, params: Vec<(String, String)>) -> Result<(), PolicyError> {
+        self.guest.set_params(params.clone())?;
+        self.guest.warm_up()?;
+        if !params.is_empty()
+            && let Ok(fallback) = <KvHintsKind as Kind>::native_with(self.guest.name(), &params)
+        {
+            self.fallback = fallback;
+        }
+        Ok(())
+    }
+}
+
+/// Outcomes as the WIT 1.1 columns.
+fn hint_outcomes(outcomes: &[HintOutcome]) -> HintOutcomes {
+    HintOutcomes {
+        session_ids: outcomes.iter().map(|o| o.session_id.clone()).collect(),
+        worker_ids: outcomes.iter().map(|o| o.rank.worker.0).collect(),
+        dp_ranks: outcomes.iter().map(|o| o.rank.dp_rank).collect(),
+        actions: outcomes
+            .iter()
+            .map(|o| match o.action {
+                ActionType::Demote => HintAction::Demote,
+                ActionType::Prefetch => HintAction::Prefetch,
+                ActionType::Pin => HintAction::Pin,
+                ActionType::Retain => HintAction::Retain,
+                ActionType::Evict => HintAction::Evict,
+                ActionType::Ephemeral => HintAction::Ephemeral,
+            })
+            .collect(),
+        outcomes: outcomes
+            .iter()
+            .map(|o| match o.outcome {
+                Outcome::Accepted => HintOutcomeKind::Accepted,
+                Outcome::Clipped => HintOutcomeKind::Clipped,
+                Outcome::Deferred => HintOutcomeKind::Deferred,
+                Outcome::Rejected => HintOutcomeKind::Rejected,
+                Outcome::Missing => HintOutcomeKind::Missing,
+            })
+            .collect(),
+        blocks: outcomes.iter().map(|o| o.blocks).collect(),
+    }
 }
 
 impl KvHintPolicy for WasmKvHints {
@@ -88,6 +154,18 @@ impl KvHintPolicy for WasmKvHints {
             None => self.fallback.on_events(events, index, now),
         }
     }
+
+    /// The fallback hears the outcomes too (it answers whenever the guest cannot, so it keeps
+    /// the same picture); a failed guest call is counted, never retried.
+    fn on_outcomes(&mut self, outcomes: &[HintOutcome], now: Duration) {
+        self.fallback.on_outcomes(outcomes, now);
+        if let Err(err) = self.try_on_outcomes(outcomes, now) {
+            let detail = format!("{}: on-outcomes: {err}", self.guest.name());
+            self.guest
+                .stats()
+                .record_fallback(err.reason(), Some(detail));
+        }
+    }
 }
 
 fn ask(
@@ -96,10 +174,12 @@ fn ask(
     index: &IndexState,
     now: Duration,
 ) -> Result<Vec<KvHint>, PolicyError> {
-    let wit_events: Vec<WitEvent> = events.iter().map(event).collect();
-    let wit_index = index_state(index);
+    let (wit_events, tool_results) = wit_events(events);
+    let wit_index = index_state(index, tool_results);
     let raw = guest.call(|instance, store| {
-        instance.call_on_events(store, convert::millis(now), &wit_events, &wit_index)
+        instance
+            .core
+            .call_on_events(store, convert::millis(now), &wit_events, &wit_index)
     })?;
     let hints: Vec<KvHint> = raw.into_iter().map(hint).collect();
     // A hint about a session or rank the host never reported cannot be applied; refuse them all.
@@ -107,8 +187,68 @@ fn ask(
     Ok(hints)
 }
 
-fn event(e: &LifecycleEvent) -> WitEvent {
-    WitEvent {
+// WIT 1.0 has no event case for a tool result, so tool results travel as extension columns of
+// `index-state` (wit/README.md, "Trial signals in use"): one CSV field per tool result, in
+// order. The SDK decodes them (`IndexState::tool_results`).
+
+/// Tool results: the session.
+const TOOL_RESULT_SESSION: &str = "switchyard.tool-result.session-id";
+/// Tool results: the tool's name, empty when the call named none.
+const TOOL_RESULT_TOOL: &str = "switchyard.tool-result.tool-name";
+/// Tool results: milliseconds since the turn that called the tool ended.
+const TOOL_RESULT_WAITED: &str = "switchyard.tool-result.waited-ms";
+/// Tool results: when it happened, like an event's `at-ms`.
+const TOOL_RESULT_AT: &str = "switchyard.tool-result.at-ms";
+/// Tool results: how many of the call's `events` came before it, so a guest can put it back
+/// in order.
+const TOOL_RESULT_POSITION: &str = "switchyard.tool-result.position";
+
+/// The events WIT 1.0 can carry, and the tool results among `events` as extension columns.
+fn wit_events(events: &[LifecycleEvent]) -> (Vec<WitEvent>, Vec<(String, String)>) {
+    let mut wit = Vec::with_capacity(events.len());
+    let mut results = Vec::new();
+    for e in events {
+        match &e.kind {
+            LifecycleKind::ToolResult { tool_name, waited } => {
+                results.push((e, tool_name, *waited, wit.len()));
+            }
+            _ => wit.extend(event(e)),
+        }
+    }
+    let text = |n: u64| Some(n.to_string());
+    let columns = [
+        column(
+            TOOL_RESULT_SESSION,
+            results.iter().map(|(e, ..)| Some(e.session_id.clone())),
+        ),
+        column(
+            TOOL_RESULT_TOOL,
+            results.iter().map(|(_, tool, ..)| (*tool).clone()),
+        ),
+        column(
+            TOOL_RESULT_WAITED,
+            results
+                .iter()
+                .map(|(_, _, waited, _)| text(convert::millis(*waited))),
+        ),
+        column(
+            TOOL_RESULT_AT,
+            results.iter().map(|(e, ..)| text(convert::millis(e.at))),
+        ),
+        column(
+            TOOL_RESULT_POSITION,
+            results
+                .iter()
+                .map(|(.., position)| Some(position.to_string())),
+        ),
+    ];
+    (wit, columns.into_iter().flatten().collect())
+}
+
+/// The WIT 1.0 form of `e`; `None` for kinds 1.0 has no case for (a tool result, sent as
+/// columns by [`wit_events`]).
+fn event(e: &LifecycleEvent) -> Option<WitEvent> {
+    Some(WitEvent {
         session_id: e.session_id.clone(),
         at_ms: convert::millis(e.at),
         kind: match &e.kind {
@@ -131,12 +271,13 @@ fn event(e: &LifecycleEvent) -> WitEvent {
             LifecycleKind::ThinkingStart => EventKind::ThinkingStart,
             LifecycleKind::ThinkingEnd(tokens) => EventKind::ThinkingEnd(*tokens),
             LifecycleKind::SessionEnd => EventKind::SessionEnd,
+            LifecycleKind::ToolResult { .. } => return None,
         },
         extensions: Vec::new(),
-    }
+    })
 }
 
-fn index_state(index: &IndexState) -> WitIndexState {
+fn index_state(index: &IndexState, extensions: Vec<(String, String)>) -> WitIndexState {
     let r = &index.residency;
     let u = &index.usage;
     WitIndexState {
@@ -156,7 +297,7 @@ fn index_state(index: &IndexState) -> WitIndexState {
             host_used_blocks: u.iter().map(|u| u.host_used_blocks).collect(),
             host_capacity_blocks: u.iter().map(|u| u.host_capacity_blocks).collect(),
         },
-        extensions: Vec::new(),
+        extensions,
     }
 }
 
@@ -197,6 +338,14 @@ impl Kind for KvHintsKind {
         native_kv_hints(name)
     }
 
+    fn native_with(name: &str, params: &[(String, String)]) -> Result<Box<Self::Policy>, String> {
+        let spec = std::iter::once(name.to_owned())
+            .chain(params.iter().map(|(k, v)| format!("{k}={v}")))
+            .collect::<Vec<_>>()
+            .join(":");
+        switchyard_core::kv_hints::params::native_kv_hints_spec(&spec).map_err(|e| e.to_string())
+    }
+
     fn policy_name(policy: &Self::Policy) -> &str {
         policy.name()
     }
@@ -206,26 +355,35 @@ impl Kind for KvHintsKind {
         bytes: &[u8],
         stats: Arc<PolicyStats>,
         _model: &str,
+        params: &[(String, String)],
     ) -> Result<(Metadata, Box<Self::Policy>), PolicyError> {
         let component = engine.load_kv_hints(bytes)?;
-        canary(&component)?;
+        canary(&component, params)?;
         let metadata = component.metadata().clone();
         let mut hints = WasmKvHints::new(component, stats);
         // The instance that will answer starts now, off the request path.
-        hints.guest.warm_up()?;
+        hints.configure(params.to_vec())?;
         Ok((metadata, Box::new(hints)))
     }
 }
 
 /// Run a fresh instance on sample inputs (8 resident sessions `s0`.. on 4 ranks, first with no
-/// event, then with one of every kind); any failure or impossible hint rejects the load.
-fn canary(component: &KvHintsComponent) -> Result<(), PolicyError> {
+/// event, then with one of every kind, a tool result included); any failure or impossible hint
+/// rejects the load.
+fn canary(component: &KvHintsComponent, params: &[(String, String)]) -> Result<(), PolicyError> {
     let mut trial = WasmKvHints::new(component.clone(), Arc::new(PolicyStats::default()));
+    trial.guest.set_params(params.to_vec())?;
+    // The policy's refusal of its parameters is the load's error, as the policy gave it.
+    trial.guest.warm_up()?;
     let at = Duration::from_secs(60);
     let kinds = [
         LifecycleKind::TurnEndWithToolCall {
             tool_name: Some("bash".into()),
             context_tokens: 30_000,
+        },
+        LifecycleKind::ToolResult {
+            tool_name: Some("bash".into()),
+            waited: Duration::from_secs(12),
         },
         LifecycleKind::SubagentSpawn("s8".into()),
         LifecycleKind::SubagentEnd("s8".into()),
@@ -271,5 +429,69 @@ fn canary(component: &KvHintsComponent) -> Result<(), PolicyError> {
             PolicyError::Canary(format!("on-events with {} events: {e}", events.len()))
         })?;
     }
+    let outcomes: Vec<HintOutcome> = ActionType::ALL
+        .into_iter()
+        .zip(Outcome::ALL.into_iter().cycle())
+        .enumerate()
+        .map(|(i, (action, outcome))| HintOutcome {
+            session_id: (i % 3 != 2).then(|| format!("s{i}")),
+            rank: Rank::new(i as u32 % 4, 0),
+            action,
+            outcome,
+            blocks: i as u32 * 8,
+        })
+        .collect();
+    trial
+        .try_on_outcomes(&outcomes, at)
+        .map_err(|e| PolicyError::Canary(format!("on-outcomes: {e}")))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(session: &str, ms: u64, kind: LifecycleKind) -> LifecycleEvent {
+        LifecycleEvent {
+            session_id: session.into(),
+            at: Duration::from_millis(ms),
+            kind,
+        }
+    }
+
+    fn returned(tool_name: Option<&str>, waited_ms: u64) -> LifecycleKind {
+        LifecycleKind::ToolResult {
+            tool_name: tool_name.map(str::to_owned),
+            waited: Duration::from_millis(waited_ms),
+        }
+    }
+
+    #[test]
+    fn tool_results_become_columns_with_their_place_among_the_events() {
+        let events = [
+            at("a,b", 10, returned(Some("mcp, \"x\""), 12_000)),
+            at("c", 11, LifecycleKind::ThinkingStart),
+            at("c", 12, returned(None, 999)),
+            at("d", 13, returned(Some(""), 1)),
+            at("c", 14, LifecycleKind::SessionEnd),
+        ];
+        let (wit, columns) = wit_events(&events);
+        assert_eq!(wit.len(), 2);
+        assert!(matches!(wit[0].kind, EventKind::ThinkingStart));
+        assert!(matches!(wit[1].kind, EventKind::SessionEnd));
+        let column = |key| {
+            columns
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(column(TOOL_RESULT_SESSION), Some(r#""a,b",c,d"#));
+        assert_eq!(column(TOOL_RESULT_TOOL), Some(r#""mcp, ""x""",,"""#));
+        assert_eq!(column(TOOL_RESULT_WAITED), Some("12000,999,1"));
+        assert_eq!(column(TOOL_RESULT_AT), Some("10,12,13"));
+        // Before the thinking span, then twice between it and the session end.
+        assert_eq!(column(TOOL_RESULT_POSITION), Some("0,1,1"));
+        // Without tool results there are no columns.
+        assert!(wit_events(&events[1..2]).1.is_empty());
+    }
 }

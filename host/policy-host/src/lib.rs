@@ -66,7 +66,7 @@ pub use engine::{ContentHash, EngineConfig, PolicyEngine, WIT_MAJOR};
 pub use error::PolicyError;
 pub use handles::{RegistryAdmission, RegistryKvHints, RegistryPolicy};
 pub use kv_hints::WasmKvHints;
-pub use registry::{PolicyInfo, PolicyRegistry, PolicySource, Role};
+pub use registry::{PolicyInfo, PolicyRegistry, PolicySource, Role, split_params};
 pub use router::WasmRouter;
 pub use stats::{PolicyStats, StatsSnapshot};
 pub use watch::PolicyWatcher;

@@ -198,14 +198,24 @@ impl PolicyRegistry {
     /// Resolve `name` for `role` and load it. Unless it was named `native:<name>`, the role
     /// also watches `dir/<name>.wasm`, so a file written there later replaces a built-in or a
     /// native policy.
+    ///
+    /// `name` may carry parameters, `name:key=value:...` (a `native:` name too): they go to the
+    /// component's 1.1 `configure` (a 1.0 component is refused any) or the native policy's
+    /// spec, and every hot reload of the file gets them again.
     pub fn load_named(&self, role: Role, name: &str) -> Result<PolicyInfo, PolicyError> {
+        let (name, params) = split_params(name);
+        let name = name.as_str();
         let source = self.resolve_for(role, name)?;
         let watched = match &source {
             PolicySource::File(path) => Some(path.clone()),
             PolicySource::Native(_) if name.starts_with(NATIVE_PREFIX) => None,
             PolicySource::Native(native) | PolicySource::Builtin(native) => self.dir_file(native),
         };
-        let info = self.load(role, source)?;
+        let info = {
+            let _loading = lock(&self.loading);
+            self.slot(role)
+                .load(&self.ctx, role_name(role), &source, Some(params))?
+        };
         self.slot(role).watch(watched);
         Ok(info)
     }
@@ -214,7 +224,8 @@ impl PolicyRegistry {
     /// and the error (naming the source) is kept for the listing.
     pub fn load(&self, role: Role, source: PolicySource) -> Result<PolicyInfo, PolicyError> {
         let _loading = lock(&self.loading);
-        self.slot(role).load(&self.ctx, role_name(role), &source)
+        self.slot(role)
+            .load(&self.ctx, role_name(role), &source, None)
     }
 
     /// Reload `role` whenever `path` changes (it need not exist yet).
@@ -288,6 +299,22 @@ impl PolicyRegistry {
             Role::KvHints => &self.kv_hints,
         }
     }
+}
+
+/// `spec`'s name and its parameters: the trailing `:`-separated `key=value` segments
+/// (`demote-on-tool-call:demote_threshold=2s`; `native:thunder-agent:sticky=false`).
+pub fn split_params(spec: &str) -> (String, Vec<(String, String)>) {
+    let mut segments: Vec<&str> = spec.split(':').collect();
+    let mut params = Vec::new();
+    while segments.len() > 1 {
+        let Some((key, value)) = segments.last().and_then(|s| s.split_once('=')) else {
+            break;
+        };
+        params.push((key.trim().to_owned(), value.trim().to_owned()));
+        segments.pop();
+    }
+    params.reverse();
+    (segments.join(":"), params)
 }
 
 /// Watcher events may name a file through another path than the configuration did.

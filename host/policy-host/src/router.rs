@@ -10,6 +10,7 @@ use crate::guest::Guest;
 use crate::slot::Kind;
 use crate::stats::PolicyStats;
 use std::sync::Arc;
+use std::time::Duration;
 use switchyard_core::index::Overlap;
 use switchyard_core::router::{
     Candidate, KvCost, Outcome, PolicyRequest, RoutingPolicy, Selection, native_policy,
@@ -90,12 +91,49 @@ impl WasmRouter {
         let req = convert::request(request, &self.model);
         let key = self
             .guest
-            .call(|instance, store| instance.call_queue_key(store, &req))?;
+            .call(|instance, store| instance.core.call_queue_key(store, &req))?;
         if key.is_nan() {
             return Err(PolicyError::BadOutput("queue key is NaN".into()));
         }
         Ok(key)
     }
+
+    /// The guest's 1.1 `queue-key-at` for `request` arriving at `arrival` (lower is served
+    /// first), with no fallback; `None` when the guest gives no key or lacks the export (a 1.0
+    /// component).
+    pub fn try_queue_key_at(
+        &mut self,
+        request: &PolicyRequest<'_>,
+        arrival: Duration,
+    ) -> Result<Option<f64>, PolicyError> {
+        ask_queue_key_at(&mut self.guest, &self.model, request, arrival)
+    }
+
+    /// Configure the policy with `params` (its 1.1 `configure`; every later instance gets them
+    /// too) and start its instance. Refused with the policy's reason, or at once when it takes
+    /// no parameters (a 1.0 component) and `params` is not empty.
+    pub fn configure(&mut self, params: Vec<(String, String)>) -> Result<(), PolicyError> {
+        self.guest.set_params(params)?;
+        self.guest.warm_up()
+    }
+}
+
+fn ask_queue_key_at(
+    guest: &mut Guest<RouterComponent>,
+    model: &str,
+    request: &PolicyRequest<'_>,
+    arrival: Duration,
+) -> Result<Option<f64>, PolicyError> {
+    let req = convert::request(request, model);
+    let arrival_ms = convert::millis(arrival);
+    let key = guest.call(|instance, store| match &instance.arrival {
+        Some(arrival) => arrival.call_queue_key_at(store, &req, arrival_ms),
+        None => Ok(None),
+    })?;
+    if key.is_some_and(f64::is_nan) {
+        return Err(PolicyError::BadOutput("queue key is NaN".into()));
+    }
+    Ok(key)
 }
 
 /// One `route` call: the candidates as columns in, the decision checked against them.
@@ -109,7 +147,7 @@ fn ask_route(
     convert::fill_workers(columns, candidates);
     let req = convert::route_request(request, model, candidates);
     let columns = &*columns;
-    let decision = guest.call(|instance, store| instance.call_route(store, &req, columns))?;
+    let decision = guest.call(|instance, store| instance.core.call_route(store, &req, columns))?;
     convert::selection(decision, candidates.len())
 }
 
@@ -129,12 +167,27 @@ impl RoutingPolicy for WasmRouter {
         }
     }
 
+    fn queue_key_at(&mut self, request: &PolicyRequest<'_>, arrival: Duration) -> Option<f64> {
+        if !self.guest.component().has_queue_key_at() {
+            // A 1.0 component: the queue orders as it always did for a Wasm router.
+            return self.fallback.queue_key_at(request, arrival);
+        }
+        let model = &self.model;
+        match self
+            .guest
+            .decide(|guest| ask_queue_key_at(guest, model, request, arrival))
+        {
+            Some(key) => key,
+            None => self.fallback.queue_key_at(request, arrival),
+        }
+    }
+
     fn observe(&mut self, outcome: &Outcome) {
         self.fallback.observe(outcome);
         let feedback = convert::outcome(outcome);
         let result = self
             .guest
-            .call(|instance, store| instance.call_observe(store, &feedback));
+            .call(|instance, store| instance.core.call_observe(store, &feedback));
         if let Err(err) = result {
             let detail = format!("{}: observe: {err}", self.guest.name());
             self.guest
@@ -169,21 +222,25 @@ impl Kind for RouterKind {
         bytes: &[u8],
         stats: Arc<PolicyStats>,
         model: &str,
+        params: &[(String, String)],
     ) -> Result<(Metadata, Box<Self::Policy>), PolicyError> {
         let component = engine.load_router(bytes)?;
-        canary(&component)?;
+        canary(&component, params)?;
         let metadata = component.metadata().clone();
         let mut router = WasmRouter::new(component, stats);
         router.set_model(model);
         // The instance that will answer starts now, off the request path.
-        router.guest.warm_up()?;
+        router.configure(params.to_vec())?;
         Ok((metadata, Box::new(router)))
     }
 }
 
 /// Run a fresh instance on sample inputs (1, 8 and 64 workers); any failure rejects the load.
-fn canary(component: &RouterComponent) -> Result<(), PolicyError> {
+fn canary(component: &RouterComponent, params: &[(String, String)]) -> Result<(), PolicyError> {
     let mut trial = WasmRouter::new(component.clone(), Arc::new(PolicyStats::default()));
+    trial.guest.set_params(params.to_vec())?;
+    // The policy's refusal of its parameters is the load's error, as the policy gave it.
+    trial.guest.warm_up()?;
     for workers in [1_u32, 8, 64] {
         let candidates: Vec<Candidate> = (0..workers)
             .map(|w| Candidate {
@@ -214,6 +271,9 @@ fn canary(component: &RouterComponent) -> Result<(), PolicyError> {
         trial
             .queue_key(&request)
             .map_err(|e| PolicyError::Canary(format!("queue-key: {e}")))?;
+        trial
+            .try_queue_key_at(&request, Duration::from_secs(60))
+            .map_err(|e| PolicyError::Canary(format!("queue-key-at: {e}")))?;
     }
     Ok(())
 }

@@ -26,16 +26,29 @@ pub(crate) trait Kind: Send + Sync + 'static {
 
     /// The native policy called `name`.
     fn native(name: &str) -> Option<Box<Self::Policy>>;
+    /// The native policy called `name` with `params` (its `name:key=value` spec); the reason
+    /// when it has no such policy or parameter.
+    fn native_with(name: &str, params: &[(String, String)]) -> Result<Box<Self::Policy>, String> {
+        if let Some((key, _)) = params.first() {
+            return Err(format!(
+                "native {} policy `{name}` has no parameter `{key}`",
+                Self::WORLD
+            ));
+        }
+        Self::native(name).ok_or_else(|| format!("no native {} policy `{name}`", Self::WORLD))
+    }
     /// A policy's own name.
     fn policy_name(policy: &Self::Policy) -> &str;
     /// Compile and check `bytes` as a component of this world, run its canary on sample
     /// inputs, and wrap it with its native fallback; `stats` count its calls, `model` is what
-    /// the guest sees as the model name.
+    /// the guest sees as the model name, `params` go to its 1.1 `configure` (refused for a 1.0
+    /// component unless empty).
     fn load(
         engine: &PolicyEngine,
         bytes: &[u8],
         stats: Arc<PolicyStats>,
         model: &str,
+        params: &[(String, String)],
     ) -> Result<(Metadata, Box<Self::Policy>), PolicyError>;
 }
 
@@ -70,6 +83,8 @@ pub(crate) struct Active<K: Kind> {
     metadata: Option<Metadata>,
     hash: Option<ContentHash>,
     source: PolicySource,
+    /// What it was configured with.
+    params: Vec<(String, String)>,
     pub(crate) stats: Arc<PolicyStats>,
     /// Native policies do not time themselves; Wasm ones do (they know the fallback path).
     native: bool,
@@ -88,12 +103,17 @@ impl<K: Kind> fmt::Debug for Active<K> {
 
 impl<K: Kind> Active<K> {
     fn native(name: &str) -> Option<Self> {
-        let policy = K::native(name)?;
-        Some(Self {
+        Self::native_with(name, &[]).ok()
+    }
+
+    fn native_with(name: &str, params: &[(String, String)]) -> Result<Self, PolicyError> {
+        let policy = K::native_with(name, params).map_err(PolicyError::Params)?;
+        Ok(Self {
             name: K::policy_name(&*policy).to_string(),
             metadata: None,
             hash: None,
             source: PolicySource::Native(name.to_string()),
+            params: params.to_vec(),
             stats: Arc::new(PolicyStats::default()),
             native: true,
             policy: Mutex::new(policy),
@@ -139,6 +159,8 @@ pub(crate) struct Slot<K: Kind> {
     pub(crate) current: ArcSwapOption<Active<K>>,
     previous: Mutex<Option<Arc<Active<K>>>>,
     watched: Mutex<Option<PathBuf>>,
+    /// The parameters of the last successful load, for reloads of the watched file.
+    params: Mutex<Vec<(String, String)>>,
     load_error: Mutex<Option<String>>,
 }
 
@@ -159,6 +181,7 @@ impl<K: Kind> Slot<K> {
             current: ArcSwapOption::empty(),
             previous: Mutex::new(None),
             watched: Mutex::new(None),
+            params: Mutex::new(Vec::new()),
             load_error: Mutex::new(None),
         }
     }
@@ -176,29 +199,36 @@ impl<K: Kind> Slot<K> {
         &self,
         ctx: &LoadContext,
         source: &PolicySource,
+        params: &[(String, String)],
     ) -> Result<Option<Active<K>>, PolicyError> {
         let current = self.current.load();
+        let same_params = current.as_ref().is_some_and(|c| c.params == params);
         if let PolicySource::Native(name) = source {
             // Already running natively: nothing to swap (like unchanged component bytes).
-            if current.as_ref().is_some_and(|c| c.source == *source) {
+            if same_params && current.as_ref().is_some_and(|c| c.source == *source) {
                 return Ok(None);
             }
-            return Active::native(name)
-                .map(Some)
-                .ok_or_else(|| PolicyError::Io(format!("no native {} policy `{name}`", K::WORLD)));
+            if K::native(name).is_none() {
+                return Err(PolicyError::Io(format!(
+                    "no native {} policy `{name}`",
+                    K::WORLD
+                )));
+            }
+            return Active::native_with(name, params).map(Some);
         }
         let bytes = ctx.bytes(source)?;
         let hash = ContentHash::of(&bytes);
-        if current.as_ref().is_some_and(|c| c.hash == Some(hash)) {
+        if same_params && current.as_ref().is_some_and(|c| c.hash == Some(hash)) {
             return Ok(None);
         }
         let stats = Arc::new(PolicyStats::default());
-        let (metadata, policy) = K::load(&ctx.engine, &bytes, stats.clone(), &ctx.model)?;
+        let (metadata, policy) = K::load(&ctx.engine, &bytes, stats.clone(), &ctx.model, params)?;
         Ok(Some(Active {
             name: metadata.name.clone(),
             metadata: Some(metadata),
             hash: Some(hash),
             source: source.clone(),
+            params: params.to_vec(),
             stats,
             native: false,
             policy: Mutex::new(policy),
@@ -212,13 +242,15 @@ pub(crate) trait AnySlot: Send + Sync + fmt::Debug {
     fn world(&self) -> &'static str;
     /// Whether `name` is a native policy of this world.
     fn has_native(&self, name: &str) -> bool;
-    /// Load `source` (compile, check, canary) and swap it in; on failure keep the current
-    /// policy and remember the error (naming the source) for the listing.
+    /// Load `source` (compile, check, canary) configured with `params` (`None`: those of the
+    /// last successful load, for a reload) and swap it in; on failure keep the current policy
+    /// and remember the error (naming the source) for the listing.
     fn load(
         &self,
         ctx: &LoadContext,
         role: &str,
         source: &PolicySource,
+        params: Option<Vec<(String, String)>>,
     ) -> Result<PolicyInfo, PolicyError>;
     /// Put the previous version back (the current one becomes previous).
     fn rollback(&self, role: &str) -> Result<PolicyInfo, PolicyError>;
@@ -249,9 +281,12 @@ impl<K: Kind> AnySlot for Slot<K> {
         ctx: &LoadContext,
         role: &str,
         source: &PolicySource,
+        params: Option<Vec<(String, String)>>,
     ) -> Result<PolicyInfo, PolicyError> {
-        match self.build(ctx, source) {
+        let params = params.unwrap_or_else(|| lock(&self.params).clone());
+        match self.build(ctx, source, &params) {
             Ok(Some(active)) => {
+                *lock(&self.params) = params;
                 let active = Arc::new(active);
                 let info = active.info(role, None);
                 if let PolicySource::File(path) = source {

@@ -168,8 +168,8 @@ fn component(name: &'static str) -> AdmissionComponent {
         components
             .entry(name)
             .or_insert_with(|| {
-                let bytes = switchyard_policy_artifacts::find(name).unwrap();
-                crate::patient_engine().load_admission(bytes).unwrap()
+                let bytes = crate::compat::bytes(name);
+                crate::patient_engine().load_admission(&bytes).unwrap()
             })
             .clone()
     })
@@ -179,7 +179,7 @@ fn component(name: &'static str) -> AdmissionComponent {
 /// actions of every call, or the first call where they differ.
 fn run_both(name: &'static str, scenario: &Scenario) -> Result<Vec<Vec<AdmissionAction>>, String> {
     let mut wasm = WasmAdmission::new(component(name), Arc::new(PolicyStats::default()));
-    let mut native = native_admission(name).unwrap();
+    let mut native = native_admission(crate::compat::native_name(name)).unwrap();
     let mut now = Duration::ZERO;
     let mut answers = Vec::new();
     for (i, step) in scenario.steps.iter().enumerate() {
@@ -228,7 +228,7 @@ proptest! {
 
     #[test]
     fn wasm_twins_act_exactly_like_the_native_policies(scenario in scenario()) {
-        for name in TWINS {
+        for name in TWINS.into_iter().chain([crate::compat::V1_0_THUNDER]) {
             if let Err(diff) = run_both(name, &scenario) {
                 return Err(TestCaseError::fail(diff));
             }
@@ -337,7 +337,7 @@ fn every_admission_builtin_loads_and_passes_the_canary() {
             .unwrap()
             .metadata()
             .clone();
-        assert_eq!(metadata.wit_version, "1.0.0", "{name}");
+        assert_eq!(metadata.wit_version, "1.1.0", "{name}");
     }
 }
 

@@ -80,7 +80,7 @@ fn example_conforms(lang: &str) {
 
     let component = engine.load_router_file(&path).unwrap();
     assert_eq!(component.metadata().name, name);
-    assert_eq!(component.metadata().wit_version, "1.0.0");
+    assert_eq!(component.metadata().wit_version, "1.1.0");
     let mut policy = WasmRouter::new(component, Arc::new(PolicyStats::default()));
     conforms(&name, &mut policy);
 

@@ -1,4 +1,7 @@
-//! The `kv-hints` world through the host: loading, a fixed answer, containment with fallback.
+//! The `kv-hints` world through the host: loading, a fixed answer, containment with fallback,
+//! tool results as extension columns; the built-in strategies in [`builtins`].
+
+mod builtins;
 
 use crate::{assert_wrong_world, engine, ms};
 use std::sync::Arc;

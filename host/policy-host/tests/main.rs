@@ -5,6 +5,7 @@
 mod admission;
 mod admission_builtins;
 mod builtins;
+mod compat;
 mod examples;
 mod kv_hints;
 mod wasi;
@@ -385,6 +386,52 @@ mod registry {
             policy.select(&request(100), &candidates(3)),
             Selection::Pick(0)
         );
+    }
+
+    #[test]
+    fn a_world_writable_file_never_replaces_a_good_policy() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let registry = PolicyRegistry::new(engine(), Some(dir.path().into()), &[], "m");
+        install(dir.path(), "p.wasm", &pick_first());
+        registry.load_named(Role::Router, "p").unwrap();
+        let good = registry.info(Role::Router).unwrap();
+
+        // A valid component, but anyone could have written it.
+        let path = dir.path().join("p.wasm");
+        let pick_last = Router {
+            route: route::PICK_LAST.into(),
+            ..Router::default()
+        };
+        std::fs::write(&path, pick_last.bytes()).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        registry.file_changed(&path);
+        let err = registry
+            .load(Role::Router, PolicySource::File(path.clone()))
+            .unwrap_err();
+        assert!(matches!(err, PolicyError::Untrusted(_)), "{err}");
+        assert_eq!(err.reason(), "untrusted");
+
+        let now = registry.info(Role::Router).unwrap();
+        assert_eq!(now.content_hash, good.content_hash);
+        let error = now.load_error.unwrap();
+        assert!(
+            error.contains("p.wasm") && error.contains("writable by group or others (mode 0666)"),
+            "{error}"
+        );
+        let mut policy = registry.policy();
+        assert_eq!(
+            policy.select(&request(100), &candidates(3)),
+            Selection::Pick(0)
+        );
+
+        // Fixed in place: the next change loads it.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        registry.file_changed(&path);
+        let fixed = registry.info(Role::Router).unwrap();
+        assert_ne!(fixed.content_hash, good.content_hash);
+        assert!(fixed.load_error.is_none());
     }
 
     #[test]

@@ -44,6 +44,27 @@ pub fn arrival<P: AdmissionPolicy>(
     actions.into_iter().map(action).collect()
 }
 
+/// `placement` export (1.1).
+pub fn placement<P: AdmissionPolicy>(
+    policy: &mut P,
+    now_ms: u64,
+    session_id: String,
+    state: WitSessions,
+    workers: WitUtilization,
+) -> Option<(u32, u32)> {
+    policy
+        .placement(now_ms, &session_id, &sessions(state), &utilization(workers))
+        .map(|rank| (rank.worker_id, rank.dp_rank))
+}
+
+/// `configure` export (1.1).
+pub fn configure<P: AdmissionPolicy>(
+    policy: &mut P,
+    params: Vec<(String, String)>,
+) -> Result<(), String> {
+    policy.configure(&params)
+}
+
 fn sessions(s: WitSessions) -> Sessions {
     Sessions {
         session_ids: s.session_ids,

@@ -4,11 +4,14 @@ use super::common;
 use super::kv_hints_world::switchyard::policy::kv_hint_types as wit;
 pub use super::router_world::switchyard::policy::types::PolicyMetadata as WitMetadata;
 use crate::kv_hints::{
-    Compaction, EventKind, Hint, HintKind, IndexState, KvHintPolicy, LifecycleEvent, Residency,
-    Tier, TierUsage, ToolCall,
+    Compaction, EventKind, Hint, HintAction, HintKind, HintOutcome, HintOutcomes, IndexState,
+    KvHintPolicy, LifecycleEvent, Residency, Tier, TierUsage, ToolCall,
 };
 
-pub use wit::{Hint as WitHint, IndexState as WitIndexState, LifecycleEvent as WitEvent};
+pub use wit::{
+    Hint as WitHint, HintOutcomes as WitHintOutcomes, IndexState as WitIndexState,
+    LifecycleEvent as WitEvent,
+};
 
 /// `metadata` export.
 pub fn metadata<P: KvHintPolicy>(policy: &P) -> WitMetadata {
@@ -25,6 +28,48 @@ pub fn on_events<P: KvHintPolicy>(
     let events: Vec<LifecycleEvent> = events.into_iter().map(event).collect();
     let hints = policy.on_events(now_ms, &events, &index_state(index));
     hints.into_iter().map(hint).collect()
+}
+
+/// `on-outcomes` export (1.1).
+pub fn on_outcomes<P: KvHintPolicy>(policy: &mut P, now_ms: u64, o: WitHintOutcomes) {
+    let outcomes = HintOutcomes {
+        session_ids: o.session_ids,
+        worker_ids: o.worker_ids,
+        dp_ranks: o.dp_ranks,
+        actions: o
+            .actions
+            .into_iter()
+            .map(|a| match a {
+                wit::HintAction::Demote => HintAction::Demote,
+                wit::HintAction::Prefetch => HintAction::Prefetch,
+                wit::HintAction::Pin => HintAction::Pin,
+                wit::HintAction::Retain => HintAction::Retain,
+                wit::HintAction::Evict => HintAction::Evict,
+                wit::HintAction::Ephemeral => HintAction::Ephemeral,
+            })
+            .collect(),
+        outcomes: o
+            .outcomes
+            .into_iter()
+            .map(|k| match k {
+                wit::HintOutcome::Accepted => HintOutcome::Accepted,
+                wit::HintOutcome::Clipped => HintOutcome::Clipped,
+                wit::HintOutcome::Deferred => HintOutcome::Deferred,
+                wit::HintOutcome::Rejected => HintOutcome::Rejected,
+                wit::HintOutcome::Missing => HintOutcome::Missing,
+            })
+            .collect(),
+        blocks: o.blocks,
+    };
+    policy.on_outcomes(now_ms, &outcomes);
+}
+
+/// `configure` export (1.1).
+pub fn configure<P: KvHintPolicy>(
+    policy: &mut P,
+    params: Vec<(String, String)>,
+) -> Result<(), String> {
+    policy.configure(&params)
 }
 
 fn event(e: WitEvent) -> LifecycleEvent {

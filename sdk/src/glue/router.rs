@@ -62,3 +62,20 @@ pub fn observe<P: RouterPolicy>(policy: &mut P, o: WitOutcome) {
 pub fn queue_key<P: RouterPolicy>(policy: &mut P, req: WitRequest) -> f64 {
     policy.queue_key(&common::request(req))
 }
+
+/// `queue-key-at` export (1.1).
+pub fn queue_key_at<P: RouterPolicy>(
+    policy: &mut P,
+    req: WitRequest,
+    arrival_ms: u64,
+) -> Option<f64> {
+    policy.queue_key_at(&common::request(req), arrival_ms)
+}
+
+/// `configure` export (1.1).
+pub fn configure<P: RouterPolicy>(
+    policy: &mut P,
+    params: Vec<(String, String)>,
+) -> Result<(), String> {
+    policy.configure(&params)
+}
