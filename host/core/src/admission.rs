@@ -12,7 +12,7 @@
 mod autellix;
 mod continuum;
 mod controller;
-mod params;
+pub(crate) mod params;
 mod thunder_agent;
 
 pub use autellix::{Autellix, AutellixConfig};
@@ -200,7 +200,7 @@ pub trait AdmissionPolicy: Send + std::fmt::Debug {
     /// places programs itself (ThunderAgent keeps each program on one worker and places new and
     /// resumed ones); the router then bypasses its own choice. Default: no preference.
     ///
-    /// Not in the WIT world (a later minor version may add it): Wasm policies never place.
+    /// A Wasm component places through the admission world's 1.1 `placement` export.
     fn placement(
         &mut self,
         _view: &AdmissionView,

@@ -5,13 +5,19 @@
 //! the same trait behind a Wasm component. Hints are advice: engines may clip, defer or reject
 //! each, so returning none is always safe.
 
+pub mod actions;
+pub mod params;
+pub mod sessions;
+pub mod strategies;
+
 use crate::worker::Rank;
 use std::collections::HashSet;
 use std::time::Duration;
 
 /// A storage tier a hint may name. Unlike [`crate::worker::Tier`] it includes storage shared
 /// between workers, which hints may target but the per-rank index does not track.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum HintTier {
     /// GPU memory.
     Device,
@@ -32,6 +38,14 @@ pub enum LifecycleKind {
         tool_name: Option<String>,
         /// Prompt tokens the next turn is expected to reuse.
         context_tokens: u64,
+    },
+    /// The tool result arrived: the session's next turn came in after a turn that ended in a
+    /// tool call.
+    ToolResult {
+        /// The tool's name, if the call named one.
+        tool_name: Option<String>,
+        /// Time since that turn ended: the tool's run time plus the harness's overhead.
+        waited: Duration,
     },
     /// The session spawned a subagent with this session id.
     SubagentSpawn(String),
@@ -198,7 +212,8 @@ pub fn check_hints(
     Ok(())
 }
 
-/// A KV-hint decision point. Implementations: [`NoHints`] here, and Wasm components.
+/// A KV-hint decision point. Implementations: [`NoHints`] here, the built-in [`strategies`],
+/// and Wasm components.
 pub trait KvHintPolicy: Send + std::fmt::Debug {
     /// Name for metrics and logs.
     fn name(&self) -> &str;
@@ -209,6 +224,24 @@ pub trait KvHintPolicy: Send + std::fmt::Debug {
         index: &IndexState,
         now: Duration,
     ) -> Vec<KvHint>;
+    /// What became of the block actions made of earlier hints, as they became known (the
+    /// kv-hints world's 1.1 `on-outcomes`). Default: ignore them.
+    fn on_outcomes(&mut self, _outcomes: &[HintOutcome], _now: Duration) {}
+}
+
+/// What became of one block action the host made of a hint, on one rank.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HintOutcome {
+    /// Session of the hint the action came from (`None`: the host's own action).
+    pub session_id: Option<String>,
+    /// The rank the action went to.
+    pub rank: Rank,
+    /// What it asked.
+    pub action: actions::ActionType,
+    /// What became of it.
+    pub outcome: actions::Outcome,
+    /// Blocks the outcome covers (as the engine reported, else the blocks sent).
+    pub blocks: u32,
 }
 
 /// No hints: the engines' own eviction (LRU) decides. The baseline hints are measured against.
@@ -230,12 +263,20 @@ impl KvHintPolicy for NoHints {
     }
 }
 
-/// The native KV-hint policy named `name`, if there is one.
-pub fn native_kv_hints(name: &str) -> Option<Box<dyn KvHintPolicy>> {
-    match name {
-        "no-hints" | "none" => Some(Box::new(NoHints)),
-        _ => None,
-    }
+/// Names of the native KV-hint policies, [`NoHints`] first, each with its default parameters.
+pub const NATIVE_KV_HINTS: [&str; 5] = [
+    "no-hints",
+    "demote-on-tool-call",
+    "subagent-reclaim",
+    "share-to-subagent",
+    "compaction-evict",
+];
+
+/// The native KV-hint policy `spec` names: one of [`NATIVE_KV_HINTS`] (or `none` for
+/// `no-hints`), with parameters and joined with others as [`params`] reads them
+/// (`demote-on-tool-call:demote_threshold=1s+subagent-reclaim`); `None` if it names none.
+pub fn native_kv_hints(spec: &str) -> Option<Box<dyn KvHintPolicy>> {
+    params::native_kv_hints_spec(spec).ok()
 }
 
 #[cfg(test)]
@@ -278,6 +319,12 @@ mod tests {
             Some("no-hints".into())
         );
         assert!(native_kv_hints("continuum").is_none());
+        for name in NATIVE_KV_HINTS {
+            assert_eq!(
+                native_kv_hints(name).map(|p| p.name().to_owned()),
+                Some(name.into())
+            );
+        }
     }
 
     #[test]

@@ -72,6 +72,8 @@ pub struct TurnEnd {
     pub tool_call: bool,
     /// The called tool's name, when known.
     pub tool_name: Option<String>,
+    /// The answer held a thinking span of this many tokens (`None`: it did not think).
+    pub thinking_tokens: Option<u32>,
 }
 
 /// One program.
@@ -400,6 +402,7 @@ mod tests {
             }),
             tool_call: tool.is_some(),
             tool_name: tool.map(str::to_owned),
+            thinking_tokens: None,
         }
     }
 

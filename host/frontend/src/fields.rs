@@ -23,6 +23,8 @@ pub const PASSTHROUGH_FIELDS: &[&str] = &[
     "guided_regex",
     "guided_choice",
     "guided_grammar",
+    // llama.cpp's GBNF grammar.
+    "grammar",
 ];
 
 /// Parses a request body: JSON, and an object.

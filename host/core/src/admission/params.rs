@@ -12,14 +12,36 @@ use super::{
 };
 use std::time::Duration;
 
+/// A spec's `key=value` pairs, in order.
+pub(crate) type Pairs<'a> = Vec<(&'a str, &'a str)>;
+
+/// `spec`'s name and its `key=value` pairs.
+pub(crate) fn split_spec(spec: &str) -> Result<(&str, Pairs<'_>), ParamError> {
+    let mut parts = spec.split(':');
+    let name = parts.next().unwrap_or_default().trim();
+    let pairs = parts
+        .map(|pair| {
+            pair.split_once('=')
+                .map(|(k, v)| (k.trim(), v.trim()))
+                .ok_or_else(|| ParamError::Malformed(pair.to_owned()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((name, pairs))
+}
+
 /// Why a spec could not be turned into a policy.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ParamError {
     /// Not a native admission policy.
     #[error("unknown admission policy `{0}`; expected none, thunder-agent, continuum or autellix")]
     UnknownPolicy(String),
+    /// Not a native KV-hint strategy.
+    #[error(
+        "unknown KV-hint strategy `{0}`; expected no-hints, demote-on-tool-call, subagent-reclaim, share-to-subagent or compaction-evict"
+    )]
+    UnknownKvHints(String),
     /// The policy has no such parameter.
-    #[error("admission policy {policy} has no parameter `{key}`")]
+    #[error("policy {policy} has no parameter `{key}`")]
     UnknownKey {
         /// The policy.
         policy: String,
@@ -27,10 +49,10 @@ pub enum ParamError {
         key: String,
     },
     /// A `key=value` pair without `=`.
-    #[error("admission parameter `{0}` is not key=value")]
+    #[error("policy parameter `{0}` is not key=value")]
     Malformed(String),
     /// The value does not parse.
-    #[error("admission parameter {key}={value}: expected {expected}")]
+    #[error("policy parameter {key}={value}: expected {expected}")]
     BadValue {
         /// The key.
         key: String,
@@ -60,9 +82,9 @@ pub fn parse_duration(value: &str) -> Option<Duration> {
 }
 
 /// Parses one typed value, naming the key on failure.
-struct Value<'a> {
-    key: &'a str,
-    value: &'a str,
+pub(crate) struct Value<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) value: &'a str,
 }
 
 impl Value<'_> {
@@ -74,11 +96,11 @@ impl Value<'_> {
         }
     }
 
-    fn duration(&self) -> Result<Duration, ParamError> {
+    pub(crate) fn duration(&self) -> Result<Duration, ParamError> {
         parse_duration(self.value).ok_or_else(|| self.bad("a duration such as 500ms, 5s or 30m"))
     }
 
-    fn float(&self) -> Result<f64, ParamError> {
+    pub(crate) fn float(&self) -> Result<f64, ParamError> {
         self.value
             .parse::<f64>()
             .ok()
@@ -86,22 +108,22 @@ impl Value<'_> {
             .ok_or_else(|| self.bad("a finite number"))
     }
 
-    fn int(&self) -> Result<i32, ParamError> {
+    pub(crate) fn int(&self) -> Result<i32, ParamError> {
         self.value.parse().map_err(|_| self.bad("an integer"))
     }
 
-    fn count<T: std::str::FromStr>(&self) -> Result<T, ParamError> {
+    pub(crate) fn count<T: std::str::FromStr>(&self) -> Result<T, ParamError> {
         self.value
             .parse()
             .map_err(|_| self.bad("a non-negative integer"))
     }
 
-    fn boolean(&self) -> Result<bool, ParamError> {
+    pub(crate) fn boolean(&self) -> Result<bool, ParamError> {
         self.value.parse().map_err(|_| self.bad("true or false"))
     }
 }
 
-fn unknown(policy: &str, key: &str) -> ParamError {
+pub(crate) fn unknown(policy: &str, key: &str) -> ParamError {
     ParamError::UnknownKey {
         policy: policy.to_owned(),
         key: key.to_owned(),
@@ -176,15 +198,7 @@ pub fn native_admission_spec(
     spec: &str,
     tick_interval: Duration,
 ) -> Result<Box<dyn AdmissionPolicy>, ParamError> {
-    let mut parts = spec.split(':');
-    let name = parts.next().unwrap_or_default().trim();
-    let pairs = parts
-        .map(|pair| {
-            pair.split_once('=')
-                .map(|(k, v)| (k.trim(), v.trim()))
-                .ok_or_else(|| ParamError::Malformed(pair.to_owned()))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let (name, pairs) = split_spec(spec)?;
     let apply = |set: &mut dyn FnMut(&str, &str) -> Result<(), ParamError>| {
         pairs.iter().try_for_each(|(k, v)| set(k, v))
     };

@@ -11,8 +11,8 @@
 
 use crate::hash::{BlockHasher, SequenceHash};
 use crate::worker::Tier;
-use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
 
 /// Seed of the engine's block hashes: anything but the router's 1337.
 pub const ENGINE_SEED: u64 = 0x6d6f_636b_5f6b_7663;
@@ -53,6 +53,20 @@ struct Block {
     refs: u32,
     prev: u32,
     next: u32,
+    /// What a hint said about the cached block (cleared when it leaves the cache).
+    mark: Mark,
+}
+
+/// A hint's eviction bias on a cached block: where it goes when nobody references it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Mark {
+    /// The back of the free list (least recently used goes first).
+    #[default]
+    Plain,
+    /// The front of the free list: evicted before anything else (ephemeral, evict).
+    EvictFirst,
+    /// The retained list: evicted only once the free list has nothing else (retain).
+    Retained,
 }
 
 /// Unreferenced blocks, evicted from the front. It is threaded through the blocks themselves so
@@ -67,6 +81,12 @@ struct FreeList {
 // === impl FreeList ===
 
 impl FreeList {
+    const EMPTY: FreeList = FreeList {
+        head: NIL,
+        tail: NIL,
+        len: 0,
+    };
+
     fn push_back(&mut self, blocks: &mut [Block], id: u32) {
         blocks[id as usize].prev = self.tail;
         blocks[id as usize].next = NIL;
@@ -100,14 +120,6 @@ impl FreeList {
             next => blocks[next as usize].prev = prev,
         }
         self.len -= 1;
-    }
-
-    fn pop_front(&mut self, blocks: &mut [Block]) -> Option<u32> {
-        let id = self.head;
-        (id != NIL).then(|| {
-            self.unlink(blocks, id);
-            id
-        })
     }
 }
 
@@ -155,6 +167,8 @@ pub struct KvCache {
     hasher: BlockHasher,
     blocks: Vec<Block>,
     free: FreeList,
+    /// Unreferenced blocks a retain hint marked: evicted only when `free` is empty.
+    retained: FreeList,
     cached: HashMap<u64, u32>,
     /// Blocks promised to admitted sequences, not yet taken; never more than the free list holds.
     reserved: usize,
@@ -162,6 +176,28 @@ pub struct KvCache {
     /// Blocks cached since the last [`KvCache::take_stored`], kept only once
     /// [`KvCache::log_stored`] turned it on (the engine's lower tiers write them through).
     stored: Option<Vec<StoredBlock>>,
+    /// With the log on: each slot's parent and tokens, so that a hint can write a cached block
+    /// to a lower tier long after it was computed.
+    contents: Option<SlotContents>,
+}
+
+/// What each device slot holds, for the blocks cached in it.
+#[derive(Debug, Clone)]
+struct SlotContents {
+    parents: Vec<Option<u64>>,
+    /// `block_size` tokens per slot.
+    tokens: Vec<u32>,
+}
+
+/// Where a cached block stands, for a hint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Residency {
+    /// Not cached on the device.
+    Absent,
+    /// Cached and referenced by nobody: evictable.
+    Free,
+    /// Cached and referenced (by a running request or a pin).
+    InUse,
 }
 
 /// A block the device cache just cached: what write-through to a lower tier needs.
@@ -190,15 +226,13 @@ impl KvCache {
         let mut cache = Self {
             hasher: BlockHasher::with_seed(block_size, ENGINE_SEED),
             blocks: Vec::with_capacity(num_blocks),
-            free: FreeList {
-                head: NIL,
-                tail: NIL,
-                len: 0,
-            },
+            free: FreeList::EMPTY,
+            retained: FreeList::EMPTY,
             cached: HashMap::new(),
             reserved: 0,
             events: Vec::new(),
             stored: None,
+            contents: None,
         };
         for id in 0..num_blocks as u32 {
             cache.blocks.push(Block {
@@ -206,6 +240,7 @@ impl KvCache {
                 refs: 0,
                 prev: NIL,
                 next: NIL,
+                mark: Mark::Plain,
             });
             cache.free.push_back(&mut cache.blocks, id);
         }
@@ -224,7 +259,12 @@ impl KvCache {
 
     /// Blocks referenced by sequences.
     pub fn used_blocks(&self) -> usize {
-        self.blocks.len() - self.free.len
+        self.blocks.len() - self.free_len()
+    }
+
+    /// Unreferenced blocks, cached or not.
+    fn free_len(&self) -> usize {
+        self.free.len + self.retained.len
     }
 
     /// Fraction of blocks referenced by sequences (vLLM's `kv_cache_usage_perc`).
@@ -271,12 +311,12 @@ impl KvCache {
             .iter()
             .filter(|&&id| self.blocks[id as usize].refs == 0)
             .count();
-        if self.free.len < self.reserved + free_hits + fresh {
+        if self.free_len() < self.reserved + free_hits + fresh {
             return None;
         }
         for &id in &hits {
             if self.blocks[id as usize].refs == 0 {
-                self.free.unlink(&mut self.blocks, id);
+                self.unlink_free(id);
             }
             self.blocks[id as usize].refs += 1;
         }
@@ -311,6 +351,9 @@ impl KvCache {
                 Entry::Vacant(slot) => {
                     slot.insert(table.blocks[i]);
                     self.blocks[table.blocks[i] as usize].hash = Some(hash);
+                    if let Some(contents) = &mut self.contents {
+                        contents.record(table.blocks[i], parent.map(|p| p.0), block);
+                    }
                     if let Some(stored) = &mut self.stored {
                         stored.push(StoredBlock {
                             hash,
@@ -339,12 +382,28 @@ impl KvCache {
             let block = &mut self.blocks[id as usize];
             block.refs -= 1;
             if block.refs == 0 {
-                if block.hash.is_some() {
-                    self.free.push_back(&mut self.blocks, id);
-                } else {
-                    self.free.push_front(&mut self.blocks, id);
-                }
+                self.push_free(id);
             }
+        }
+    }
+
+    /// Put an unreferenced block where its state says: anonymous and evict-first blocks at the
+    /// front, retained ones on their own list, the rest at the back.
+    fn push_free(&mut self, id: u32) {
+        let block = &self.blocks[id as usize];
+        match (block.hash, block.mark) {
+            (None, _) | (Some(_), Mark::EvictFirst) => self.free.push_front(&mut self.blocks, id),
+            (Some(_), Mark::Plain) => self.free.push_back(&mut self.blocks, id),
+            (Some(_), Mark::Retained) => self.retained.push_back(&mut self.blocks, id),
+        }
+    }
+
+    /// Take an unreferenced block off whichever free list holds it.
+    fn unlink_free(&mut self, id: u32) {
+        if self.blocks[id as usize].mark == Mark::Retained {
+            self.retained.unlink(&mut self.blocks, id);
+        } else {
+            self.free.unlink(&mut self.blocks, id);
         }
     }
 
@@ -354,8 +413,13 @@ impl KvCache {
         if self.used_blocks() > 0 || self.reserved > 0 {
             return false;
         }
-        for block in &mut self.blocks {
+        self.free = FreeList::EMPTY;
+        self.retained = FreeList::EMPTY;
+        for id in 0..self.blocks.len() as u32 {
+            let block = &mut self.blocks[id as usize];
             block.hash = None;
+            block.mark = Mark::Plain;
+            self.free.push_back(&mut self.blocks, id);
         }
         self.cached.clear();
         self.events.push(CacheEvent::Cleared);
@@ -365,6 +429,11 @@ impl KvCache {
     /// Keep a log of the blocks cached from now on, for [`KvCache::take_stored`].
     pub fn log_stored(&mut self) {
         self.stored.get_or_insert_with(Vec::new);
+        let (slots, block_size) = (self.blocks.len(), self.block_size());
+        self.contents.get_or_insert_with(|| SlotContents {
+            parents: vec![None; slots],
+            tokens: vec![0; slots * block_size],
+        });
     }
 
     /// Blocks cached since the last call, oldest first (empty unless [`KvCache::log_stored`]).
@@ -382,15 +451,35 @@ impl KvCache {
         std::mem::take(&mut self.events)
     }
 
-    /// Take the least recently used free block, evicting what it caches.
+    /// Take the least recently used free block for a reservation, evicting what it caches.
     fn take_free(&mut self) -> u32 {
         let id = self
-            .free
-            .pop_front(&mut self.blocks)
+            .evict_lru()
             .expect("reservations never exceed the free list");
         self.reserved -= 1;
+        self.blocks[id as usize].refs = 1;
+        id
+    }
+
+    /// The block eviction takes next: the free list's front, retained blocks only after it.
+    fn next_victim(&self) -> Option<u32> {
+        [self.free.head, self.retained.head]
+            .into_iter()
+            .find(|&id| id != NIL)
+    }
+
+    /// Take the next victim off its free list and un-cache it (an event if it was cached).
+    fn evict_lru(&mut self) -> Option<u32> {
+        let id = self.next_victim()?;
+        self.unlink_free(id);
+        self.uncache(id);
+        Some(id)
+    }
+
+    /// Forget what block `id` caches, with a removal event; it keeps its place and refs.
+    fn uncache(&mut self, id: u32) {
         let block = &mut self.blocks[id as usize];
-        block.refs = 1;
+        block.mark = Mark::Plain;
         if let Some(hash) = block.hash.take() {
             self.cached.remove(&hash);
             match self.events.last_mut() {
@@ -401,7 +490,149 @@ impl KvCache {
                 }),
             }
         }
-        id
+    }
+
+    /// Where the block cached under `hash` stands.
+    pub(crate) fn residency(&self, hash: u64) -> Residency {
+        match self.cached.get(&hash) {
+            None => Residency::Absent,
+            Some(&id) if self.blocks[id as usize].refs == 0 => Residency::Free,
+            Some(_) => Residency::InUse,
+        }
+    }
+
+    /// The cached block `hash` as write-through needs it: slot, parent and tokens (only with
+    /// the stored log on).
+    pub(crate) fn cached_block(&self, hash: u64) -> Option<StoredBlock> {
+        let &slot = self.cached.get(&hash)?;
+        let contents = self.contents.as_ref()?;
+        let start = slot as usize * self.block_size();
+        Some(StoredBlock {
+            hash,
+            parent: contents.parents[slot as usize],
+            slot,
+            token_ids: contents.tokens[start..start + self.block_size()].to_vec(),
+        })
+    }
+
+    /// Drop the device copy of an unreferenced cached block (a removal event): its slot is
+    /// the first to be reused. `false` if it is not cached or is in use.
+    pub(crate) fn drop_free(&mut self, hash: u64) -> bool {
+        if self.residency(hash) != Residency::Free {
+            return false;
+        }
+        let Some(&id) = self.cached.get(&hash) else {
+            return false;
+        };
+        self.unlink_free(id);
+        self.uncache(id);
+        self.free.push_front(&mut self.blocks, id);
+        true
+    }
+
+    /// Have the cached block `hash` evicted before anything else once unreferenced.
+    pub(crate) fn evict_first(&mut self, hash: u64) -> Residency {
+        self.remark(hash, |_| Mark::EvictFirst)
+    }
+
+    /// Have the cached block `hash` evicted only after every unmarked free block.
+    pub(crate) fn retain(&mut self, hash: u64) -> Residency {
+        self.remark(hash, |_| Mark::Retained)
+    }
+
+    /// Make the cached block `hash` the most recently used of its kind (a prefetch wants it:
+    /// that outranks an earlier evict-first mark, not a retain).
+    pub(crate) fn touch(&mut self, hash: u64) -> Residency {
+        self.remark(hash, |mark| match mark {
+            Mark::EvictFirst => Mark::Plain,
+            mark => mark,
+        })
+    }
+
+    fn remark(&mut self, hash: u64, mark: impl FnOnce(Mark) -> Mark) -> Residency {
+        let residency = self.residency(hash);
+        let Some(&id) = self.cached.get(&hash) else {
+            return residency;
+        };
+        if residency == Residency::Free {
+            self.unlink_free(id);
+        }
+        let block = &mut self.blocks[id as usize];
+        block.mark = mark(block.mark);
+        if residency == Residency::Free {
+            self.push_free(id);
+        }
+        residency
+    }
+
+    /// Free blocks not promised to admitted sequences: what a load may take.
+    pub(crate) fn spare_blocks(&self) -> usize {
+        self.free_len() - self.reserved
+    }
+
+    /// Cache a block loaded from a lower tier, unreferenced and most recently used, in the
+    /// slot of the eviction victim (a removal event for what it held, a store event for it).
+    /// `None` without a spare block, or when the victim is one of `keep`.
+    pub(crate) fn load(
+        &mut self,
+        hash: u64,
+        parent: Option<u64>,
+        token_ids: &[u32],
+        keep: &HashSet<u64>,
+    ) -> Option<u32> {
+        if self.cached.contains_key(&hash) || self.spare_blocks() == 0 {
+            return None;
+        }
+        let victim = self.next_victim()?;
+        if self.blocks[victim as usize]
+            .hash
+            .is_some_and(|h| keep.contains(&h))
+        {
+            return None;
+        }
+        let id = self.evict_lru()?;
+        self.blocks[id as usize].hash = Some(hash);
+        self.cached.insert(hash, id);
+        self.free.push_back(&mut self.blocks, id);
+        if let Some(contents) = &mut self.contents {
+            contents.record(id, parent, token_ids);
+        }
+        if let Some(stored) = &mut self.stored {
+            stored.push(StoredBlock {
+                hash,
+                parent,
+                slot: id,
+                token_ids: token_ids.to_vec(),
+            });
+        }
+        // Consecutive blocks of one prefix go out as one event.
+        match self.events.last_mut() {
+            Some(CacheEvent::Stored {
+                tier: Tier::Device,
+                hashes,
+                token_ids: tokens,
+                ..
+            }) if parent.is_some() && hashes.last() == parent.as_ref() => {
+                hashes.push(hash);
+                tokens.extend_from_slice(token_ids);
+            }
+            _ => self.events.push(CacheEvent::Stored {
+                tier: Tier::Device,
+                hashes: vec![hash],
+                parent,
+                token_ids: token_ids.to_vec(),
+            }),
+        }
+        Some(id)
+    }
+
+    /// Hold a reference on the cached block `hash` (a pin): eviction skips it until the table
+    /// is released. `None` if it is not cached, or is free and every free block is promised.
+    pub(crate) fn hold(&mut self, hash: u64) -> Option<BlockTable> {
+        if !self.cached.contains_key(&hash) {
+            return None;
+        }
+        self.allocate(&[hash], 1)
     }
 
     /// Emit `Stored` for the table's blocks `range`, if any.
@@ -416,6 +647,16 @@ impl KvCache {
             token_ids: tokens[range.start * block_size..range.end * block_size].to_vec(),
             hashes: table.hashes[range].to_vec(),
         });
+    }
+}
+
+// === impl SlotContents ===
+
+impl SlotContents {
+    fn record(&mut self, slot: u32, parent: Option<u64>, tokens: &[u32]) {
+        let start = slot as usize * tokens.len();
+        self.parents[slot as usize] = parent;
+        self.tokens[start..start + tokens.len()].copy_from_slice(tokens);
     }
 }
 

@@ -20,6 +20,11 @@
 //! With [`EngineConfig::pool`] the engine also reads from and writes to a shared pool (G4) that
 //! its driver owns (see "Driving a shared pool" below). Without it nothing differs either.
 //!
+//! [`EngineModel::apply_hints`] executes KV hints (the `switchyard.kv.*` actions of a
+//! `kv_hints` envelope: demote, prefetch, evict, pin, retain, ephemeral) on these tiers, now in
+//! model time; their movements come out of the next step like any other. Hints change where
+//! bytes live, never what a request computes.
+//!
 //! ```
 //! use switchyard_core::engine::{EngineConfig, EngineModel, EngineRequest};
 //!
@@ -29,6 +34,7 @@
 //!     prompt: (0..100).collect(),
 //!     max_tokens: 2,
 //!     pool_prefix_blocks: 0,
+//!     max_offload_tokens: None,
 //! })?;
 //! let mut tokens = Vec::new();
 //! while engine.has_work() {
@@ -65,10 +71,12 @@
 //! passed, before the next step (a slot named by one is valid until then).
 
 mod cache;
+mod hints;
 mod tiers;
 mod timing;
 
 pub use cache::{BlockTable, CacheEvent, ENGINE_SEED, KvCache, StoredBlock};
+pub use hints::{HintsError, PIN_BUDGET_DIVISOR};
 pub use tiers::{
     DEFAULT_BLOCK_BYTES, DEFAULT_DISK_BANDWIDTH, DEFAULT_HOST_BANDWIDTH, DEFAULT_POOL_BANDWIDTH,
     DiskTierConfig, HostTierConfig, KvTransfer, PoolTierConfig, TierStats,
@@ -202,6 +210,11 @@ pub struct EngineRequest {
     /// shared pool holds, as the driver looked it up at arrival. 0 without a pool; ignored
     /// unless [`EngineConfig::pool`] is set.
     pub pool_prefix_blocks: usize,
+    /// vLLM's `kv_transfer_params.max_offload_tokens`: blocks that end past this many tokens
+    /// of the sequence are neither written through to the host tier nor published to the pool,
+    /// and are evicted first once free. The client does not expect to reuse them (a thinking
+    /// span the chat template drops from the next turn). `None`: no limit.
+    pub max_offload_tokens: Option<u64>,
 }
 
 /// One generated token.
@@ -283,6 +296,11 @@ struct Running {
     /// Seeds the output tokens, so that equal prompts produce equal text.
     seed: u64,
     table: BlockTable,
+    /// Full blocks that may be offloaded ([`EngineRequest::max_offload_tokens`]); the ones after
+    /// them are ephemeral.
+    offload_blocks: usize,
+    /// Blocks of `table` already marked ephemeral or below the limit.
+    marked_blocks: usize,
 }
 
 /// The simulated engine.
@@ -297,6 +315,8 @@ pub struct EngineModel {
     pool: Option<PoolTier>,
     /// Simulated time: the sum of the step durations so far (the host tier's clock).
     clock: Duration,
+    /// Pins of KV hints, and what hints did since the last step.
+    hints: hints::HintState,
 }
 
 // === impl EngineModel ===
@@ -323,6 +343,7 @@ impl EngineModel {
             host,
             pool,
             clock: Duration::ZERO,
+            hints: hints::HintState::default(),
         })
     }
 
@@ -334,6 +355,19 @@ impl EngineModel {
     /// The KV cache, to inspect.
     pub fn cache(&self) -> &KvCache {
         &self.cache
+    }
+
+    /// Simulated time so far: the step durations, plus idle time a driver let pass
+    /// ([`EngineModel::advance_clock_to`]). Hint pins expire by it.
+    pub fn clock(&self) -> Duration {
+        self.clock
+    }
+
+    /// Let simulated time reach `now` with nothing computed: a driver whose engine sat idle
+    /// (the simulator's clock, or real time for the mock engine) keeps hint pins expiring on
+    /// time. An earlier `now` changes nothing.
+    pub fn advance_clock_to(&mut self, now: Duration) {
+        self.clock = self.clock.max(now);
     }
 
     /// Queue a request; it is admitted by a later [`EngineModel::step`].
@@ -391,9 +425,15 @@ impl EngineModel {
         self.cache.release(pin);
     }
 
-    /// Drop every cached block; refused (`false`) while requests run. The next step reports it.
+    /// Drop every cached block and every hint pin; refused (`false`) while requests run or
+    /// [`EngineModel::pin`]s hold blocks. The next step reports it.
     pub fn reset_prefix_cache(&mut self) -> bool {
-        if !(self.running.is_empty() && self.cache.reset()) {
+        let only_hint_pins = self.cache.used_blocks() == self.hints.pinned_blocks();
+        if !(self.running.is_empty() && only_hint_pins) {
+            return false;
+        }
+        self.hints.release_all(&mut self.cache);
+        if !self.cache.reset() {
             return false;
         }
         if let Some(host) = &mut self.host {
@@ -404,7 +444,10 @@ impl EngineModel {
 
     /// Whether [`EngineModel::step`] has anything to do. When not, the driver waits for input.
     pub fn has_work(&self) -> bool {
-        !self.running.is_empty() || !self.waiting.is_empty() || self.cache.has_events()
+        !self.running.is_empty()
+            || !self.waiting.is_empty()
+            || self.cache.has_events()
+            || self.hints.has_pending()
     }
 
     /// Current gauges and counters.
@@ -427,7 +470,13 @@ impl EngineModel {
     /// limit and the KV blocks allow.
     pub fn step(&mut self) -> Step {
         let mut budget = self.config.max_batched_tokens;
-        let mut pass = Pass::default();
+        self.hints.expire(&mut self.cache, self.clock);
+        // What hints did since the last step comes first, in order.
+        let mut pass = Pass {
+            events: std::mem::take(&mut self.hints.events),
+            transfers: std::mem::take(&mut self.hints.transfers),
+            ..Pass::default()
+        };
         let mut outputs = Vec::new();
         let vocab = self.config.output_vocab.clone();
         let now = Tick(self.clock.as_nanos() as u64);
@@ -446,11 +495,15 @@ impl EngineModel {
                 &mut self.pool,
                 &mut pass,
                 now,
+                seq,
             );
         }
         let mut admitted = Vec::new();
         while budget > 0 && self.running.len() < self.config.max_num_seqs {
-            let Some(mut seq) = self.admit_next(&mut pass, now) else {
+            let Some(mut seq) = self
+                .admit_next(&mut pass, now)
+                .or_else(|| self.admit_past_pins(&mut pass, now))
+            else {
                 break;
             };
             admitted.push(Admitted {
@@ -471,6 +524,7 @@ impl EngineModel {
                 &mut self.pool,
                 &mut pass,
                 now,
+                &mut seq,
             );
             self.running.push(seq);
         }
@@ -508,6 +562,20 @@ impl EngineModel {
     /// written.
     fn blocks_needed(&self, request: &EngineRequest) -> usize {
         (request.prompt.len() + request.max_tokens as usize - 1).div_ceil(self.config.block_size)
+    }
+
+    /// With nothing running, nothing will free blocks but hint pins: release them, the soonest
+    /// to expire first, until the head of the queue fits (pins never wedge the engine).
+    fn admit_past_pins(&mut self, pass: &mut Pass, now: Tick) -> Option<Running> {
+        if !self.running.is_empty() || self.waiting.is_empty() {
+            return None;
+        }
+        while self.hints.release_soonest(&mut self.cache) {
+            if let Some(seq) = self.admit_next(pass, now) {
+                return Some(seq);
+            }
+        }
+        None
     }
 
     /// Move the head of the queue to running if its blocks fit. The part of its prefix that the
@@ -603,6 +671,10 @@ impl EngineModel {
             seed: xxh3_64_with_seed(&prompt_bytes, ENGINE_SEED),
             tokens: request.prompt,
             table,
+            offload_blocks: request
+                .max_offload_tokens
+                .map_or(usize::MAX, |t| t as usize / self.config.block_size),
+            marked_blocks: 0,
         })
     }
 }
@@ -619,20 +691,37 @@ struct Pass {
     transfers: Vec<KvTransfer>,
 }
 
-/// With a host tier or a pool: move the device's events so far into the pass, record the blocks
-/// just computed, publish them and write them through.
+/// After `seq` computed: its blocks past its offload limit are evicted first; with a host tier
+/// or a pool, move the device's events so far into the pass, record the blocks just computed,
+/// publish them and write them through, except the ephemeral ones.
 fn sync_tiers(
     cache: &mut KvCache,
     host: &mut Option<HostTier>,
     pool: &mut Option<PoolTier>,
     pass: &mut Pass,
     now: Tick,
+    seq: &mut Running,
 ) {
+    // The blocks computed since the last call that are past the limit.
+    let computed = seq.table.hashes().len();
+    let from = seq.offload_blocks.max(seq.marked_blocks).min(computed);
+    seq.marked_blocks = computed;
+    let ephemeral = &seq.table.hashes()[from..];
+    for &hash in ephemeral {
+        cache.evict_first(hash);
+    }
     if host.is_none() && pool.is_none() {
         return;
     }
     pass.events.extend(cache.take_events());
-    let stored = cache.take_stored();
+    let mut stored = cache.take_stored();
+    if !ephemeral.is_empty() {
+        let before = stored.len();
+        stored.retain(|b| !ephemeral.contains(&b.hash));
+        if let Some(host) = host {
+            host.skipped_ephemeral((before - stored.len()) as u64);
+        }
+    }
     pass.transfers
         .extend(stored.iter().map(|b| KvTransfer::Computed {
             hash: b.hash,

@@ -225,6 +225,17 @@ pub struct TierStats {
     pub disk_hit_tokens: u64,
     /// Simulated time spent loading from disk.
     pub disk_onboard_time: Duration,
+    /// Blocks prefetch hints loaded into the device from the host or disk, in the background.
+    pub prefetched_blocks: u64,
+    /// Bytes of those loads.
+    pub prefetched_bytes: u64,
+    /// Transfer time of those loads: the engine's background copy time, charged to no request.
+    pub prefetch_time: Duration,
+    /// Blocks demote hints moved down (their device or host copy dropped, a copy kept below).
+    pub demoted_blocks: u64,
+    /// Computed blocks past their request's `max_offload_tokens`, not written through (nor
+    /// published) because the client does not expect to reuse them.
+    pub ephemeral_blocks: u64,
 }
 
 impl std::ops::AddAssign for TierStats {
@@ -253,6 +264,11 @@ impl std::ops::AddAssign for TierStats {
         self.disk_evictions += other.disk_evictions;
         self.disk_hit_tokens += other.disk_hit_tokens;
         self.disk_onboard_time += other.disk_onboard_time;
+        self.prefetched_blocks += other.prefetched_blocks;
+        self.prefetched_bytes += other.prefetched_bytes;
+        self.prefetch_time += other.prefetch_time;
+        self.demoted_blocks += other.demoted_blocks;
+        self.ephemeral_blocks += other.ephemeral_blocks;
     }
 }
 
@@ -272,16 +288,17 @@ pub(crate) struct HostTier {
     pool: BlockPool,
     stats: TierStats,
     disk: Option<DiskTier>,
-    /// With a disk tier: where each host block is, its parent and tokens, so that an eviction
-    /// can be written to disk and described there.
+    /// Where each host block is, its parent and tokens, so that an eviction can be written to
+    /// disk and a prefetch can describe what it loads.
     resident: HashMap<u64, Resident>,
 }
 
-#[derive(Debug)]
-struct Resident {
-    slot: u32,
-    parent: Option<u64>,
-    token_ids: Vec<u32>,
+/// A block a tier holds, as a load into the device needs it.
+#[derive(Debug, Clone)]
+pub(crate) struct Resident {
+    pub(crate) slot: u32,
+    pub(crate) parent: Option<u64>,
+    pub(crate) token_ids: Vec<u32>,
 }
 
 // === impl HostTier ===
@@ -345,6 +362,11 @@ impl HostTier {
         time
     }
 
+    /// Count blocks kept from write-through by their request's offload limit.
+    pub(crate) fn skipped_ephemeral(&mut self, blocks: u64) {
+        self.stats.ephemeral_blocks += blocks;
+    }
+
     /// Write through the blocks the device just cached: copy each one the host lacks into a
     /// host slot (evicting what the pool says), and report the host's stores and removals.
     pub(crate) fn write_through(
@@ -381,14 +403,12 @@ impl HostTier {
                 from: (Tier::Device, block.slot),
                 to: (Tier::Host, slot),
             });
-            if self.disk.is_some() {
-                let resident = Resident {
-                    slot,
-                    parent: block.parent,
-                    token_ids: block.token_ids.clone(),
-                };
-                self.resident.insert(block.hash, resident);
-            }
+            let resident = Resident {
+                slot,
+                parent: block.parent,
+                token_ids: block.token_ids.clone(),
+            };
+            self.resident.insert(block.hash, resident);
             self.stats.offloaded_blocks += 1;
             self.stats.offloaded_bytes += self.config.block_bytes;
             // Consecutive blocks of a sequence go out as one event, as vLLM batches them.
@@ -415,6 +435,132 @@ impl HostTier {
         }
     }
 
+    /// Whether a disk tier is behind this one.
+    pub(crate) fn has_disk(&self) -> bool {
+        self.disk.is_some()
+    }
+
+    /// Whether the host tier holds `hash`.
+    pub(crate) fn holds(&self, hash: u64) -> bool {
+        self.pool.contains(SequenceHash(hash))
+    }
+
+    /// Mark `hash` as just used in the host tier; whether the host holds it.
+    pub(crate) fn touch(&self, hash: u64, now: Tick) -> bool {
+        self.pool.touch(SequenceHash(hash), now)
+    }
+
+    /// Whether the disk tier holds `hash`.
+    pub(crate) fn disk_holds(&self, hash: u64) -> bool {
+        self.disk.as_ref().is_some_and(|disk| disk.holds(hash))
+    }
+
+    /// The nearest copy of `hash` below the device (host, then disk), marked as just used.
+    pub(crate) fn find(&self, hash: u64, now: Tick) -> Option<(Tier, Resident)> {
+        if self.pool.touch(SequenceHash(hash), now)
+            && let Some(resident) = self.resident.get(&hash)
+        {
+            return Some((Tier::Host, resident.clone()));
+        }
+        let disk = self.disk.as_ref()?.find(hash, now)?;
+        Some((Tier::Disk, disk.clone()))
+    }
+
+    /// Replace the retention of `hash` in the host and disk tiers; `false` if neither holds
+    /// it.
+    pub(crate) fn set_retention(&self, hash: u64, retention: Retention, now: Tick) -> bool {
+        let host = self.pool.set_retention(SequenceHash(hash), retention, now);
+        let disk = self
+            .disk
+            .as_ref()
+            .is_some_and(|disk| disk.set_retention(hash, retention, now));
+        host || disk
+    }
+
+    /// Drop the host copy of `hash` without writing it to disk (a removal event); `false` if
+    /// there is none.
+    pub(crate) fn drop_block(
+        &mut self,
+        hash: u64,
+        now: Tick,
+        events: &mut Vec<CacheEvent>,
+        transfers: &mut Vec<KvTransfer>,
+    ) -> bool {
+        if !self.pool.invalidate(SequenceHash(hash)) {
+            return false;
+        }
+        // Forgotten first, so that the removal below does not write it to disk.
+        self.resident.remove(&hash);
+        self.removals(now, events, transfers);
+        true
+    }
+
+    /// Drop the disk copy of `hash` (a removal event); `false` if there is none.
+    pub(crate) fn drop_disk_block(&mut self, hash: u64, events: &mut Vec<CacheEvent>) -> bool {
+        self.disk
+            .as_mut()
+            .is_some_and(|disk| disk.drop_block(hash, events))
+    }
+
+    /// Move the host copy of `hash` to disk: written there from its host slot, then dropped
+    /// from the host. Whether the disk holds it after.
+    pub(crate) fn move_to_disk(
+        &mut self,
+        hash: u64,
+        now: Tick,
+        events: &mut Vec<CacheEvent>,
+        transfers: &mut Vec<KvTransfer>,
+    ) -> bool {
+        if self.pool.invalidate(SequenceHash(hash)) {
+            // The host's removal path writes what it drops to disk.
+            self.removals(now, events, transfers);
+        }
+        self.disk_holds(hash)
+    }
+
+    /// Write a device block straight to disk (a demote past a host that lacks it). Whether
+    /// the disk holds it after.
+    pub(crate) fn write_to_disk(
+        &mut self,
+        block: StoredBlock,
+        now: Tick,
+        events: &mut Vec<CacheEvent>,
+        transfers: &mut Vec<KvTransfer>,
+    ) -> bool {
+        let Some(disk) = &mut self.disk else {
+            return false;
+        };
+        let hash = block.hash;
+        let block = Demoted {
+            hash,
+            parent: block.parent,
+            token_ids: block.token_ids,
+            from: (Tier::Device, block.slot),
+        };
+        disk.demote(block, now, events, transfers);
+        disk.holds(hash)
+    }
+
+    /// Account for a prefetch that loaded `host_blocks` from the host and `disk_blocks` from
+    /// disk, in the background; returns the transfer time.
+    pub(crate) fn charge_prefetch(&mut self, host_blocks: usize, disk_blocks: usize) -> Duration {
+        let disk_time = self
+            .disk
+            .as_ref()
+            .map_or(Duration::ZERO, |disk| disk.load_time(disk_blocks));
+        let time = self.config.load_time(host_blocks) + disk_time;
+        let blocks = (host_blocks + disk_blocks) as u64;
+        self.stats.prefetched_blocks += blocks;
+        self.stats.prefetched_bytes += blocks * self.config.block_bytes;
+        self.stats.prefetch_time += time;
+        time
+    }
+
+    /// Count a block a demote moved down.
+    pub(crate) fn count_demoted(&mut self) {
+        self.stats.demoted_blocks += 1;
+    }
+
     /// Report the host's evictions; with a disk tier, write each one to disk first (its host
     /// slot is only overwritten by the copies that follow).
     fn removals(
@@ -424,22 +570,16 @@ impl HostTier {
         transfers: &mut Vec<KvTransfer>,
     ) {
         let removed = self.pool.drain_removed();
-        if let Some(disk) = &mut self.disk {
-            for hash in &removed {
-                if let Some(Resident {
-                    slot,
-                    parent,
-                    token_ids,
-                }) = self.resident.remove(&hash.0)
-                {
-                    let block = Demoted {
-                        hash: hash.0,
-                        parent,
-                        token_ids,
-                        host_slot: slot,
-                    };
-                    disk.demote(block, now, events, transfers);
-                }
+        for hash in &removed {
+            let resident = self.resident.remove(&hash.0);
+            if let (Some(disk), Some(resident)) = (&mut self.disk, resident) {
+                let block = Demoted {
+                    hash: hash.0,
+                    parent: resident.parent,
+                    token_ids: resident.token_ids,
+                    from: (Tier::Host, resident.slot),
+                };
+                disk.demote(block, now, events, transfers);
             }
         }
         if !removed.is_empty() {

@@ -591,6 +591,15 @@ impl Router {
             .filter(|k| k.is_finite())
     }
 
+    /// [`Router::queue_key`] knowing when the request arrived (the policy's
+    /// [`RoutingPolicy::queue_key_at`]).
+    pub fn queue_key_at(&mut self, request: &RouteRequest<'_>, arrival: Duration) -> Option<f64> {
+        let policy_request = self.policy_request(request);
+        self.policy
+            .queue_key_at(&policy_request, arrival)
+            .filter(|k| k.is_finite())
+    }
+
     /// The request produced its first token: its prefill no longer loads the rank.
     pub fn first_token(&mut self, id: RequestId) {
         let Some(booking) = self.bookings.get_mut(&id) else {

@@ -130,6 +130,12 @@ pub trait RoutingPolicy: Send + std::fmt::Debug {
     fn queue_key(&mut self, _request: &PolicyRequest<'_>) -> Option<f64> {
         None
     }
+    /// Order key of `request` as it joins the router queue at `arrival` (the router's clock),
+    /// lower first: the Wasm router world's 1.1 `queue-key-at`, which can express FCFS with a
+    /// head start. Default: [`RoutingPolicy::queue_key`].
+    fn queue_key_at(&mut self, request: &PolicyRequest<'_>, _arrival: Duration) -> Option<f64> {
+        self.queue_key(request)
+    }
 }
 
 /// The KV-aware cost of agentic-serving.md section 3.

@@ -485,7 +485,7 @@ impl RouterQueue {
         now: Duration,
     ) -> f64 {
         if self.config.use_policy_key
-            && let Some(key) = router.queue_key(&request.route_request())
+            && let Some(key) = router.queue_key_at(&request.route_request(), now)
         {
             return key;
         }

@@ -5,8 +5,9 @@
 //! Bookkeeping on a `switchyard-kvbm` [`BlockPool`] like the host's; the bytes are the driver's
 //! (every demotion and load is a [`KvTransfer::Copy`]).
 
-use super::{CacheEvent, DEFAULT_BLOCK_BYTES, KvTransfer, TierStats, transfer_time};
+use super::{CacheEvent, DEFAULT_BLOCK_BYTES, KvTransfer, Resident, TierStats, transfer_time};
 use crate::worker::Tier;
+use std::collections::HashMap;
 use std::time::Duration;
 use switchyard_kvbm::pool::{BlockPool, ImmutableBlock};
 use switchyard_kvbm::retention::Retention;
@@ -67,8 +68,9 @@ pub(crate) struct Demoted {
     pub(crate) hash: u64,
     pub(crate) parent: Option<u64>,
     pub(crate) token_ids: Vec<u32>,
-    /// Host slot it still occupies until the host's next write.
-    pub(crate) host_slot: u32,
+    /// Where its bytes are: the host slot it still occupies until the host's next write, or
+    /// the device slot a demote hint writes it from.
+    pub(crate) from: (Tier, u32),
 }
 
 /// The disk tier's state.
@@ -77,6 +79,9 @@ pub(crate) struct DiskTier {
     config: DiskTierConfig,
     pool: BlockPool,
     stats: TierStats,
+    /// Each disk block's slot, parent and tokens, so that a prefetch can describe what it
+    /// loads.
+    resident: HashMap<u64, Resident>,
 }
 
 // === impl DiskTier ===
@@ -90,6 +95,7 @@ impl DiskTier {
                 ..TierStats::default()
             },
             config,
+            resident: HashMap::new(),
         }
     }
 
@@ -132,19 +138,19 @@ impl DiskTier {
             Retention::DEFAULT,
             now,
         );
-        let removed = self.pool.drain_removed();
-        if !removed.is_empty() {
-            events.push(CacheEvent::Removed {
-                tier: Tier::Disk,
-                hashes: removed.into_iter().map(|h| h.0).collect(),
-            });
-        }
+        self.removals(events);
         let Some(slot) = slot else {
             return;
         };
+        let resident = Resident {
+            slot: slot.0,
+            parent: block.parent,
+            token_ids: block.token_ids.clone(),
+        };
+        self.resident.insert(block.hash, resident);
         transfers.push(KvTransfer::Copy {
             hash: block.hash,
-            from: (Tier::Host, block.host_slot),
+            from: block.from,
             to: (Tier::Disk, slot.0),
         });
         self.stats.disk_stored_blocks += 1;
@@ -160,6 +166,52 @@ impl DiskTier {
     /// Drop everything (the engine's prefix cache reset).
     pub(crate) fn reset(&mut self) {
         self.pool = new_pool(self.config.num_blocks);
+        self.resident.clear();
+    }
+
+    /// Whether the disk holds `hash`.
+    pub(crate) fn holds(&self, hash: u64) -> bool {
+        self.pool.contains(SequenceHash(hash))
+    }
+
+    /// The block `hash`, marked as just used, if the disk holds it.
+    pub(crate) fn find(&self, hash: u64, now: Tick) -> Option<&Resident> {
+        if !self.pool.touch(SequenceHash(hash), now) {
+            return None;
+        }
+        self.resident.get(&hash)
+    }
+
+    /// Time to load `blocks` blocks from disk into the device.
+    pub(crate) fn load_time(&self, blocks: usize) -> Duration {
+        self.config.load_time(blocks)
+    }
+
+    /// Replace the retention of `hash`; `false` if the disk does not hold it.
+    pub(crate) fn set_retention(&self, hash: u64, retention: Retention, now: Tick) -> bool {
+        self.pool.set_retention(SequenceHash(hash), retention, now)
+    }
+
+    /// Drop the disk copy of `hash` (a removal event); `false` if there is none.
+    pub(crate) fn drop_block(&mut self, hash: u64, events: &mut Vec<CacheEvent>) -> bool {
+        let dropped = self.pool.invalidate(SequenceHash(hash));
+        self.removals(events);
+        dropped
+    }
+
+    /// Report what the disk evicted or dropped since the last call, and forget it.
+    fn removals(&mut self, events: &mut Vec<CacheEvent>) {
+        let removed = self.pool.drain_removed();
+        if removed.is_empty() {
+            return;
+        }
+        for hash in &removed {
+            self.resident.remove(&hash.0);
+        }
+        events.push(CacheEvent::Removed {
+            tier: Tier::Disk,
+            hashes: removed.into_iter().map(|h| h.0).collect(),
+        });
     }
 }
 

@@ -39,6 +39,7 @@ fn run_with_pool(
             prompt,
             max_tokens: 1,
             pool_prefix_blocks,
+            max_offload_tokens: None,
         })
         .expect("accepted");
     let mut steps = Vec::new();
@@ -601,4 +602,63 @@ proptest! {
             prop_assert_eq!(host.len(), tiered.stats().tiers.host_blocks);
         }
     }
+}
+
+/// Run one request of `max_tokens` tokens, none offloaded past `max_offload_tokens`.
+fn run_capped(
+    engine: &mut EngineModel,
+    id: u64,
+    prompt: Vec<u32>,
+    max_tokens: u32,
+    max_offload_tokens: Option<u64>,
+) -> Vec<Step> {
+    engine
+        .add_request(EngineRequest {
+            id,
+            prompt,
+            max_tokens,
+            pool_prefix_blocks: 0,
+            max_offload_tokens,
+        })
+        .expect("accepted");
+    let mut steps = Vec::new();
+    while engine.has_work() {
+        steps.push(engine.step());
+    }
+    steps
+}
+
+/// An older session's 2 blocks, then a turn that thinks (2 prompt blocks, 2 output blocks)
+/// capped or not, then a request that needs one cached block back. Returns the older session's
+/// hashes, the thinking turn's steps and the block hashes of its sequence.
+fn thinking_turn(cap: Option<u64>) -> (EngineModel, Vec<u64>, Vec<Step>, Vec<u64>) {
+    let mut engine = engine(Some(32));
+    let older = tokens(1, 8);
+    let older_hashes = engine.cache().hash_blocks(&older);
+    run(&mut engine, 1, older);
+    // 8 prompt tokens and 9 generated: 16 tokens written, 4 full blocks.
+    let steps = run_capped(&mut engine, 2, tokens(2, 8), 9, cap);
+    let turn = stored(&steps, Tier::Device);
+    assert_eq!(turn.len(), 4);
+    // 3 blocks: evict-first ones, then the 2 never used, then the least recently used.
+    run(&mut engine, 3, tokens(3, 12));
+    (engine, older_hashes, steps, turn)
+}
+
+#[test]
+fn blocks_past_the_offload_limit_are_not_written_through_and_go_first() {
+    let (engine, older, steps, turn) = thinking_turn(Some(8));
+    // Only the prompt's blocks reached the host.
+    assert_eq!(stored(&steps, Tier::Host), turn[..2]);
+    assert_eq!(engine.stats().tiers.ephemeral_blocks, 2);
+    // The capped output went first, before the older session's blocks.
+    assert_eq!(engine.cache().cached_prefix(&older), 2);
+    assert_eq!(engine.cache().cached_prefix(&turn), 2);
+
+    // Without the limit everything is written through, and the older session pays.
+    let (engine, older, steps, turn) = thinking_turn(None);
+    assert_eq!(stored(&steps, Tier::Host), turn);
+    assert_eq!(engine.stats().tiers.ephemeral_blocks, 0);
+    assert_eq!(engine.cache().cached_prefix(&older), 1);
+    assert_eq!(engine.cache().cached_prefix(&turn), 4);
 }
