@@ -7,6 +7,7 @@
 
 use crate::wire::{EngineHash, EventBatch, KvEvent, decode_batch, mooncake};
 use std::ops::Range;
+use std::sync::{Arc, Mutex};
 use switchyard_core::hash::{BlockHasher, LocalBlockHash, SequenceHash};
 use switchyard_core::index::IndexOp;
 use switchyard_core::index::flat::U64Map;
@@ -108,6 +109,63 @@ impl Default for Block {
     }
 }
 
+/// Our hash -> the engine's, for one rank: how the gateway names blocks to the engine that holds
+/// them (KV hints), when the engine hashes blocks its own way (vLLM, the mock engine's seed).
+/// Kept by an [`Ingestor`] given one ([`Ingestor::naming`]), for every block some tier holds.
+#[derive(Debug, Default)]
+pub struct EngineNames {
+    map: Mutex<U64Map<u64>>,
+}
+
+impl EngineNames {
+    /// The engine's hash of each of `ours`, in order (`None`: no tier of the rank holds it).
+    pub fn engine_hashes(&self, ours: &[u64]) -> Vec<Option<u64>> {
+        let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        ours.iter().map(|h| map.get(*h).copied()).collect()
+    }
+
+    /// Blocks named.
+    pub fn len(&self) -> usize {
+        self.map.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Whether no block is named.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// An ingestor's changes to its [`EngineNames`], applied under one lock per message.
+#[derive(Debug)]
+struct Naming {
+    names: Arc<EngineNames>,
+    /// Ours -> the engine's (`None`: the rank dropped the block), in order.
+    pending: Vec<(u64, Option<u64>)>,
+    cleared: bool,
+}
+
+impl Naming {
+    fn flush(&mut self) {
+        if self.pending.is_empty() && !self.cleared {
+            return;
+        }
+        let mut map = self.names.map.lock().unwrap_or_else(|e| e.into_inner());
+        if std::mem::take(&mut self.cleared) {
+            map.clear();
+        }
+        for (ours, engine) in self.pending.drain(..) {
+            match engine {
+                Some(engine) => {
+                    map.get_or_insert(ours, engine);
+                }
+                None => {
+                    map.remove(ours);
+                }
+            }
+        }
+    }
+}
+
 /// Per-publisher state: sequence tracking and the engine-to-own hash map.
 ///
 /// A publisher serves exactly one rank. The batch's `data_parallel_rank` is not consulted: with
@@ -126,6 +184,8 @@ pub struct Ingestor {
     missing: Option<Range<u64>>,
     /// Engine hash -> block, in an open-addressing table (see [`U64Map`]).
     blocks: U64Map<Block>,
+    /// The reverse names, when the rank takes KV hints.
+    naming: Option<Naming>,
     stats: IngestStats,
 }
 
@@ -153,7 +213,24 @@ impl Ingestor {
             last_seq: None,
             missing: None,
             blocks: U64Map::new(),
+            naming: None,
             stats: IngestStats::default(),
+        }
+    }
+
+    /// Also keep `names`: our hash -> the engine's for every block the rank holds.
+    pub fn naming(mut self, names: Arc<EngineNames>) -> Self {
+        self.naming = Some(Naming {
+            names,
+            pending: Vec::new(),
+            cleared: false,
+        });
+        self
+    }
+
+    fn flush_names(&mut self) {
+        if let Some(naming) = &mut self.naming {
+            naming.flush();
         }
     }
 
@@ -195,6 +272,7 @@ impl Ingestor {
         } else {
             self.apply(payload, &mut out);
         }
+        self.flush_names();
         out
     }
 
@@ -213,6 +291,7 @@ impl Ingestor {
             self.missing = None;
         }
         self.apply(payload, &mut out);
+        self.flush_names();
         out
     }
 
@@ -224,7 +303,9 @@ impl Ingestor {
     /// Give up on lost messages: forget every block and return the clear that says so.
     pub fn reset(&mut self) -> IndexOp {
         self.missing = None;
-        self.clear()
+        let op = self.clear();
+        self.flush_names();
+        op
     }
 
     /// What was applied and skipped so far.
@@ -268,8 +349,11 @@ impl Ingestor {
                     copies: [0; 3],
                 },
             );
-            stored.extend(add_copy(block, tier));
+            let added = add_copy(block, tier);
+            name(&mut self.naming, added, engine);
+            stored.extend(added);
         }
+        self.flush_names();
         self.stats.stored_blocks += stored.len() as u64;
         (!stored.is_empty()).then_some(IndexOp::Store {
             rank: self.rank,
@@ -281,6 +365,7 @@ impl Ingestor {
     /// A removal from a transport without sequence numbers (see [`store_locals`](Self::store_locals)).
     pub fn remove_blocks(&mut self, engine_hashes: &[EngineHash], tier: Tier) -> Option<IndexOp> {
         let blocks = self.remove(engine_hashes, tier);
+        self.flush_names();
         self.stats.removed_blocks += blocks.len() as u64;
         (!blocks.is_empty()).then_some(IndexOp::Remove {
             rank: self.rank,
@@ -291,7 +376,9 @@ impl Ingestor {
 
     /// Everything of this rank dropped, from a transport without sequence numbers.
     pub fn clear_all(&mut self) -> IndexOp {
-        self.clear()
+        let op = self.clear();
+        self.flush_names();
+        op
     }
 
     fn apply(&mut self, payload: &[u8], out: &mut Ingested) {
@@ -413,7 +500,9 @@ impl Ingestor {
                         copies: [0; 3],
                     },
                 );
-                add_copy(block, tier)
+                let added = add_copy(block, tier);
+                name(&mut self.naming, added, engine);
+                added
             })
             .collect()
     }
@@ -431,11 +520,17 @@ impl Ingestor {
                         copies: [0; 3],
                     },
                 );
-                stored.extend(add_copy(block, tier));
+                let added = add_copy(block, tier);
+                name(&mut self.naming, added, *engine);
+                stored.extend(added);
                 continue;
             }
             match self.blocks.get_mut(engine.0) {
-                Some(block) => stored.extend(add_copy(block, tier)),
+                Some(block) => {
+                    let added = add_copy(block, tier);
+                    name(&mut self.naming, added, *engine);
+                    stored.extend(added);
+                }
                 None => self.stats.skipped_unknown_hash += 1,
             }
         }
@@ -453,6 +548,7 @@ impl Ingestor {
                 self.blocks.prefetch(ahead.0);
             }
             let mut known = true;
+            let mut gone = None;
             let found = self.blocks.update_or_remove(engine.0, |block| {
                 let copies = &mut block.copies[tier as usize];
                 if *copies == 0 {
@@ -463,10 +559,17 @@ impl Ingestor {
                 if *copies == 0 {
                     removed.push(block.hash);
                 }
-                block.copies != [0; 3]
+                let kept = block.copies != [0; 3];
+                if !kept {
+                    gone = Some(block.hash);
+                }
+                kept
             });
             if found.is_none() || !known {
                 self.stats.skipped_unknown_hash += 1;
+            }
+            if let (Some(naming), Some(ours)) = (&mut self.naming, gone) {
+                naming.pending.push((ours.0, None));
             }
         }
         removed
@@ -474,7 +577,18 @@ impl Ingestor {
 
     fn clear(&mut self) -> IndexOp {
         self.blocks.clear();
+        if let Some(naming) = &mut self.naming {
+            naming.pending.clear();
+            naming.cleared = true;
+        }
         IndexOp::Clear { rank: self.rank }
+    }
+}
+
+/// A tier gained the block named `added` (ours) that the engine calls `engine`.
+fn name(naming: &mut Option<Naming>, added: Option<SequenceHash>, engine: EngineHash) {
+    if let (Some(naming), Some(ours)) = (naming, added) {
+        naming.pending.push((ours.0, Some(engine.0)));
     }
 }
 

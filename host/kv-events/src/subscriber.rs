@@ -4,7 +4,7 @@
 //! and never stops on bad input. Index changes go out on a channel to whoever owns the index.
 
 use crate::Error;
-use crate::ingest::{Gap, Ingested, Ingestor, WireFormat};
+use crate::ingest::{EngineNames, Gap, Ingested, Ingestor, WireFormat};
 use crate::publisher::{END_OF_REPLAY, message};
 use bytes::Bytes;
 use std::sync::Arc;
@@ -40,6 +40,9 @@ pub struct SubscriberConfig {
     pub topic: String,
     /// How the payloads are encoded (an engine's vLLM events, or a shared pool's Mooncake ones).
     pub format: WireFormat,
+    /// Keep these names of the rank's blocks (ours -> the engine's), for KV hints; `None`:
+    /// the rank takes no hints.
+    pub engine_names: Option<Arc<EngineNames>>,
 }
 
 /// Live counters of one subscriber, shared with metrics.
@@ -116,7 +119,13 @@ pub async fn run_subscriber(
     shutdown: CancellationToken,
 ) {
     let mut driver = Driver {
-        ingestor: Ingestor::with_format(config.rank, config.block_size, config.format),
+        ingestor: {
+            let ingestor = Ingestor::with_format(config.rank, config.block_size, config.format);
+            match &config.engine_names {
+                Some(names) => ingestor.naming(names.clone()),
+                None => ingestor,
+            }
+        },
         config,
         sink,
         stats,

@@ -1,7 +1,8 @@
-//! The HTTP API: OpenAI chat and text completions, models, health, metrics, and vLLM's
-//! `/reset_prefix_cache`.
+//! The HTTP API: OpenAI chat and text completions, models, health, metrics, vLLM's
+//! `/reset_prefix_cache`, and KV hints (`/v1/kv_hints`, and the `kv_hints` request field).
 
 use crate::driver::{EngineClient, SubmitError};
+use crate::hints::Capabilities;
 use crate::length::AnswerLength;
 use crate::respond::{self, Kind, Output};
 use crate::script;
@@ -15,7 +16,8 @@ use prometheus_client::registry::Registry;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use std::sync::Arc;
-use switchyard_core::engine::RequestError;
+use switchyard_core::engine::{HintsError, RequestError};
+use switchyard_core::kv_hints::actions::{KvHintsEnvelope, KvHintsReply, PROTOCOL_VERSION};
 use switchyard_tokenizer::{ChatTemplateInput, ModelTokenizer, TokenizerError};
 
 /// Largest request body: long agentic conversations, sent as token ids, exceed axum's 2 MB.
@@ -38,6 +40,8 @@ pub(crate) struct AppState {
     pub(crate) reasoning_parser: Option<String>,
     /// Natural lengths of unscripted answers.
     pub(crate) answer_length: AnswerLength,
+    /// What `GET /v1/kv_hints` advertises.
+    pub(crate) hint_capabilities: Capabilities,
 }
 
 pub(crate) fn router(state: Arc<AppState>) -> Router {
@@ -48,6 +52,7 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
+        .route("/v1/kv_hints", post(kv_hints).get(kv_hint_capabilities))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }
@@ -61,6 +66,16 @@ struct Common {
     max_tokens: Option<u32>,
     max_completion_tokens: Option<u32>,
     nvext: Option<NvExt>,
+    /// KV hints riding on the request (vLLM's merged field), applied before it is scheduled.
+    kv_hints: Option<KvHintsEnvelope>,
+    /// vLLM's KV connector parameters; only `max_offload_tokens` is read.
+    kv_transfer_params: Option<KvTransferParams>,
+}
+
+#[derive(Debug, Deserialize)]
+struct KvTransferParams {
+    /// Blocks ending past this many tokens are not offloaded (and, here, evicted first).
+    max_offload_tokens: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -185,6 +200,23 @@ impl From<TokenizerError> for ApiError {
                 message: error.to_string(),
             },
         }
+    }
+}
+
+impl From<HintsError> for ApiError {
+    fn from(error: HintsError) -> Self {
+        Self::bad_request(error)
+    }
+}
+
+/// Refuse an envelope of another protocol version before anything of it is applied.
+fn check_version(envelope: &KvHintsEnvelope) -> Result<(), HintsError> {
+    if envelope.protocol_version == PROTOCOL_VERSION {
+        Ok(())
+    } else {
+        Err(HintsError::ProtocolVersion(
+            envelope.protocol_version.clone(),
+        ))
     }
 }
 
@@ -313,10 +345,28 @@ async fn generate(
         ),
         None => None,
     };
+    let mut hints = match &common.kv_hints {
+        Some(envelope) => {
+            check_version(envelope)?;
+            envelope.actions.clone()
+        }
+        None => Vec::new(),
+    };
     let prompt_tokens = prompts.iter().map(Vec::len).sum();
     let mut generations = Vec::with_capacity(prompts.len());
     for prompt in prompts {
-        generations.push(state.engine.submit(prompt, max_tokens, pin).await?);
+        // The hints ride on the first prompt only: applied once.
+        let hints = std::mem::take(&mut hints);
+        let max_offload_tokens = common
+            .kv_transfer_params
+            .as_ref()
+            .and_then(|p| p.max_offload_tokens);
+        generations.push(
+            state
+                .engine
+                .submit(prompt, max_tokens, pin, hints, max_offload_tokens)
+                .await?,
+        );
     }
     let answer = respond::Answer::new(
         kind,
@@ -366,6 +416,26 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             .into_response(),
         Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
     }
+}
+
+/// Apply a `kv_hints` envelope now: one outcome per action, in order.
+async fn kv_hints(
+    State(state): State<Arc<AppState>>,
+    body: Bytes,
+) -> Result<axum::Json<KvHintsReply>, ApiError> {
+    let envelope: KvHintsEnvelope = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("invalid kv_hints envelope: {e}")))?;
+    check_version(&envelope)?;
+    let outcomes = state.engine.apply_hints(envelope.actions).await?;
+    Ok(axum::Json(KvHintsReply {
+        message_id: envelope.message_id,
+        outcomes,
+    }))
+}
+
+/// Whether and which KV hints this engine takes.
+async fn kv_hint_capabilities(State(state): State<Arc<AppState>>) -> Response {
+    axum::Json(&state.hint_capabilities).into_response()
 }
 
 /// vLLM's development endpoint: drop the prefix cache (publishes `AllBlocksCleared`).

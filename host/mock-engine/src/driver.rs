@@ -10,9 +10,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use switchyard_core::engine::{
     BlockTable, EngineModel, EngineRequest, EngineStats, RequestError, Step,
 };
+use switchyard_core::kv_hints::actions::{ActionOutcome, HintAction};
 use switchyard_kv_events::publisher::Publisher;
 use switchyard_kv_events::wire::{EventBatch, KvEvent};
 
+use crate::hints::HintCounters;
 use crate::pool::PoolLink;
 use crate::tiers::{PoolSide, TierSlabs};
 use bytes::Bytes;
@@ -39,6 +41,14 @@ enum Command {
         accepted: oneshot::Sender<Result<(), RequestError>>,
         /// The leading prompt blocks fetched from the shared pool, by hash, in order.
         staged: Vec<(u64, Bytes)>,
+        /// KV hints that rode on the request (its `kv_hints` field), applied before it is
+        /// queued.
+        hints: Vec<HintAction>,
+    },
+    /// Apply KV hints now; the outcomes, one per action, in order.
+    Hints {
+        actions: Vec<HintAction>,
+        reply: oneshot::Sender<Vec<ActionOutcome>>,
     },
     Cancel(u64),
     ResetPrefixCache(oneshot::Sender<bool>),
@@ -76,12 +86,16 @@ pub(crate) enum SubmitError {
 
 impl EngineClient {
     /// Queue a generation; dropping the returned stream cancels it.
-    /// `pin` keeps the prompt's KV cached for that long (simulated time) after it ends.
+    /// `pin` keeps the prompt's KV cached for that long (simulated time) after it ends;
+    /// `hints` are applied just before it is queued; `max_offload_tokens` is the request's
+    /// [`EngineRequest::max_offload_tokens`].
     pub(crate) async fn submit(
         &self,
         prompt: Vec<u32>,
         max_tokens: u32,
         pin: Option<Duration>,
+        hints: Vec<HintAction>,
+        max_offload_tokens: Option<u64>,
     ) -> Result<Generation, SubmitError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (progress, events) = mpsc::unbounded_channel();
@@ -97,6 +111,7 @@ impl EngineClient {
             prompt,
             max_tokens,
             pool_prefix_blocks: staged.len(),
+            max_offload_tokens,
         };
         self.commands
             .send(Command::Submit {
@@ -105,6 +120,7 @@ impl EngineClient {
                 progress,
                 accepted,
                 staged,
+                hints,
             })
             .map_err(|_| SubmitError::Stopped)?;
         answer.await.map_err(|_| SubmitError::Stopped)??;
@@ -114,6 +130,18 @@ impl EngineClient {
             finished: false,
             commands: self.commands.clone(),
         })
+    }
+
+    /// Apply KV hints now: one outcome per action, in order.
+    pub(crate) async fn apply_hints(
+        &self,
+        actions: Vec<HintAction>,
+    ) -> Result<Vec<ActionOutcome>, SubmitError> {
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(Command::Hints { actions, reply })
+            .map_err(|_| SubmitError::Stopped)?;
+        answer.await.map_err(|_| SubmitError::Stopped)
     }
 
     /// Drop every cached block; `false` while requests run or once the engine stopped.
@@ -175,6 +203,8 @@ pub(crate) struct Attachments {
     pub(crate) sink: Option<EventSink>,
     /// The shared KV pool.
     pub(crate) pool: Option<Arc<PoolLink>>,
+    /// What became of the KV hints applied.
+    pub(crate) hints: Arc<HintCounters>,
 }
 
 /// Start the engine task. It stops on `shutdown`.
@@ -195,6 +225,8 @@ pub(crate) fn start(
         sink: attached.sink,
         pool: attached.pool.clone(),
         staged: Staged::default(),
+        hints: attached.hints,
+        started: Instant::now(),
         speedup,
         stats: stats_tx,
     };
@@ -221,6 +253,10 @@ struct Driver {
     pool: Option<Arc<PoolLink>>,
     /// Pool blocks fetched for requests not admitted yet.
     staged: Staged,
+    hints: Arc<HintCounters>,
+    /// When the engine started: simulated time follows real time (times `speedup`) while
+    /// idle, so that hint pins expire on time.
+    started: Instant,
     speedup: f64,
     stats: watch::Sender<EngineStats>,
 }
@@ -283,6 +319,7 @@ impl Driver {
 
     async fn serve(&mut self, shutdown: &CancellationToken) {
         loop {
+            self.catch_up_clock();
             while let Ok(command) = self.inbox.try_recv() {
                 self.apply(command);
             }
@@ -293,7 +330,10 @@ impl Driver {
                 let next_expiry = self.pins.iter().map(|(at, _)| *at).min();
                 tokio::select! {
                     command = self.inbox.recv() => match command {
-                        Some(command) => self.apply(command),
+                        Some(command) => {
+                            self.catch_up_clock();
+                            self.apply(command);
+                        }
                         None => return,
                     },
                     () = sleep_until(next_expiry) => {}
@@ -340,7 +380,11 @@ impl Driver {
                 progress,
                 accepted,
                 staged,
+                hints,
             } => {
+                if !hints.is_empty() {
+                    self.apply_hints(&hints);
+                }
                 let id = request.id;
                 let pin = pin.map(|ttl| (request.prompt.clone(), ttl));
                 let result = self.model.add_request(request);
@@ -350,6 +394,9 @@ impl Driver {
                 }
                 let _ = accepted.send(result);
             }
+            Command::Hints { actions, reply } => {
+                let _ = reply.send(self.apply_hints(&actions));
+            }
             Command::Cancel(id) => {
                 self.model.cancel(id);
                 self.requests.remove(&id);
@@ -358,6 +405,24 @@ impl Driver {
             Command::ResetPrefixCache(reply) => {
                 let _ = reply.send(self.model.reset_prefix_cache());
             }
+        }
+    }
+
+    /// Apply hints to the model and count what became of them.
+    fn apply_hints(&mut self, actions: &[HintAction]) -> Vec<ActionOutcome> {
+        let outcomes = self.model.apply_hints(actions);
+        self.hints.record(actions, &outcomes);
+        for outcome in &outcomes {
+            tracing::debug!(?outcome, "KV hint applied");
+        }
+        outcomes
+    }
+
+    /// Simulated time runs at `speedup` times real time; an idle engine's clock catches up.
+    fn catch_up_clock(&mut self) {
+        let scaled = self.started.elapsed().as_secs_f64() * self.speedup;
+        if let Ok(now) = Duration::try_from_secs_f64(scaled) {
+            self.model.advance_clock_to(now);
         }
     }
 

@@ -27,6 +27,7 @@
 
 mod api;
 mod driver;
+mod hints;
 mod length;
 mod metrics;
 mod pool;
@@ -297,7 +298,15 @@ pub async fn spawn(
     let addr = listener.local_addr()?;
 
     let pool_counters = pool.as_ref().map(|p| p.counters.clone());
-    let attached = driver::Attachments { slabs, sink, pool };
+    let hint_counters = Arc::new(hints::HintCounters::default());
+    let capabilities =
+        hints::Capabilities::new(config.host_tier.is_some(), config.disk_tier.is_some());
+    let attached = driver::Attachments {
+        slabs,
+        sink,
+        pool,
+        hints: hint_counters.clone(),
+    };
     let (engine, engine_task) = driver::start(model, attached, config.speedup, shutdown.clone());
     let model_name = config
         .served_model_name
@@ -305,6 +314,7 @@ pub async fn spawn(
     let registry = metrics::registry(
         engine.stats(),
         pool_counters,
+        hint_counters,
         &model_name,
         config.block_size,
         config.num_blocks,
@@ -318,6 +328,7 @@ pub async fn spawn(
         tool_parser: config.tool_parser,
         reasoning_parser: config.reasoning_parser,
         answer_length: config.answer_length,
+        hint_capabilities: capabilities,
     }));
     let server = tokio::spawn(async move {
         // Token-sized SSE writes must not wait for delayed ACKs (Nagle's algorithm).

@@ -1,6 +1,7 @@
 //! `/metrics` under vLLM's names (engine-protocols.md section 4), read from the engine task's
 //! latest stats at scrape time.
 
+use crate::hints::HintCounters;
 use crate::pool::PoolCounters;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -17,6 +18,7 @@ use tokio::sync::watch;
 struct EngineCollector {
     stats: watch::Receiver<EngineStats>,
     pool: Option<Arc<PoolCounters>>,
+    hints: Arc<HintCounters>,
     model_name: String,
     block_size: String,
     num_blocks: String,
@@ -26,6 +28,7 @@ struct EngineCollector {
 pub(crate) fn registry(
     stats: watch::Receiver<EngineStats>,
     pool: Option<Arc<PoolCounters>>,
+    hints: Arc<HintCounters>,
     model_name: &str,
     block_size: usize,
     num_blocks: usize,
@@ -34,6 +37,7 @@ pub(crate) fn registry(
     registry.register_collector(Box::new(EngineCollector {
         stats,
         pool,
+        hints,
         model_name: model_name.to_owned(),
         block_size: block_size.to_string(),
         num_blocks: num_blocks.to_string(),
@@ -101,6 +105,7 @@ impl Collector for EngineCollector {
         if let Some(pool) = &self.pool {
             encode_pool(&mut encoder, &stats, pool)?;
         }
+        encode_hints(&mut encoder, &self.hints)?;
         // vLLM publishes its cache configuration as labels of a gauge fixed at 1.
         let config = [
             ("block_size", self.block_size.as_str()),
@@ -187,11 +192,57 @@ fn encode_kvbm(
             "Bytes loaded into the device.",
             tiers.onboarded_bytes,
         ),
+        (
+            "kvbm_prefetch_blocks",
+            "Blocks prefetch hints loaded into the device in the background.",
+            tiers.prefetched_blocks,
+        ),
+        (
+            "kvbm_demoted_blocks",
+            "Blocks demote hints moved to a lower tier.",
+            tiers.demoted_blocks,
+        ),
+        (
+            "kvbm_ephemeral_blocks",
+            "Computed blocks past their request's max_offload_tokens, never written through.",
+            tiers.ephemeral_blocks,
+        ),
     ];
     for (name, help, value) in flows {
         let gauge = ConstGauge::new(value as i64);
         let family = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
         gauge.encode(family)?;
+    }
+    Ok(())
+}
+
+/// What became of the KV hints, per action type and outcome: actions, and the blocks they
+/// acted on.
+fn encode_hints(
+    encoder: &mut DescriptorEncoder,
+    hints: &HintCounters,
+) -> Result<(), std::fmt::Error> {
+    let samples = hints.samples();
+    let actions = samples.iter().map(|s| (s.action, s.outcome, s.actions));
+    let help = "KV hint actions applied, by action type and outcome.";
+    encode_hint_family(encoder, "mock_kv_hints", help, actions)?;
+    let blocks = samples.iter().map(|s| (s.action, s.outcome, s.blocks));
+    let help = "Blocks KV hint actions acted on, by action type and outcome.";
+    encode_hint_family(encoder, "mock_kv_hint_blocks", help, blocks)
+}
+
+/// One counter family labelled by `action` and `outcome`.
+fn encode_hint_family<'a>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    values: impl Iterator<Item = (&'a str, &'a str, u64)>,
+) -> Result<(), std::fmt::Error> {
+    let counter = ConstCounter::new(0u64);
+    let mut family = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
+    for (action, outcome, value) in values {
+        let labels = [("action", action), ("outcome", outcome)];
+        ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
     }
     Ok(())
 }

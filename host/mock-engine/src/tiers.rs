@@ -1,8 +1,8 @@
 //! Real bytes under the engine model's tiers: one `switchyard-kvbm` host slab for the device
 //! (G1) and one for the host tier (G2), and the step's [`KvTransfer`]s replayed on them in
-//! order, so every write-through and onboard copies `block_bytes` per block, blocks fetched from
-//! the shared pool land in their device slots, computed blocks go out to it, and every loaded
-//! block is checked against what was computed.
+//! order, so every write-through, onboard and hint-driven demote or prefetch copies
+//! `block_bytes` per block, blocks fetched from the shared pool land in their device slots,
+//! computed blocks go out to it, and every loaded block is checked against what was computed.
 
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -125,6 +125,15 @@ impl TierSlabs {
             }
             KvTransfer::Copy {
                 hash,
+                from: (Tier::Device, from),
+                to: (Tier::Disk, to),
+            } => {
+                // A demote hint past a host tier that no longer holds the block.
+                let disk = self.disk.as_mut().ok_or_else(no_disk)?;
+                one_copy(&mut self.device, disk, hash, from, to)
+            }
+            KvTransfer::Copy {
+                hash,
                 from: (Tier::Disk, from),
                 to: (Tier::Device, to),
             } => {
@@ -215,6 +224,8 @@ mod tests {
     use switchyard_core::engine::{
         DiskTierConfig, EngineConfig, EngineModel, EngineRequest, HostTierConfig,
     };
+    use switchyard_core::kv_hints::HintTier;
+    use switchyard_core::kv_hints::actions::{ActionType, BlockPayload, HintAction, Outcome};
 
     /// Run one request to its end, replaying every step's transfers on `slabs`.
     fn run(
@@ -229,6 +240,7 @@ mod tests {
                 prompt,
                 max_tokens: 1,
                 pool_prefix_blocks: 0,
+                max_offload_tokens: None,
             })
             .expect("accepted");
         let mut transfers = Vec::new();
@@ -278,6 +290,147 @@ mod tests {
         }
         assert_eq!(slabs.corrupt_onboards, 0);
         assert_eq!(model.stats().tiers.onboarded_bytes, 4 * 256);
+    }
+
+    fn hint(kind: ActionType, hashes: &[u64], tier: HintTier) -> HintAction {
+        let payload = BlockPayload {
+            block_hashes: hashes.to_vec(),
+            tier: Some(tier),
+            ttl_ms: None,
+            session_id: None,
+        };
+        HintAction::new(kind.label(), kind, payload)
+    }
+
+    /// Apply `hints` and replay what they moved (the next step's transfers) on `slabs`.
+    fn apply(
+        model: &mut EngineModel,
+        slabs: &mut TierSlabs,
+        hints: &[HintAction],
+    ) -> Vec<KvTransfer> {
+        for outcome in model.apply_hints(hints) {
+            assert_eq!(outcome.outcome, Outcome::Accepted, "{outcome:?}");
+        }
+        let mut transfers = Vec::new();
+        while model.has_work() {
+            let step = model.step();
+            slabs.apply(&step.transfers, None);
+            transfers.extend(step.transfers);
+        }
+        transfers
+    }
+
+    /// Each block copied into the device holds what computing it wrote.
+    fn assert_loaded_bytes(slabs: &TierSlabs, transfers: &[KvTransfer], from: Tier) -> usize {
+        let mut expected = vec![0; 256];
+        let mut loaded = 0;
+        for transfer in transfers {
+            if let KvTransfer::Copy {
+                hash,
+                from: (tier, _),
+                to: (Tier::Device, slot),
+            } = *transfer
+                && tier == from
+            {
+                fill(&mut expected, hash);
+                assert_eq!(slabs.device_block(slot), expected.as_slice());
+                loaded += 1;
+            }
+        }
+        assert_eq!(slabs.corrupt_onboards, 0);
+        loaded
+    }
+
+    #[test]
+    fn a_demoted_then_prefetched_prefix_comes_back_with_its_bytes() {
+        let mut model = EngineModel::new(EngineConfig {
+            block_size: 4,
+            num_blocks: 8,
+            host_tier: Some(HostTierConfig {
+                num_blocks: 8,
+                block_bytes: 256,
+                bandwidth_bytes_per_s: 1e9,
+            }),
+            ..EngineConfig::default()
+        })
+        .expect("valid");
+        let mut slabs = TierSlabs::new(8, Some(8), None, 256).expect("slabs");
+        let prompt: Vec<u32> = (0..17).collect();
+        let hashes = model.cache().hash_blocks(&prompt);
+        run(&mut model, &mut slabs, 1, prompt.clone());
+        apply(
+            &mut model,
+            &mut slabs,
+            &[hint(ActionType::Demote, &hashes, HintTier::Host)],
+        );
+        // Other blocks overwrite the device slots the prefix had.
+        run(&mut model, &mut slabs, 2, (100..113).collect());
+        let moved = apply(
+            &mut model,
+            &mut slabs,
+            &[hint(ActionType::Prefetch, &hashes, HintTier::Device)],
+        );
+        assert_eq!(assert_loaded_bytes(&slabs, &moved, Tier::Host), 4);
+        // The next turn hits the device and loads nothing.
+        let again = run(&mut model, &mut slabs, 3, prompt);
+        assert!(!again.iter().any(|t| matches!(t, KvTransfer::Copy { .. })));
+        assert_eq!(model.stats().prefix_hits, 16);
+    }
+
+    #[test]
+    fn a_prefix_demoted_to_disk_past_the_host_comes_back_with_its_bytes() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut model = EngineModel::new(EngineConfig {
+            block_size: 4,
+            num_blocks: 8,
+            host_tier: Some(HostTierConfig {
+                num_blocks: 8,
+                block_bytes: 256,
+                bandwidth_bytes_per_s: 1e9,
+            }),
+            disk_tier: Some(DiskTierConfig {
+                num_blocks: 16,
+                block_bytes: 256,
+                bandwidth_bytes_per_s: 1e8,
+            }),
+            ..EngineConfig::default()
+        })
+        .expect("valid");
+        let mut slabs =
+            TierSlabs::new(8, Some(8), Some((16, dir.path())), 256).expect("slabs and file");
+        let prompt: Vec<u32> = (0..17).collect();
+        let hashes = model.cache().hash_blocks(&prompt);
+        run(&mut model, &mut slabs, 1, prompt);
+        // Ephemeral drops the host copies: the demote writes the device's bytes to disk.
+        let moved = apply(
+            &mut model,
+            &mut slabs,
+            &[
+                hint(ActionType::Ephemeral, &hashes, HintTier::Device),
+                hint(ActionType::Demote, &hashes, HintTier::Disk),
+            ],
+        );
+        let written = moved
+            .iter()
+            .filter(|t| {
+                matches!(
+                    t,
+                    KvTransfer::Copy {
+                        from: (Tier::Device, _),
+                        to: (Tier::Disk, _),
+                        ..
+                    }
+                )
+            })
+            .count();
+        assert_eq!(written, 4);
+        run(&mut model, &mut slabs, 2, (100..113).collect());
+        let moved = apply(
+            &mut model,
+            &mut slabs,
+            &[hint(ActionType::Prefetch, &hashes, HintTier::Device)],
+        );
+        assert_eq!(assert_loaded_bytes(&slabs, &moved, Tier::Disk), 4);
     }
 
     #[test]

@@ -5,9 +5,10 @@ use serde_json::{Value, json};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-use switchyard_core::hash::BlockHasher;
+use switchyard_core::engine::ENGINE_SEED;
+use switchyard_core::hash::{BlockHasher, SequenceHash};
 use switchyard_core::index::IndexOp;
-use switchyard_core::worker::Rank;
+use switchyard_core::worker::{Rank, Tier};
 use switchyard_kv_events::ingest::WireFormat;
 use switchyard_kv_events::subscriber::{SubscriberConfig, SubscriberStats, run_subscriber};
 use switchyard_mock_engine::{MockEngineConfig, MockEngineHandle, spawn};
@@ -315,6 +316,7 @@ async fn kv_events_rehash_to_the_routers_blocks() {
                 bind: false,
                 topic: String::new(),
                 format: WireFormat::Vllm,
+                engine_names: None,
             },
             ops_tx,
             stats.clone(),
@@ -420,6 +422,281 @@ async fn cache_control_pins_the_prompt_through_eviction_pressure() {
             )
             .await;
         assert_eq!(bad.status(), 400);
+        engine.stop().await;
+    })
+    .await;
+}
+
+/// The value of one exact series (`name` or `name{labels}`) in the metrics text.
+fn series(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("{series} missing from:\n{text}"))
+}
+
+/// A mock engine with a host tier behind a small device, publishing KV events.
+async fn tiered_engine() -> Engine {
+    Engine::start(MockEngineConfig {
+        speedup: 1000.0,
+        num_blocks: 64,
+        host_tier: Some(switchyard_mock_engine::HostTierConfig {
+            num_blocks: 64,
+            block_bytes: 4096,
+            bandwidth_bytes_per_s: 1e9,
+        }),
+        kv_events: Some("tcp://127.0.0.1:0".to_owned()),
+        replay_endpoint: Some("tcp://127.0.0.1:0".to_owned()),
+        ..MockEngineConfig::default()
+    })
+    .await
+}
+
+/// Subscribe to the engine's KV events as the router's index sees them (router hashes).
+async fn subscribe(engine: &Engine) -> mpsc::Receiver<IndexOp> {
+    let (ops_tx, ops) = mpsc::channel(256);
+    let stats = Arc::new(SubscriberStats::default());
+    tokio::spawn(run_subscriber(
+        SubscriberConfig {
+            rank: Rank::new(0, 0),
+            block_size: 16,
+            endpoint: engine
+                .handle
+                .kv_events_endpoint()
+                .expect("events")
+                .to_owned(),
+            replay_endpoint: engine.handle.replay_endpoint().map(str::to_owned),
+            bind: false,
+            topic: String::new(),
+            format: WireFormat::Vllm,
+            engine_names: None,
+        },
+        ops_tx,
+        stats.clone(),
+        engine.shutdown.clone(),
+    ));
+    while !stats.snapshot().connected {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // A PUB socket drops what it sends before the subscription has arrived.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    ops
+}
+
+/// Wait for an op on `tier` of kind `store` (else remove) naming every block of `blocks`.
+async fn until_op(
+    ops: &mut mpsc::Receiver<IndexOp>,
+    store: bool,
+    tier: Tier,
+    blocks: &[SequenceHash],
+) {
+    let mut seen = std::collections::HashSet::new();
+    while !blocks.iter().all(|b| seen.contains(b)) {
+        match ops.recv().await.expect("subscriber running") {
+            IndexOp::Store {
+                tier: t, blocks, ..
+            } if store && t == tier => seen.extend(blocks),
+            IndexOp::Remove {
+                tier: t, blocks, ..
+            } if !store && t == tier => seen.extend(blocks),
+            _ => {}
+        }
+    }
+}
+
+fn hints_envelope(actions: Value) -> Value {
+    json!({"protocol_version": "0.1", "message_id": "m-1", "actions": actions})
+}
+
+fn hint(kind: &str, hashes: &[u64], tier: Option<&str>) -> Value {
+    json!({
+        "action_id": format!("{kind}-1"),
+        "action_type": format!("switchyard.kv.{kind}"),
+        "action_version": "1",
+        "payload": {"block_hashes": hashes, "tier": tier, "session_id": "s-1"},
+    })
+}
+
+/// The templated prompt of one user message, as the engine tokenizes it.
+fn chat_prompt(content: &str) -> Vec<u32> {
+    let tokenizer = ModelTokenizer::embedded_default().expect("tokenizer");
+    let messages = [json!({"role": "user", "content": content})];
+    tokenizer
+        .encode_chat(&switchyard_tokenizer::ChatTemplateInput {
+            messages: &messages,
+            add_generation_prompt: true,
+            ..Default::default()
+        })
+        .expect("encoded")
+}
+
+const LONG_QUESTION: &str = "Tell me about the history of the railways through the Alps, \
+    the tunnels under the Gotthard and the Simplon, and how the switchyards at their ends \
+    sorted the freight trains before and after electrification.";
+
+/// A chat turn, a demote of its prompt's blocks (named by the engine's hashes), a prefetch,
+/// and the next turn: the device loses the blocks and the host keeps them (KV events), the
+/// prefetch brings them back as a device hit, and the metrics count each hint.
+#[tokio::test]
+async fn kv_hints_move_a_turns_prompt_down_and_back() {
+    bounded(async {
+        let engine = tiered_engine().await;
+        let mut ops = subscribe(&engine).await;
+        let prompt = chat_prompt(LONG_QUESTION);
+        let engine_hashes: Vec<u64> = BlockHasher::with_seed(16, ENGINE_SEED)
+            .sequence(&prompt)
+            .iter()
+            .map(|h| h.0)
+            .collect();
+        let router_hashes = BlockHasher::new(16).sequence(&prompt);
+        let blocks = engine_hashes.len();
+        assert!(blocks >= 3, "a prompt of several blocks");
+
+        let first = engine
+            .post_json("/v1/chat/completions", chat(LONG_QUESTION, 2, false))
+            .await;
+        assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+        until_op(&mut ops, true, Tier::Host, &router_hashes).await;
+
+        // The router's hashes are not the engine's: a hint must name the engine's.
+        let router_named: Vec<u64> = router_hashes.iter().map(|h| h.0).collect();
+        let envelope = hints_envelope(json!([hint("demote", &router_named, Some("host"))]));
+        let reply = engine.post_json("/v1/kv_hints", envelope).await;
+        assert_eq!(reply["outcomes"][0]["outcome"], "missing");
+
+        let envelope = hints_envelope(json!([hint("demote", &engine_hashes, Some("host"))]));
+        let reply = engine.post_json("/v1/kv_hints", envelope).await;
+        assert_eq!(reply["message_id"], "m-1");
+        assert_eq!(reply["outcomes"][0]["action_id"], "demote-1");
+        assert_eq!(reply["outcomes"][0]["outcome"], "accepted");
+        assert_eq!(reply["outcomes"][0]["blocks"], blocks);
+        until_op(&mut ops, false, Tier::Device, &router_hashes).await;
+        let metrics = engine.metrics().await;
+        assert!(series(&metrics, r#"kvbm_tier_usage_blocks{tier="g2"}"#) >= blocks as f64);
+        assert_eq!(series(&metrics, "kvbm_demoted_blocks"), blocks as f64);
+
+        let envelope = hints_envelope(json!([hint("prefetch", &engine_hashes, Some("device"))]));
+        let reply = engine.post_json("/v1/kv_hints", envelope).await;
+        assert_eq!(reply["outcomes"][0]["outcome"], "accepted");
+        assert_eq!(reply["outcomes"][0]["blocks"], blocks);
+        until_op(&mut ops, true, Tier::Device, &router_hashes).await;
+
+        let next = engine
+            .post_json("/v1/chat/completions", chat(LONG_QUESTION, 2, false))
+            .await;
+        let reusable = (prompt.len() - 1) / 16 * 16;
+        assert_eq!(
+            next["usage"]["prompt_tokens_details"]["cached_tokens"],
+            reusable
+        );
+        let metrics = engine.metrics().await;
+        assert_eq!(
+            metric(&metrics, "vllm:prefix_cache_hits_total"),
+            reusable as f64,
+            "a device hit"
+        );
+        assert_eq!(series(&metrics, "kvbm_onboard_blocks_h2d"), 0.0);
+        assert_eq!(series(&metrics, "kvbm_prefetch_blocks"), blocks as f64);
+        let demoted = r#"mock_kv_hints_total{action="demote",outcome="accepted"}"#;
+        assert_eq!(series(&metrics, demoted), 1.0);
+        let missed = r#"mock_kv_hints_total{action="demote",outcome="missing"}"#;
+        assert_eq!(series(&metrics, missed), 1.0);
+        let prefetched = r#"mock_kv_hint_blocks_total{action="prefetch",outcome="accepted"}"#;
+        assert_eq!(series(&metrics, prefetched), blocks as f64);
+        engine.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_kv_hints_endpoint_advertises_and_refuses_bad_envelopes() {
+    bounded(async {
+        let engine = Engine::fast().await;
+        let url = format!("{}/v1/kv_hints", engine.handle.base_url());
+        let advertised: Value = engine
+            .http
+            .get(&url)
+            .send()
+            .await
+            .expect("sent")
+            .json()
+            .await
+            .expect("JSON");
+        assert_eq!(advertised["protocol_version"], "0.1");
+        let types = advertised["action_types"].as_array().expect("a list");
+        assert!(types.contains(&json!("switchyard.kv.pin")));
+        assert!(
+            !types.contains(&json!("switchyard.kv.demote")),
+            "no lower tier to demote to"
+        );
+
+        let response = engine
+            .http
+            .post(&url)
+            .body("{\"protocol_version\": \"0.1\"")
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(response.status(), 400);
+        let body: Value = response.json().await.expect("JSON error");
+        assert_eq!(body["error"]["type"], "BadRequestError");
+        let message = body["error"]["message"].as_str().expect("message");
+        assert!(message.contains("invalid kv_hints envelope"), "{message}");
+
+        let mut envelope = hints_envelope(json!([hint("evict", &[1], None)]));
+        envelope["protocol_version"] = json!("0.2");
+        let response = engine.post("/v1/kv_hints", envelope).await;
+        assert_eq!(response.status(), 400);
+        let body: Value = response.json().await.expect("JSON error");
+        let message = body["error"]["message"].as_str().expect("message");
+        assert!(message.contains("\"0.2\""), "{message}");
+
+        let mut unknown = hint("evict", &[1], None);
+        unknown["action_type"] = json!("kv.fetch");
+        let reply = engine
+            .post_json("/v1/kv_hints", hints_envelope(json!([unknown])))
+            .await;
+        assert_eq!(reply["outcomes"][0]["outcome"], "rejected");
+        let metrics = engine.metrics().await;
+        let other = r#"mock_kv_hints_total{action="other",outcome="rejected"}"#;
+        assert_eq!(series(&metrics, other), 1.0);
+        engine.stop().await;
+    })
+    .await;
+}
+
+/// A `kv_hints` field rides on a request (vLLM's merged field): applied before the request is
+/// scheduled, and counted.
+#[tokio::test]
+async fn a_kv_hints_field_on_a_request_is_applied_first() {
+    bounded(async {
+        let engine = Engine::fast().await;
+        let old: Vec<u32> = (1000..1040).collect();
+        let old_hashes: Vec<u64> = BlockHasher::with_seed(16, ENGINE_SEED)
+            .sequence(&old)
+            .iter()
+            .map(|h| h.0)
+            .collect();
+        let run = json!({"prompt": old, "max_tokens": 1});
+        engine.post_json("/v1/completions", run.clone()).await;
+        let with_hints = json!({
+            "prompt": [2000, 2001, 2002], "max_tokens": 1,
+            "kv_hints": hints_envelope(json!([hint("evict", &old_hashes, None)])),
+        });
+        engine.post_json("/v1/completions", with_hints).await;
+        let again = engine.post_json("/v1/completions", run).await;
+        assert_eq!(
+            again["usage"]["prompt_tokens_details"]["cached_tokens"], 0,
+            "evicted"
+        );
+        let metrics = engine.metrics().await;
+        let evicted = r#"mock_kv_hint_blocks_total{action="evict",outcome="accepted"}"#;
+        assert_eq!(series(&metrics, evicted), 2.0);
+
+        let mut bad = hints_envelope(json!([]));
+        bad["protocol_version"] = json!("9");
+        let refused = json!({"prompt": [1, 2], "max_tokens": 1, "kv_hints": bad});
+        assert_eq!(engine.post("/v1/completions", refused).await.status(), 400);
         engine.stop().await;
     })
     .await;

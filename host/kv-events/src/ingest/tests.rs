@@ -379,3 +379,28 @@ fn a_pool_stream_is_rehashed_from_its_tokens_and_standard_hashes_are_taken_as_is
     );
     assert!(out.malformed || out.ops.is_empty());
 }
+
+#[test]
+fn engine_names_follow_every_tier_and_clear_with_the_rank() {
+    let names = Arc::new(EngineNames::default());
+    let mut ingestor = Ingestor::new(rank(), BS).naming(names.clone());
+    let tokens = [1, 2, 3, 4];
+    let own: Vec<u64> = ours(&tokens).iter().map(|h| h.0).collect();
+    ingestor.on_message(0, &payload(vec![stored(&[10, 11], None, &tokens)]));
+    assert_eq!(names.engine_hashes(&own), [Some(10), Some(11)]);
+    // Offloaded to host memory, then dropped from the device: still named (the host holds it).
+    ingestor.on_message(1, &payload(vec![offloaded(&[11], "cpu")]));
+    ingestor.on_message(2, &payload(vec![removed(&[10, 11], None)]));
+    assert_eq!(names.engine_hashes(&own), [None, Some(11)]);
+    ingestor.on_message(3, &payload(vec![removed(&[11], Some("cpu"))]));
+    assert_eq!(names.engine_hashes(&own), [None, None]);
+    assert!(names.is_empty());
+    ingestor.on_message(4, &payload(vec![stored(&[10], None, &tokens[..2])]));
+    assert_eq!(names.len(), 1);
+    ingestor.on_message(5, &payload(vec![KvEvent::AllBlocksCleared]));
+    assert!(names.is_empty());
+    // A restart (sequence numbers start again) clears them too.
+    ingestor.on_message(6, &payload(vec![stored(&[10], None, &tokens[..2])]));
+    ingestor.on_message(0, &payload(vec![]));
+    assert!(names.is_empty());
+}

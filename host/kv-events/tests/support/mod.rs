@@ -51,6 +51,7 @@ impl Harness {
             bind,
             topic: String::new(),
             format: WireFormat::Vllm,
+            engine_names: None,
         };
         let (sink, ops) = mpsc::channel(256);
         let stats = Arc::new(SubscriberStats::default());
