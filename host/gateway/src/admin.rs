@@ -1,8 +1,9 @@
-//! The policy admin API: list, load and unload routing policies at runtime.
+//! The admin API: list, load and unload routing policies at runtime (`/admin/policies`), and
+//! list, add and remove workers ([`workers`], `/admin/workers`).
 //!
 //! Every call needs `Authorization: Bearer <token>` with one of the tokens of `[policies]`:
 //! a `read` token (`admin_tokens`, `role = "read"`) may list, a `write` token (`role =
-//! "write"`, or the older `admin_token`) may also load, unload and roll back. A missing or
+//! "write"`, or the older `admin_token`) may also change things. A missing or
 //! unknown token is a 401, a read token on a change a 403, both in OpenAI's error shape; without
 //! any configured token the API refuses all calls. Loads compile and canary the component on a
 //! blocking thread, off the request path; a failed load leaves the running policy in place and
@@ -20,6 +21,8 @@ use serde::Deserialize;
 use std::sync::Arc;
 use switchyard_policy_host::{PolicyRegistry, Role};
 
+mod workers;
+
 /// The admin routes.
 pub(crate) fn routes() -> HttpRouter<Arc<Shared>> {
     HttpRouter::new()
@@ -27,6 +30,12 @@ pub(crate) fn routes() -> HttpRouter<Arc<Shared>> {
         .route("/admin/policies/load", post(load))
         .route("/admin/policies/unload", post(unload))
         .route("/admin/policies/rollback", post(rollback))
+        .route(
+            "/admin/workers",
+            get(workers::list)
+                .post(workers::add)
+                .delete(workers::remove),
+        )
 }
 
 /// `POST /admin/policies/load`.
@@ -70,11 +79,19 @@ fn authorized<'a>(
     needed: AdminRole,
     what: &str,
 ) -> Result<&'a Arc<PolicyRegistry>, GatewayError> {
-    let runtime: &PolicyRuntime = shared.policies.as_ref().ok_or_else(|| {
-        GatewayError::NoSuchEndpoint("/admin/policies (no [policies] section)".into())
-    })?;
+    let runtime = runtime(shared, "/admin/policies")?;
     check(&runtime.admin_tokens, headers, needed, what)?;
     Ok(&runtime.registry)
+}
+
+/// The policy runtime, which holds the admin tokens; without `[policies]` there is no admin
+/// API (`path` names it in the 404).
+fn runtime<'a>(shared: &'a Shared, path: &str) -> Result<&'a PolicyRuntime, GatewayError> {
+    shared.policies.as_ref().ok_or_else(|| {
+        GatewayError::NoSuchEndpoint(format!(
+            "{path} (no [policies] section, whose admin_tokens it needs)"
+        ))
+    })
 }
 
 /// 401 without a known bearer token, 403 when its role is below `needed`.

@@ -1,6 +1,6 @@
 //! Gateway configuration: the TOML file a user writes (`RawConfig`) and the validated `Config`.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -12,7 +12,8 @@ use switchyard_core::programs::ProgramConfig;
 use switchyard_core::router::queue::{QueueConfig, QueueOrder};
 use switchyard_core::router::{CostWeights, RouterConfig};
 
-/// The file as written (`switchyard.toml`); every field but `workers` has a default.
+/// The file as written (`switchyard.toml`); every field but `workers` (or `discovery`) has a
+/// default.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
@@ -34,9 +35,12 @@ pub struct RawConfig {
     /// The router queue: when requests wait for a worker with room.
     #[serde(default)]
     pub queue: QueueSettings,
-    /// Engines behind the gateway; none means the embedded default (in-process mock engines).
+    /// Engines behind the gateway; none (and no `discovery`) means the embedded default
+    /// (in-process mock engines).
     #[serde(default)]
     pub workers: Vec<WorkerConfig>,
+    /// Engines found at run time (Kubernetes EndpointSlices), beside `workers`; absent: none.
+    pub discovery: Option<crate::discovery::DiscoveryConfig>,
     /// The request trace; absent: nothing is traced.
     pub trace: Option<TraceConfig>,
     /// Wasm policies (routing, admission, KV hints); absent: `router.policy` (native) routes,
@@ -46,6 +50,71 @@ pub struct RawConfig {
     pub cluster: Option<ClusterConfig>,
     /// A shared KV pool (G4) the workers read from; absent: none.
     pub kv_pool: Option<KvPoolConfig>,
+    /// How KV hints are produced and delivered (the policy is `[policies] kv_hints`).
+    #[serde(default)]
+    pub kv_hints: KvHintsConfig,
+}
+
+/// The KV-hint path (`[kv_hints]`): lifecycle events from live traffic go to the
+/// `[policies] kv_hints` policy; its hints reach the workers whose `kv_hints` says how.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KvHintsConfig {
+    /// How often the policy is asked again, with no new events, while a session waits on a
+    /// tool (so it can act at a predicted time). Default: 100 ms.
+    #[serde(with = "humantime_serde")]
+    pub tick: Duration,
+    /// A harness's prefetch hook (`POST /v1/agent/prefetch`) brings a session's blocks back
+    /// this long before the request it announces, to cover the transfer. Default: 300 ms.
+    #[serde(with = "humantime_serde")]
+    pub prefetch_lead: Duration,
+    /// Sessions the session-prefix index tracks (least recently seen dropped first).
+    /// Default: 16,384.
+    pub sessions: usize,
+    /// Longest to wait for a worker's answer to an envelope. Default: 2 s.
+    #[serde(with = "humantime_serde")]
+    pub delivery_timeout: Duration,
+    /// Requests of a session that thinks carry `kv_transfer_params.max_offload_tokens` = their
+    /// prompt to workers that take hints: chat templates drop past turns' thinking, so the KV
+    /// of an answer (its thinking and everything hashed after it) is never reused, and is not
+    /// written to lower tiers (the mock engine also evicts it first). Only for models whose
+    /// template drops past thinking (DeepSeek-R1; Qwen3 once a new user turn starts): where the
+    /// harness resends it (Anthropic tool loops) it is reused and the cap would cost hits.
+    /// Default: false.
+    pub ephemeral_thinking: bool,
+}
+
+impl Default for KvHintsConfig {
+    fn default() -> Self {
+        Self {
+            tick: Duration::from_millis(100),
+            prefetch_lead: Duration::from_millis(300),
+            sessions: switchyard_core::kv_hints::sessions::DEFAULT_SESSION_CAPACITY,
+            delivery_timeout: Duration::from_secs(2),
+            ephemeral_thinking: false,
+        }
+    }
+}
+
+/// How a worker takes KV hints (`[[workers]] kv_hints`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HintDelivery {
+    /// It takes none: its hints are counted as rejected.
+    #[default]
+    None,
+    /// `POST /v1/kv_hints` with the envelope as soon as the hint is made; the worker answers
+    /// each action's outcome (the mock engine).
+    Endpoint,
+    /// The envelope rides on the next request routed to the worker, as its `kv_hints` field
+    /// (the request field vLLM merged); the outcome is unknown, counted as deferred.
+    Request,
+    /// llama.cpp's `llama-server` started with `--slot-save-path` (one directory shared by the
+    /// servers of a host): sessions are pinned to slots (`id_slot`), a demote saves the
+    /// session's slot to a file and frees the slot, a prefetch (or a request reaching a server
+    /// whose slots lack the session) restores the file first. Needs `kind = "openai"`.
+    #[serde(rename = "llama-slots")]
+    LlamaSlots,
 }
 
 /// A shared KV pool the workers write through to and fetch from (`switchyard kv-pool`, or
@@ -483,7 +552,7 @@ impl Default for RawRouterConfig {
 }
 
 /// Which engine a worker runs; decides wire details such as data-parallel addressing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum EngineKind {
     /// vLLM.
@@ -498,8 +567,8 @@ pub enum EngineKind {
     Openai,
 }
 
-/// One engine server.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// One engine server: a `[[workers]]` table, or the JSON body of `POST /admin/workers`.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkerConfig {
     /// HTTP base URL, e.g. `http://10.0.0.5:8000`.
@@ -524,10 +593,13 @@ pub struct WorkerConfig {
     /// What the gateway sends the engine. Default: `chat`.
     #[serde(default)]
     pub upstream: UpstreamMode,
+    /// How it takes KV hints. Default: `none`.
+    #[serde(default)]
+    pub kv_hints: HintDelivery,
 }
 
 /// What the gateway sends a worker.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum UpstreamMode {
     /// Chat completions: the engine applies its chat template and its tool and reasoning
@@ -572,14 +644,65 @@ fn default_trace_buffer() -> usize {
 fn yes() -> bool {
     true
 }
-fn default_kind() -> EngineKind {
+pub(crate) fn default_kind() -> EngineKind {
     EngineKind::Vllm
 }
-fn one() -> u32 {
+pub(crate) fn one() -> u32 {
     1
 }
-fn sixteen() -> u32 {
+pub(crate) fn sixteen() -> u32 {
     16
+}
+
+// === impl WorkerConfig ===
+
+impl WorkerConfig {
+    /// Check this entry as every source of workers must (the file, the admin API, discovery):
+    /// `field` names it in errors (`workers[2]`), `block_size` is the one the index uses.
+    pub fn validate(&self, field: &str, block_size: u32) -> Result<(), ConfigError> {
+        let invalid = |msg: String| Err(ConfigError::Invalid(msg));
+        if !(self.url.starts_with("http://") || self.url.starts_with("https://")) {
+            return invalid(format!(
+                "{field}.url must be an http(s) URL, got {:?}",
+                self.url
+            ));
+        }
+        if self.block_size == 0 || self.dp_size == 0 {
+            return invalid(format!("{field}: block_size and dp_size must be positive"));
+        }
+        // Our hashes are per block size: one index needs one block size.
+        if self.block_size != block_size {
+            return invalid(format!(
+                "{field}.block_size is {} but the index uses {block_size}: all workers of a model share one block size",
+                self.block_size
+            ));
+        }
+        if self.replay.is_some() && self.kv_events.is_none() {
+            return invalid(format!("{field}: replay without kv_events"));
+        }
+        if self.kv_hints == HintDelivery::LlamaSlots {
+            if self.kind != EngineKind::Openai {
+                return invalid(format!(
+                    "{field}.kv_hints = \"llama-slots\" is for llama.cpp's llama-server: it needs kind = \"openai\", not {}",
+                    serde_json::to_string(&self.kind).unwrap_or_default()
+                ));
+            }
+            if self.dp_size != 1 {
+                return invalid(format!(
+                    "{field}.kv_hints = \"llama-slots\" needs dp_size = 1 (llama-server has one rank)"
+                ));
+            }
+        }
+        // Every rank's endpoint must exist (rank r listens on port + r).
+        for (name, endpoint) in [("kv_events", &self.kv_events), ("replay", &self.replay)] {
+            if let Some(endpoint) = endpoint
+                && let Err(ConfigError::Invalid(why)) = rank_endpoint(endpoint, self.dp_size - 1)
+            {
+                return invalid(format!("{field}.{name}: {why}"));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A configuration the gateway can run.
@@ -603,8 +726,10 @@ pub struct Config {
     pub policy: String,
     /// Attempts per request.
     pub max_attempts: u32,
-    /// Engines (never empty).
+    /// Engines of the file (empty only with discovery).
     pub workers: Vec<WorkerConfig>,
+    /// Engines found at run time, if configured.
+    pub discovery: Option<crate::discovery::DiscoveryConfig>,
     /// The request trace, if on.
     pub trace: Option<TraceConfig>,
     /// Wasm policies (routing, admission, KV hints), if configured.
@@ -613,6 +738,8 @@ pub struct Config {
     pub cluster: Option<ClusterConfig>,
     /// The shared KV pool whose events the gateway indexes, if configured.
     pub kv_pool: Option<KvPoolConfig>,
+    /// The KV-hint path.
+    pub kv_hints: KvHintsConfig,
 }
 
 /// Why a configuration was refused.
@@ -660,32 +787,26 @@ impl TryFrom<RawConfig> for Config {
 
     fn try_from(raw: RawConfig) -> Result<Self, ConfigError> {
         let invalid = |msg: String| Err(ConfigError::Invalid(msg));
-        if raw.workers.is_empty() {
-            return invalid("no workers".into());
+        let kubernetes = raw.discovery.as_ref().and_then(|d| d.kubernetes.as_ref());
+        if let Some(kubernetes) = kubernetes {
+            kubernetes.validate()?;
         }
-        let block_size = raw.workers[0].block_size;
+        // The index's block size: the first worker's, else discovery's template's.
+        let block_size = match (raw.workers.first(), kubernetes) {
+            (Some(first), _) => first.block_size,
+            (None, Some(kubernetes)) => kubernetes.worker.block_size,
+            (None, None) => return invalid("no workers".into()),
+        };
         for (i, w) in raw.workers.iter().enumerate() {
-            if !(w.url.starts_with("http://") || w.url.starts_with("https://")) {
-                return invalid(format!(
-                    "workers[{i}].url must be an http(s) URL, got {:?}",
-                    w.url
-                ));
-            }
-            if w.block_size == 0 || w.dp_size == 0 {
-                return invalid(format!(
-                    "workers[{i}]: block_size and dp_size must be positive"
-                ));
-            }
-            // Our hashes are per block size: one index needs one block size.
-            if w.block_size != block_size {
-                return invalid(format!(
-                    "workers[{i}].block_size is {} but workers[0] uses {block_size}: all workers of a model share one block size",
-                    w.block_size
-                ));
-            }
-            if w.replay.is_some() && w.kv_events.is_none() {
-                return invalid(format!("workers[{i}]: replay without kv_events"));
-            }
+            w.validate(&format!("workers[{i}]"), block_size)?;
+        }
+        if let Some(kubernetes) = kubernetes
+            && kubernetes.worker.block_size != block_size
+        {
+            return invalid(format!(
+                "discovery.kubernetes.worker.block_size is {} but workers[0] uses {block_size}: all workers of a model share one block size",
+                kubernetes.worker.block_size
+            ));
         }
         if switchyard_core::router::native_policy(&raw.router.policy).is_none() {
             return invalid(format!(
@@ -724,6 +845,9 @@ impl TryFrom<RawConfig> for Config {
                 );
             }
         }
+        if raw.kv_hints.tick.is_zero() || raw.kv_hints.sessions == 0 {
+            return invalid("kv_hints.tick and kv_hints.sessions must be positive".into());
+        }
         raw.admission.native_policy()?;
         raw.model.alias_matcher()?;
         if raw.model.context_length == Some(0) {
@@ -760,10 +884,12 @@ impl TryFrom<RawConfig> for Config {
             server: raw.server,
             model: raw.model,
             workers: raw.workers,
+            discovery: raw.discovery,
             trace: raw.trace,
             policies: raw.policies,
             cluster: raw.cluster,
             kv_pool: raw.kv_pool,
+            kv_hints: raw.kv_hints,
         })
     }
 }
@@ -907,6 +1033,65 @@ mod tests {
             ),
         ] {
             let err = parse(text).unwrap_err().to_string();
+            assert!(err.contains(needle), "{text:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn discovery_alone_is_a_fleet_and_shares_the_block_size() {
+        let discovered = "[discovery.kubernetes]\nservice = \"vllm\"\nport = \"http\"\n[discovery.kubernetes.worker]\nblock_size = 32\n";
+        let c = parse(discovered).unwrap();
+        assert!(c.workers.is_empty());
+        assert_eq!(c.router.block_size, 32);
+        let err = parse(&format!("{discovered}[[workers]]\nurl = \"http://a\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("discovery.kubernetes.worker.block_size is 32 but workers[0] uses 16"),
+            "{err}"
+        );
+    }
+
+    /// The example's commented `[discovery.kubernetes]` section, uncommented, is valid too.
+    #[test]
+    fn the_examples_discovery_section_is_valid() {
+        let example = include_str!("../../../examples/switchyard.toml");
+        let start = example
+            .find("# [discovery.kubernetes]")
+            .expect("the example documents discovery");
+        let section: String = example[start..]
+            .lines()
+            .take_while(|l| l.starts_with('#'))
+            .map(|l| format!("{}\n", l.trim_start_matches('#').trim_start()))
+            .collect();
+        let c = parse(&section).unwrap();
+        let kubernetes = c.discovery.unwrap().kubernetes.unwrap();
+        assert_eq!(kubernetes.service, "vllm");
+        assert_eq!(kubernetes.kv_events_port, Some(5557));
+    }
+
+    #[test]
+    fn llama_slots_is_for_llama_server_workers_with_one_rank() {
+        let worker = |extra: &str| {
+            format!("[[workers]]\nurl = \"http://a\"\nkv_hints = \"llama-slots\"\n{extra}")
+        };
+        let c = parse(&worker("kind = \"openai\"\n")).unwrap();
+        assert_eq!(c.workers[0].kv_hints, HintDelivery::LlamaSlots);
+        for (text, needle) in [
+            (
+                worker(""),
+                "workers[0].kv_hints = \"llama-slots\" is for llama.cpp's llama-server: it needs kind = \"openai\", not \"vllm\"",
+            ),
+            (
+                worker("kind = \"openai\"\ndp_size = 2\n"),
+                "workers[0].kv_hints = \"llama-slots\" needs dp_size = 1",
+            ),
+            (
+                "[[workers]]\nurl = \"http://a\"\nkv_hints = \"llama_slots\"\n".to_owned(),
+                "unknown variant `llama_slots`, expected one of `none`, `endpoint`, `request`, `llama-slots`",
+            ),
+        ] {
+            let err = parse(&text).unwrap_err().to_string();
             assert!(err.contains(needle), "{text:?}: {err}");
         }
     }

@@ -62,6 +62,16 @@ pub enum GatewayError {
         /// The engine's content type.
         content_type: Option<HeaderValue>,
     },
+    /// No worker has this URL (`DELETE /admin/workers`).
+    #[error("no worker {url}")]
+    UnknownWorker {
+        /// The URL asked for.
+        url: String,
+    },
+    /// The change conflicts with the fleet as it is (a worker that exists, or belongs to
+    /// another source).
+    #[error("{0}")]
+    Conflict(String),
     /// The admin API was called without the right bearer token.
     #[error("missing or invalid admin token")]
     Unauthorized,
@@ -85,7 +95,10 @@ impl GatewayError {
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::Api(e) => StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST),
             Self::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::UnknownModel(_) | Self::NoSuchEndpoint(_) => StatusCode::NOT_FOUND,
+            Self::UnknownModel(_) | Self::NoSuchEndpoint(_) | Self::UnknownWorker { .. } => {
+                StatusCode::NOT_FOUND
+            }
+            Self::Conflict(_) => StatusCode::CONFLICT,
             Self::NoHealthyWorker | Self::Overloaded { .. } | Self::Stopping => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -107,6 +120,8 @@ impl GatewayError {
             Self::TooLarge { .. } => "too_large",
             Self::UnknownModel(_) => "unknown_model",
             Self::NoSuchEndpoint(_) => "no_such_endpoint",
+            Self::UnknownWorker { .. } => "unknown_worker",
+            Self::Conflict(_) => "conflict",
             Self::NoHealthyWorker => "no_healthy_worker",
             Self::Overloaded { .. } => "overloaded",
             Self::Stopping => "stopping",
@@ -125,12 +140,14 @@ impl GatewayError {
     fn kind(&self) -> ErrorKind {
         match self {
             Self::Api(e) => e.kind,
-            Self::BadRequest(_) | Self::Unauthorized | Self::Forbidden(_) => {
+            Self::BadRequest(_) | Self::Unauthorized | Self::Forbidden(_) | Self::Conflict(_) => {
                 ErrorKind::InvalidRequest
             }
             Self::InvalidApiKey => ErrorKind::Authentication,
             Self::TooLarge { .. } => ErrorKind::RequestTooLarge,
-            Self::UnknownModel(_) | Self::NoSuchEndpoint(_) => ErrorKind::NotFound,
+            Self::UnknownModel(_) | Self::NoSuchEndpoint(_) | Self::UnknownWorker { .. } => {
+                ErrorKind::NotFound
+            }
             Self::NoHealthyWorker | Self::Overloaded { .. } | Self::Stopping => {
                 ErrorKind::Overloaded
             }
@@ -167,6 +184,8 @@ impl GatewayError {
                 Self::UnknownModel(_) => Some("model_not_found".into()),
                 Self::Unauthorized | Self::InvalidApiKey => Some("invalid_api_key".into()),
                 Self::Forbidden(_) => Some("insufficient_permissions".into()),
+                Self::UnknownWorker { .. } => Some("worker_not_found".into()),
+                Self::Conflict(_) => Some("conflict".into()),
                 _ => None,
             },
         }
@@ -174,8 +193,27 @@ impl GatewayError {
 
     /// The response for a request to `api`: its status and an error body in `api`'s shape.
     pub fn into_api_response(self, api: Api) -> Response {
-        let status = self.status();
-        let body = api.error_body(&self.to_api_error());
+        let refusal = self.into_refusal(api);
+        let mut response = (
+            refusal.status,
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            refusal.body,
+        )
+            .into_response();
+        if let Some(secs) = refusal.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+
+    /// The same answer as plain parts, for a transport that is not this gateway's HTTP server
+    /// (the endpoint picker's immediate responses).
+    pub fn into_refusal(self, api: Api) -> Refusal {
         let retry_after = match &self {
             Self::NoHealthyWorker
             | Self::Overloaded { .. }
@@ -184,14 +222,23 @@ impl GatewayError {
             Self::Busy { retry_after } => Some(retry_after.as_secs().max(1)),
             _ => None,
         };
-        let mut response = (status, axum::Json(body)).into_response();
-        if let Some(secs) = retry_after {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        Refusal {
+            status: self.status(),
+            retry_after,
+            body: Bytes::from(api.error_body(&self.to_api_error()).to_string()),
         }
-        response
     }
+}
+
+/// An error answer: status, `Retry-After` seconds, and a JSON body in the client API's shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// When to try again, for refusals that pass.
+    pub retry_after: Option<u64>,
+    /// The error body (JSON).
+    pub body: Bytes,
 }
 
 /// The message of an engine's error body (OpenAI's `{"error": {"message"}}`, vLLM's
@@ -213,6 +260,21 @@ impl IntoResponse for GatewayError {
     /// OpenAI's error shape, for the paths that are not a client API (admin, tool events).
     fn into_response(self) -> Response {
         self.into_api_response(Api::ChatCompletions)
+    }
+}
+
+impl From<crate::fleet::FleetError> for GatewayError {
+    fn from(error: crate::fleet::FleetError) -> Self {
+        use crate::config::ConfigError;
+        use crate::fleet::FleetError;
+        match error {
+            FleetError::Invalid(ConfigError::Invalid(message)) => Self::BadRequest(message),
+            FleetError::Invalid(e) => Self::BadRequest(e.to_string()),
+            FleetError::Unknown { url } => Self::UnknownWorker { url },
+            e @ (FleetError::Owned { .. }
+            | FleetError::Exists { .. }
+            | FleetError::Duplicate { .. }) => Self::Conflict(e.to_string()),
+        }
     }
 }
 

@@ -3,11 +3,12 @@
 //!
 //! Layers, in request order: [`agent`] (session headers), [`proxy`] (body -> tokens -> decision
 //! -> engine -> response), [`trace`] (one line per finished request), [`server`] (state, routes,
-//! background tasks), [`upstream`] (engines and health), [`index`] (the shared index, lock-free
+//! background tasks), [`upstream`] (engines and health), [`fleet`] (engines joining and leaving,
+//! per source: the file, the admin API, [`discovery`]), [`index`] (the shared index, lock-free
 //! for readers), [`events`] (ingestion metrics), [`policies`] (Wasm routing policies, hot
-//! reload) with its token-protected admin API (`/admin/policies`), [`metrics`], [`error`] (the
-//! one mapping of failures to HTTP responses), [`config`] and [`reload`] (a new configuration
-//! put in force without a restart where it can be).
+//! reload) with the token-protected admin API (`/admin/policies`, `/admin/workers`),
+//! [`metrics`], [`error`] (the one mapping of failures to HTTP responses), [`config`] and
+//! [`reload`] (a new configuration put in force without a restart where it can be).
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -29,9 +30,11 @@ mod admission;
 pub mod agent;
 mod cluster;
 pub mod config;
+pub mod discovery;
 pub mod error;
 pub mod events;
 pub mod fleet;
+mod hints;
 pub mod index;
 pub mod metrics;
 pub mod policies;

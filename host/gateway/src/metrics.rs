@@ -49,6 +49,24 @@ pub struct RejectLabels {
     pub reason: String,
 }
 
+/// Labels of a KV-hint action and what became of it.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HintLabels {
+    /// `demote`, `prefetch`, `pin`, `retain`, `evict`, `ephemeral`.
+    pub action: &'static str,
+    /// `worker.dp_rank`.
+    pub worker: String,
+    /// `accepted`, `clipped`, `deferred`, `rejected`, `missing`.
+    pub outcome: &'static str,
+}
+
+/// Labels naming a session lifecycle event.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LifecycleLabels {
+    /// `turn_end_with_tool_call`, `tool_result`, `subagent_spawn`, ...
+    pub kind: &'static str,
+}
+
 /// Labels naming an endpoint.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EndpointLabels {
@@ -85,6 +103,8 @@ pub struct Metrics {
     pub routed_shared_tokens: Family<WorkerLabels, Counter>,
     /// Attempts retried on another worker after a failure before the first byte.
     pub retries: Counter,
+    /// Picked requests the proxy served elsewhere than picked (endpoint-picker mode).
+    pub epp_served_elsewhere: Counter,
     /// 1 while a worker rank passes its health check.
     pub worker_healthy: Family<WorkerLabels, Gauge>,
     /// Requests in flight per worker rank, as the router books them.
@@ -108,6 +128,14 @@ pub struct Metrics {
     pub cluster_messages: Family<DirectionLabels, Counter>,
     /// 1 while the NATS connection of `[cluster]` is up.
     pub cluster_connected: Gauge,
+    /// KV-hint actions by type, worker and outcome.
+    pub kv_hints: Family<HintLabels, Counter>,
+    /// Blocks those actions named (or acted on, when the worker answered).
+    pub kv_hint_blocks: Family<HintLabels, Counter>,
+    /// Envelopes a worker did not answer (unreachable, an error status, a bad reply).
+    pub kv_hint_delivery_failures: Family<WorkerLabels, Counter>,
+    /// Session lifecycle events seen in live traffic, by kind.
+    pub kv_lifecycle_events: Family<LifecycleLabels, Counter>,
 }
 
 /// Labels of the cluster's message counter.
@@ -145,6 +173,7 @@ impl Metrics {
             routed_overlap_tokens: Family::default(),
             routed_shared_tokens: Family::default(),
             retries: Counter::default(),
+            epp_served_elsewhere: Counter::default(),
             worker_healthy: Family::default(),
             in_flight: Family::default(),
             trace_dropped: Counter::default(),
@@ -156,9 +185,33 @@ impl Metrics {
             dropped_tools: Family::default(),
             cluster_messages: Family::default(),
             cluster_connected: Gauge::default(),
+            kv_hints: Family::default(),
+            kv_hint_blocks: Family::default(),
+            kv_hint_delivery_failures: Family::default(),
+            kv_lifecycle_events: Family::default(),
             registry: Mutex::new(Registry::default()),
         };
         registry.register("requests", "Requests answered", m.requests.clone());
+        registry.register(
+            "kv_hint_actions",
+            "KV-hint actions by type, worker and outcome",
+            m.kv_hints.clone(),
+        );
+        registry.register(
+            "kv_hint_blocks",
+            "Blocks named or acted on by KV-hint actions",
+            m.kv_hint_blocks.clone(),
+        );
+        registry.register(
+            "kv_hint_delivery_failures",
+            "KV-hint envelopes a worker did not answer",
+            m.kv_hint_delivery_failures.clone(),
+        );
+        registry.register(
+            "kv_lifecycle_events",
+            "Session lifecycle events seen in live traffic",
+            m.kv_lifecycle_events.clone(),
+        );
         registry.register(
             "rejected",
             "Requests refused before reaching an engine",
@@ -203,6 +256,11 @@ impl Metrics {
             "upstream_retries",
             "Attempts retried on another worker",
             m.retries.clone(),
+        );
+        registry.register(
+            "epp_served_elsewhere",
+            "Picked requests the proxy served on another endpoint than the one picked",
+            m.epp_served_elsewhere.clone(),
         );
         registry.register(
             "worker_healthy",

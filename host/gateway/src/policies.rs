@@ -426,10 +426,6 @@ pub(crate) fn admission_policy(
 
 /// The KV-hint policy for the request path: the registry's when `[policies]` names one for this
 /// model, else `native`.
-#[allow(
-    dead_code,
-    reason = "hints are consumed by the KV block manager, which is not built yet"
-)]
 pub(crate) fn kv_hint_policy(
     policies: Option<&PolicyRuntime>,
     native: Box<dyn KvHintPolicy>,

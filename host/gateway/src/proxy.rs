@@ -4,9 +4,11 @@
 //! that disconnects (its response future or stream dropped) releases the load and, by dropping the
 //! upstream request, cancels it at the engine. The same `Drop` writes the request's trace line.
 
-use crate::admission::Admission;
+use crate::admission::{Admission, Ticket};
 use crate::agent::AgentContext;
+use crate::config::HintDelivery;
 use crate::error::GatewayError;
+use crate::hints::llama_slots::{self, SlotLease};
 use crate::metrics::RequestLabels;
 use crate::queue::Routed;
 use crate::server::Shared;
@@ -16,21 +18,26 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use bytes::Bytes;
 use http_body_util::BodyExt;
+use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
-use switchyard_core::admission::AdmissionRequest;
+use switchyard_core::admission::{AdmissionRequest, Release};
 use switchyard_core::hash::SequenceHash;
+use switchyard_core::kv_hints::sessions::RoutedTurn;
 use switchyard_core::router::{Decision, PolicyRequest, RequestId, RouteRequest};
 use switchyard_core::worker::Rank;
 use switchyard_frontend::{Api, ReplyMeta};
+use tokio::sync::OwnedSemaphorePermit;
 
 mod engine;
+mod pick;
 mod prepare;
 mod respond;
 mod speculative;
 
 pub(crate) use engine::Pin;
 use engine::ReplyDecoder;
+pub use pick::{Pick, Picker};
 pub(crate) use prepare::count_tokens;
 use prepare::{Request, Turn, prepare};
 use respond::{Booking, respond};
@@ -50,22 +57,9 @@ pub async fn handle(shared: Arc<Shared>, api: Api, headers: &HeaderMap, body: Bo
     };
     let agent = AgentContext::from_headers(headers);
     let harness = agent.harness;
-    // Callers that prefer to back off get a 429 instead of waiting in the router queue.
-    let do_not_queue = headers
-        .get("x-switchyard-do-not-queue")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
+    let do_not_queue = do_not_queue(headers);
     // Held until the response body is done (a stream's end), so it bounds streams too.
-    let admitted = shared.live().admits(headers).and_then(|()| {
-        shared
-            .in_flight
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| GatewayError::Overloaded {
-                limit: shared.live().config.server.max_concurrent_requests,
-            })
-    });
-    let result = match admitted {
+    let result = match let_in(&shared, headers) {
         Ok(permit) => proxy(&shared, api, body, (agent, do_not_queue), received)
             .await
             .map(|response| {
@@ -100,6 +94,26 @@ pub async fn handle(shared: Arc<Shared>, api: Api, headers: &HeaderMap, body: Bo
     }
 }
 
+/// A client's key checked and one of the gateway's in-flight permits taken, or why not.
+fn let_in(shared: &Shared, headers: &HeaderMap) -> Result<OwnedSemaphorePermit, GatewayError> {
+    shared.live().admits(headers)?;
+    shared
+        .in_flight
+        .clone()
+        .try_acquire_owned()
+        .map_err(|_| GatewayError::Overloaded {
+            limit: shared.live().config.server.max_concurrent_requests,
+        })
+}
+
+/// Whether the caller asked for a 429 rather than a wait in the router queue.
+fn do_not_queue(headers: &HeaderMap) -> bool {
+    headers
+        .get("x-switchyard-do-not-queue")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
+}
+
 async fn proxy(
     shared: &Arc<Shared>,
     api: Api,
@@ -112,47 +126,14 @@ async fn proxy(
     let mut turn = prepare(shared, api, &bytes, &mut agent).await?;
     let hashes = shared.hasher.sequence(&turn.tokens);
     let id = RequestId(shared.next_request_id());
-    let hints = turn.request.hints();
-    // A paused program's request waits here, before routing, until admission lets it go.
-    let (release, ticket) = Admission::admit(
-        shared,
-        AdmissionRequest {
-            id,
-            request: PolicyRequest {
-                tokens: turn.tokens.len() as u32,
-                session_id: agent.session_id.as_deref(),
-                parent_session_id: agent.parent_session_id.as_deref(),
-                priority: hints.priority.unwrap_or(0),
-                osl: turn.request.expected_output_tokens(),
-                ..PolicyRequest::default()
-            },
-            session_final: agent.session_final,
-        },
-    )
-    .await;
+    let (release, ticket) = admit(shared, id, &turn, &agent).await;
     let mut ticket = Some(ticket);
     let mut excluded: Vec<Rank> = Vec::new();
     let mut last_failure = String::new();
     let max_attempts = shared.live().config.max_attempts;
     for attempt in 0..max_attempts {
-        let request = RouteRequest {
-            hashes: &hashes,
-            tokens: turn.tokens.len() as u32,
-            expected_output_tokens: turn.request.expected_output_tokens(),
-            exclude: &excluded,
-            session_id: agent.session_id.as_deref(),
-            parent_session_id: agent.parent_session_id.as_deref(),
-            priority: release.priority,
-            // Admission's placement holds unless that worker already failed this request.
-            pinned_rank: release.rank.filter(|r| !excluded.contains(r)),
-            ..RouteRequest::default()
-        };
-        let decision = match shared.route(id, &request, do_not_queue) {
-            Ok(Routed::Now(decision)) => Ok(decision),
-            Ok(Routed::Later(waiting)) => waiting.decision().await,
-            Err(e) => Err(e),
-        };
-        let decision = match decision {
+        let request = route_request(&turn, &hashes, &agent, &release, &excluded);
+        let decision = match decide(shared, id, &request, do_not_queue).await {
             Ok(d) => d,
             Err(GatewayError::NoHealthyWorker) if attempt > 0 => {
                 tracing::warn!(%last_failure, "every worker failed or is unhealthy");
@@ -161,6 +142,7 @@ async fn proxy(
             Err(e) => return Err(e),
         };
         let routed = Instant::now();
+        note_routed(shared, &agent, &decision, (&hashes, turn.tokens.len()));
         tracing::debug!(
             request = id.0,
             session = agent.session_id.as_deref(),
@@ -179,11 +161,14 @@ async fn proxy(
             (agent.session_id.clone(), agent.harness),
             received.at,
         );
+        booking.session_final = agent.session_final;
         if let Some(ticket) = &ticket {
             ticket.started(decision.rank);
         }
-        match send(shared, &turn, &decision, release.priority).await {
-            Ok((upstream, parse)) => {
+        let session = agent.session_id.as_deref();
+        match send(shared, &turn, &decision, (release.priority, session)).await {
+            Ok((upstream, parse, slot)) => {
+                booking.slot = slot;
                 let request_id = shared.request_id(id);
                 let streaming = turn.request.streaming().0;
                 let decoder = {
@@ -212,6 +197,87 @@ async fn proxy(
         }
     }
     Err(GatewayError::Upstream(last_failure))
+}
+
+/// Offer the request to session-aware admission: a paused program's request waits here, before
+/// routing, until admission lets it go.
+async fn admit(
+    shared: &Arc<Shared>,
+    id: RequestId,
+    turn: &Turn,
+    agent: &AgentContext,
+) -> (Release, Ticket) {
+    let hints = turn.request.hints();
+    Admission::admit(
+        shared,
+        AdmissionRequest {
+            id,
+            request: PolicyRequest {
+                tokens: turn.tokens.len() as u32,
+                session_id: agent.session_id.as_deref(),
+                parent_session_id: agent.parent_session_id.as_deref(),
+                priority: hints.priority.unwrap_or(0),
+                osl: turn.request.expected_output_tokens(),
+                ..PolicyRequest::default()
+            },
+            session_final: agent.session_final,
+        },
+    )
+    .await
+}
+
+/// What the router is asked for an admitted request, never on a rank in `excluded`.
+fn route_request<'a>(
+    turn: &Turn,
+    hashes: &'a [SequenceHash],
+    agent: &'a AgentContext,
+    release: &Release,
+    excluded: &'a [Rank],
+) -> RouteRequest<'a> {
+    RouteRequest {
+        hashes,
+        tokens: turn.tokens.len() as u32,
+        expected_output_tokens: turn.request.expected_output_tokens(),
+        exclude: excluded,
+        session_id: agent.session_id.as_deref(),
+        parent_session_id: agent.parent_session_id.as_deref(),
+        priority: release.priority,
+        // Admission's placement holds unless that worker already failed this request.
+        pinned_rank: release.rank.filter(|r| !excluded.contains(r)),
+        ..RouteRequest::default()
+    }
+}
+
+/// Route now, or wait in the router queue until a worker has room.
+async fn decide(
+    shared: &Arc<Shared>,
+    id: RequestId,
+    request: &RouteRequest<'_>,
+    do_not_queue: bool,
+) -> Result<Decision, GatewayError> {
+    match shared.route(id, request, do_not_queue)? {
+        Routed::Now(decision) => Ok(decision),
+        Routed::Later(waiting) => waiting.decision().await,
+    }
+}
+
+/// Tell the hint path where a session's request went (its lineage there is this prompt).
+fn note_routed(
+    shared: &Shared,
+    agent: &AgentContext,
+    decision: &Decision,
+    (hashes, prompt_tokens): (&[SequenceHash], usize),
+) {
+    if let Some(session_id) = agent.session_id.as_deref() {
+        let turn = RoutedTurn {
+            session_id,
+            parent_session_id: agent.parent_session_id.as_deref(),
+            rank: decision.rank,
+            hashes,
+            prompt_tokens: prompt_tokens as u64,
+        };
+        shared.hints.routed(turn, shared.now());
+    }
 }
 
 /// What the client API's encoder is told about the request it answers.
@@ -267,6 +333,24 @@ fn trace_draft(
     })))
 }
 
+/// Set vLLM's `kv_transfer_params.max_offload_tokens` to `tokens` (a lower cap already there
+/// stays; a malformed field is replaced).
+fn cap_offload(body: &mut Value, tokens: u64) {
+    let Some(body) = body.as_object_mut() else {
+        return;
+    };
+    let params = body
+        .entry("kv_transfer_params")
+        .or_insert_with(|| json!({}));
+    if !params.is_object() {
+        *params = json!({});
+    }
+    let cap = params["max_offload_tokens"]
+        .as_u64()
+        .map_or(tokens, |c| c.min(tokens));
+    params["max_offload_tokens"] = json!(cap);
+}
+
 /// Read a request body up to `limit` bytes (413 past it).
 pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, GatewayError> {
     axum::body::to_bytes(body, limit).await.map_err(|err| {
@@ -280,20 +364,51 @@ pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, Gateway
     })
 }
 
-/// Send to the chosen rank; also says whether the answer is raw text to parse (`tokens` mode).
-/// `Err` only when nothing came back (connect error, timeout before the response head): then
-/// another worker may be tried.
+/// Send to the chosen rank; also says whether the answer is raw text to parse (`tokens` mode),
+/// and the llama.cpp slot the request holds (`llama-slots` workers). `Err` only when nothing
+/// came back (connect error, timeout before the response head): then another worker may be
+/// tried.
 async fn send(
     shared: &Arc<Shared>,
     turn: &Turn,
     decision: &Decision,
-    priority: i32,
-) -> Result<(reqwest::Response, bool), String> {
+    (priority, session): (i32, Option<&str>),
+) -> Result<(reqwest::Response, bool, Option<SlotLease>), String> {
     let Some(member) = shared.fleet.get(decision.rank.worker) else {
         return Err("the worker left the fleet".into());
     };
     let upstream = &member.upstream;
-    let (path, body, pin) = engine::request(turn, upstream, priority);
+    let (path, mut body, pin) = engine::request(turn, upstream, priority);
+    let mut slot = None;
+    match member.config.kv_hints {
+        HintDelivery::Request => {
+            if let Some(envelope) = shared.hints.riding(decision.rank)
+                && let Ok(field) = serde_json::to_value(envelope)
+            {
+                body["kv_hints"] = field;
+            }
+        }
+        // The session's slot, its saved KV restored there first when the slot lacks it.
+        HintDelivery::LlamaSlots => {
+            if let Some(session) = session {
+                slot = llama_slots::before_request(shared, &member, decision.rank, session).await;
+            }
+            if let Some(slot) = &slot {
+                body["id_slot"] = slot.slot().into();
+            }
+        }
+        HintDelivery::None | HintDelivery::Endpoint => {}
+    }
+    // A thinking session's answer will not be reused: keep it out of the lower tiers (vLLM's
+    // field; a llama.cpp slot has no tiers).
+    if matches!(
+        member.config.kv_hints,
+        HintDelivery::Endpoint | HintDelivery::Request
+    ) && shared.live().config.kv_hints.ephemeral_thinking
+        && session.is_some_and(|s| shared.hints.thinks(s))
+    {
+        cap_offload(&mut body, turn.tokens.len() as u64);
+    }
     shared.metrics.pin(pin);
     let parse = path == "/v1/completions" && turn.request.conversation().is_some();
     let timeout = shared.live().config.server.request_timeout;
@@ -303,5 +418,27 @@ async fn send(
         .send()
         .await
         .map_err(|e| e.to_string())?;
-    Ok((response, parse))
+    Ok((response, parse, slot))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cap_offload;
+    use serde_json::json;
+
+    #[test]
+    fn the_offload_cap_is_set_kept_lower_or_replaces_a_bad_field() {
+        let mut body = json!({"prompt": [1, 2]});
+        cap_offload(&mut body, 2);
+        assert_eq!(body["kv_transfer_params"], json!({"max_offload_tokens": 2}));
+        let mut body = json!({"kv_transfer_params": {"max_offload_tokens": 1, "other": true}});
+        cap_offload(&mut body, 2);
+        assert_eq!(
+            body["kv_transfer_params"],
+            json!({"max_offload_tokens": 1, "other": true})
+        );
+        let mut body = json!({"kv_transfer_params": "nonsense"});
+        cap_offload(&mut body, 2);
+        assert_eq!(body["kv_transfer_params"], json!({"max_offload_tokens": 2}));
+    }
 }

@@ -6,6 +6,7 @@
 //! named as such.
 
 use crate::config::{Config, ConfigError};
+use crate::fleet::Source;
 use crate::metrics::OutcomeLabels;
 use crate::server::{Live, Shared};
 use switchyard_core::router::native_policy;
@@ -172,8 +173,10 @@ fn apply(shared: &Shared, new: Config) -> Result<Reloaded, ConfigError> {
     differs("policies", &old.policies, &new.policies, pending);
     differs("cluster", &old.cluster, &new.cluster, pending);
     differs("kv_pool", &old.kv_pool, &new.kv_pool, pending);
+    differs("discovery", &old.discovery, &new.discovery, pending);
 
-    // The fleet: workers that left the list leave, new ones join (and start cold).
+    // The fleet: workers that left the list leave, new ones join (and start cold). Only the
+    // file's own members: those added through the admin API or discovered stay.
     let workers_changed = old.workers != new.workers;
     next.workers.clone_from(&new.workers);
 
@@ -181,9 +184,12 @@ fn apply(shared: &Shared, new: Config) -> Result<Reloaded, ConfigError> {
     // endpoints in `reconcile`, which changes nothing when one is bad): commit.
     let next = Live::new(next, &shared.tokenizer)?;
     if workers_changed {
-        shared
-            .fleet
-            .reconcile(&next.config.workers, &shared.router, &shared.metrics)?;
+        shared.fleet.reconcile(
+            Source::Config,
+            &next.config.workers,
+            &shared.router,
+            &shared.metrics,
+        )?;
         done.applied.push("workers");
     }
     {

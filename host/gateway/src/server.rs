@@ -3,10 +3,10 @@
 use crate::admission::{Admission, AdmissionCollector};
 use crate::agent::AgentContext;
 use crate::cluster::Cluster;
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, WorkerConfig};
 use crate::error::GatewayError;
 use crate::events::EventMetrics;
-use crate::fleet::Fleet;
+use crate::fleet::{Fleet, FleetError, Source};
 use crate::index::{IndexReader, spawn_index_writer};
 use crate::metrics::{Metrics, RequestLabels, worker_label};
 use crate::policies::{PolicyMetrics, PolicyRuntime};
@@ -127,6 +127,8 @@ pub struct Shared {
     pub(crate) sessions: SessionCache,
     /// Responses API answers kept for `previous_response_id`.
     responses: Mutex<ResponseStore>,
+    /// Sessions' lifecycle and lineage for the KV-hint path.
+    pub(crate) hints: crate::hints::Hints,
     /// Prefix of the ids clients see (`chatcmpl-<prefix><n>`): unique across restarts.
     id_prefix: String,
     pub(crate) router: Arc<Mutex<Router>>,
@@ -191,6 +193,11 @@ impl Shared {
                 }
             })
             .collect()
+    }
+
+    /// The published KV index.
+    pub(crate) fn index(&self) -> &IndexReader {
+        &self.index
     }
 
     /// The router's and admission's clock: time since the gateway started.
@@ -267,6 +274,20 @@ impl Shared {
         Queue::drain(self);
     }
 
+    /// Make `workers` the members of `source`, each checked as a `[[workers]]` entry.
+    pub(crate) fn reconcile_workers(
+        &self,
+        source: Source,
+        workers: &[WorkerConfig],
+    ) -> Result<bool, FleetError> {
+        let block_size = self.live().config.router.block_size;
+        for (i, worker) in workers.iter().enumerate() {
+            worker.validate(&format!("{source} worker {i}"), block_size)?;
+        }
+        self.fleet
+            .reconcile(source, workers, &self.router, &self.metrics)
+    }
+
     /// The worker refused a connection: skip all its ranks until its health check passes.
     pub(crate) fn mark_unreachable(&self, rank: Rank) {
         let Some(member) = self.fleet.get(rank.worker) else {
@@ -297,6 +318,11 @@ impl GatewayHandle {
         self.addr
     }
 
+    /// Decides for requests another proxy forwards (endpoint-picker mode).
+    pub fn picker(&self) -> crate::proxy::Picker {
+        crate::proxy::Picker::new(self.shared.clone())
+    }
+
     /// The model name clients ask for.
     pub fn model_name(&self) -> &str {
         &self.shared.model_name
@@ -310,6 +336,22 @@ impl GatewayHandle {
         config: Result<Config, ConfigError>,
     ) -> Result<crate::Reloaded, ConfigError> {
         crate::reload::reload(&self.shared, config)
+    }
+
+    /// Make `workers` the members of `source` (discovery calls this with what it found): each
+    /// is checked as a `[[workers]]` entry, and nothing changes if one is refused (see
+    /// [`Fleet::reconcile`]). Returns whether anything changed.
+    pub fn reconcile_workers(
+        &self,
+        source: Source,
+        workers: &[WorkerConfig],
+    ) -> Result<bool, FleetError> {
+        self.shared.reconcile_workers(source, workers)
+    }
+
+    /// The source of the member at `url`, if one is.
+    pub fn member_source(&self, url: &str) -> Option<Source> {
+        self.shared.fleet.find(url).map(|m| m.source)
     }
 
     /// Wait until it has shut down: the shutdown token was cancelled, the requests in flight
@@ -390,7 +432,9 @@ pub async fn start(
     let (cluster, cluster_tasks) = cluster.unzip();
     let router = Arc::new(Mutex::new(router));
     let fleet = Arc::new(Fleet::new(ops.clone(), tasks.clone(), background.clone()));
-    fleet.reconcile(&config.workers, &router, &metrics)?;
+    fleet
+        .reconcile(Source::Config, &config.workers, &router, &metrics)
+        .map_err(ConfigError::from)?;
     let pool_events = config.kv_pool.as_ref().map(|pool| {
         let stats = Arc::new(SubscriberStats::default());
         let subscriber = SubscriberConfig {
@@ -401,6 +445,7 @@ pub async fn start(
             bind: false,
             topic: String::new(),
             format: WireFormat::Mooncake,
+            engine_names: None,
         };
         tasks.spawn(run_subscriber(
             subscriber,
@@ -453,6 +498,7 @@ pub async fn start(
             crate::policies::admission_policy(policies.as_ref(), config.admission.native_policy()?),
         ),
         sessions: SessionCache::new(config.frontend.session_cache()),
+        hints: crate::hints::Hints::new(&config.kv_hints),
         responses: Mutex::new(ResponseStore::new(
             config.frontend.response_store_entries,
             config.frontend.response_store_bytes,
@@ -478,6 +524,7 @@ pub async fn start(
     });
 
     tasks.spawn(expire_sessions(shared.clone(), background.clone()));
+    tasks.spawn(crate::hints::run(shared.clone(), background.clone()));
     if let Some(cluster) = cluster_tasks {
         cluster.spawn(shared.clone(), &tasks, background.clone());
     }
@@ -569,6 +616,7 @@ fn routes(shared: Arc<Shared>) -> HttpRouter {
         .route(COUNT_TOKENS_PATH, post(messages_count_tokens))
         .route("/", get(root))
         .route("/v1/agent/tool_events", post(tool_events))
+        .route("/v1/agent/prefetch", post(crate::hints::prefetch_hook))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))

@@ -8,6 +8,7 @@ use super::speculative::Speculation;
 use crate::admission::Ticket;
 use crate::agent::Harness;
 use crate::error::GatewayError;
+use crate::hints::llama_slots::SlotLease;
 use crate::metrics::{EndpointLabels, RequestLabels, worker_label};
 use crate::server::Shared;
 use crate::sse::{Finish, SseReader, ToolCall, Usage};
@@ -21,7 +22,7 @@ use futures::stream::BoxStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use switchyard_core::programs::{TurnEnd, Usage as ProgramUsage};
-use switchyard_core::router::{Decision, Outcome, RequestId};
+use switchyard_core::router::{Decision, Outcome, RequestId, RouteRequest};
 use switchyard_core::worker::Rank;
 use switchyard_frontend::{
     Api, ApiError, Block, ErrorKind, Reply, ReplyEvent, ReplyMeta, ResponsesRequest, SseFrame,
@@ -223,7 +224,31 @@ impl Drop for Answer {
             completion_tokens: usage.completion_tokens,
         });
         self.booking.finish = finish(&self.reply, self.booking.capture_text());
+        // Only the hint path, which follows sessions, uses the span.
+        if self.booking.session_id.is_some() {
+            self.booking.thinking_tokens = thinking_tokens(&self.booking.shared, &self.reply);
+        }
     }
+}
+
+/// The reply's thinking span in tokens, if it thought (re-tokenized: engines report no count).
+fn thinking_tokens(shared: &Shared, reply: &Reply) -> Option<u32> {
+    let thinking: String = reply
+        .blocks()
+        .iter()
+        .filter_map(|b| match b {
+            Block::Thinking { text, .. } if !text.is_empty() => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    if thinking.is_empty() {
+        return None;
+    }
+    let tokens = shared
+        .tokenizer
+        .encode(&thinking, false)
+        .map_or(0, |t| t.len());
+    Some(clamp_u32(tokens as u64))
 }
 
 /// How the reply ended, for the trace.
@@ -304,6 +329,8 @@ pub(super) struct Booking {
     /// Where the rank stood among the policy's candidates, for its `observe` feedback.
     candidate_index: usize,
     session_id: Option<String>,
+    /// The harness said this is the session's last request.
+    pub(super) session_final: bool,
     harness: Harness,
     api: Api,
     started: Instant,
@@ -316,10 +343,14 @@ pub(super) struct Booking {
     /// The whole response reached the client.
     completed: bool,
     finish: Finish,
+    /// The answer's thinking span in tokens (only for session requests).
+    thinking_tokens: Option<u32>,
     /// Set once the request is sent, when tracing is on.
     pub(super) trace: Option<Box<RequestDraft>>,
     /// The request's place in admission, told how it ended.
     pub(super) admission: Option<Ticket>,
+    /// The llama.cpp slot it runs on (`llama-slots` workers).
+    pub(super) slot: Option<SlotLease>,
 }
 
 impl Booking {
@@ -352,6 +383,7 @@ impl Booking {
             rank: decision.rank,
             candidate_index: decision.candidate_index,
             session_id,
+            session_final: false,
             harness,
             api,
             started,
@@ -362,8 +394,10 @@ impl Booking {
             answered: false,
             completed: false,
             finish: Finish::default(),
+            thinking_tokens: None,
             trace: None,
             admission: None,
+            slot: None,
         }
     }
 
@@ -382,7 +416,32 @@ impl Booking {
         }
     }
 
-    fn first_byte(&mut self) {
+    /// A response head with `status` went to the client.
+    pub(super) fn answered(&mut self, status: u16) {
+        self.answered = true;
+        self.status = status;
+    }
+
+    /// The whole response went to the client.
+    pub(super) fn completed(&mut self) {
+        self.completed = true;
+    }
+
+    /// Move the claim to where `request` pins it: the request was served elsewhere than routed.
+    /// Nowhere to book (that rank is unhealthy or gone): its load goes uncounted.
+    pub(super) fn rebook(&mut self, request: &RouteRequest<'_>) {
+        self.shared.finish(self.id);
+        let id = self.id;
+        let booked = self
+            .shared
+            .with_router(|router, index, now| router.route(id, request, index, now));
+        if let Ok(decision) = booked {
+            self.rank = decision.rank;
+            self.candidate_index = decision.candidate_index;
+        }
+    }
+
+    pub(super) fn first_byte(&mut self) {
         if !self.first_byte_seen {
             if let Some(draft) = &mut self.trace {
                 draft.first_byte(Instant::now());
@@ -408,19 +467,32 @@ fn clamp_u32(n: u64) -> u32 {
 impl Drop for Booking {
     fn drop(&mut self) {
         self.shared.finish(self.id);
+        // The slot is free again before the hint path hears the turn ended (and may save it).
+        drop(self.slot.take());
+        let end = TurnEnd {
+            usage: self.usage.map(|u| ProgramUsage {
+                prompt_tokens: clamp_u32(u.prompt_tokens),
+                completion_tokens: clamp_u32(u.completion_tokens),
+            }),
+            tool_call: !self.finish.tool_calls.is_empty(),
+            tool_name: self.finish.tool_calls.last().map(|c| c.name.clone()),
+            thinking_tokens: self.thinking_tokens,
+        };
         if let Some(ticket) = self.admission.take() {
             // The program's state follows how its turn ended: a tool call makes it ACTING.
-            ticket.finished(&TurnEnd {
-                usage: self.usage.map(|u| ProgramUsage {
-                    prompt_tokens: clamp_u32(u.prompt_tokens),
-                    completion_tokens: clamp_u32(u.completion_tokens),
-                }),
-                tool_call: !self.finish.tool_calls.is_empty(),
-                tool_name: self.finish.tool_calls.last().map(|c| c.name.clone()),
-            });
+            ticket.finished(&end);
         }
         if !self.answered {
             return; // failed attempts and engine errors are counted by `handle`
+        }
+        // The hint path sees the turns that reached the client whole.
+        if let Some(session_id) = &self.session_id
+            && self.completed
+            && self.status < 400
+        {
+            let now = self.shared.now();
+            let last = self.session_final;
+            self.shared.hints.turn_ended(session_id, &end, last, now);
         }
         if !self.first_byte_seen {
             self.status = 499; // the client left before the engine answered
