@@ -8,8 +8,8 @@
 //! [`timeline`] draw it.
 //!
 //! Layout: `workload/` (schema, loaders, writers) -> `tokens` (synthetic prompts) -> `sim`
-//! (sessions and the event loop, over `queue`) driving `worker`s (engine + KV event stream) and
-//! the shared `pool` ->
+//! (sessions and the event loop, over `queue`) driving `worker`s (engine + KV event stream), the
+//! shared `pool` and each replica's KV-hint path (`sim/hints`) ->
 //! `metrics` (records -> statistics) -> `report`, `plot`, `timeline`.
 
 #![forbid(unsafe_code)]
@@ -29,6 +29,7 @@ pub mod workload;
 pub use metrics::{Outcome, RequestRecord};
 pub use pool::PoolStats;
 pub use report::{
-    AdmissionStats, KvUtilization, LatencyStats, REPORT_SCHEMA, Report, RunReport, TierReport,
+    AdmissionStats, HintCount, KvHintsReport, KvUtilization, LatencyStats, REPORT_SCHEMA, Report,
+    RunReport, TierReport,
 };
-pub use sim::{SimConfig, SimError, Simulation};
+pub use sim::{IndexMode, ReplicaAffinity, SimConfig, SimError, Simulation};

@@ -1,6 +1,8 @@
 //! What a run recorded, and the statistics computed from it.
 
-use crate::report::{AdmissionStats, KvUtilization, LatencyStats, RunReport, TierReport};
+use crate::report::{
+    AdmissionStats, KvHintsReport, KvUtilization, LatencyStats, RunReport, TierReport,
+};
 use hdrhistogram::Histogram;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -16,6 +18,8 @@ pub struct RequestRecord {
     pub request: usize,
     /// Worker it was routed to; `None` if routing or admission failed.
     pub worker: Option<usize>,
+    /// Gateway replica the load balancer sent it to (0 with one replica).
+    pub replica: usize,
     /// Sent by the client (offered to admission).
     pub sent: Duration,
     /// Let go by admission (to the router, or its queue); `None` if never released.
@@ -46,6 +50,7 @@ impl RequestRecord {
             session,
             request,
             worker: None,
+            replica: 0,
             sent,
             released: None,
             admitted: None,
@@ -71,6 +76,12 @@ pub struct Outcome {
     pub queue_stats: Option<QueueStats>,
     /// Workers.
     pub workers: usize,
+    /// Gateway replicas (admission and router-queue counters are summed over them).
+    pub replicas: usize,
+    /// How requests were spread over the replicas.
+    pub replica_affinity: crate::sim::ReplicaAffinity,
+    /// What the replicas' indexes learned from.
+    pub index: crate::sim::IndexMode,
     /// Root sessions in flight at most.
     pub concurrency: Option<usize>,
     /// Arrival speed-up.
@@ -90,6 +101,8 @@ pub struct Outcome {
     pub tiers: Option<switchyard_core::engine::TierStats>,
     /// The shared pool's counters; `None` without one.
     pub pool: Option<crate::pool::PoolStats>,
+    /// What the KV-hint path did; `None` without one.
+    pub kv_hints: Option<KvHintsReport>,
 }
 
 /// Latencies are kept in microseconds, up to an hour, to 3 significant digits.
@@ -188,6 +201,9 @@ impl Outcome {
             },
             concurrency: self.concurrency,
             workers: self.workers,
+            replicas: self.replicas,
+            replica_affinity: self.replica_affinity.name().to_owned(),
+            index: self.index.name().to_owned(),
             speedup: self.speedup,
             block_size: self.block_size,
             requests: done.len() as u64,
@@ -252,8 +268,13 @@ impl Outcome {
                     pool_published_blocks: t.pool_published_blocks,
                     pool_stored_blocks: pool.stored_blocks,
                     pool_evictions: pool.evictions,
+                    prefetched_blocks: t.prefetched_blocks,
+                    prefetched_bytes: t.prefetched_bytes,
+                    prefetch_s: t.prefetch_time.as_secs_f64(),
+                    demoted_blocks: t.demoted_blocks,
                 }
             }),
+            kv_hints: self.kv_hints.clone(),
         }
     }
 }

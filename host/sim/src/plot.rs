@@ -2,7 +2,9 @@
 //! runs sweep concurrency, instead four metrics against concurrency (requests per second,
 //! prefix-hit ratio, agent steps per minute, recomputed tokens), one line per policy (routing +
 //! admission + speed-up); with KV tiers below the device, TTFT mean, output tokens per second,
-//! prefix-hit ratio and recomputed tokens, one line per policy and tier set.
+//! prefix-hit ratio and recomputed tokens, one line per policy and tier set; with KV hints,
+//! requests per second, the device's prefix-hit ratio, agent steps per minute and recomputed
+//! tokens, one line per hint policy.
 //!
 //! SVG or PNG by the file's extension. Text is laid out with a TrueType font found on the system
 //! (DejaVu Sans or Liberation Sans) or named by `SWITCHYARD_PLOT_FONT`.
@@ -91,6 +93,28 @@ fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, report: &Report) -> D
     let (bottom_left, bottom_right) = bottom.split_horizontally(SIZE.0 / 2);
     let low = SeriesLabelPosition::LowerLeft;
     let high = SeriesLabelPosition::UpperLeft;
+    if report.runs.iter().any(|r| r.kv_hints.is_some()) {
+        sweep(&top_left, report, "Requests per second", low.clone(), |r| {
+            r.requests_per_s
+        })?;
+        sweep(
+            &top_right,
+            report,
+            "Prefix-hit ratio on the device",
+            low.clone(),
+            |r| r.tiers.map_or(r.prefix_hit_ratio, |t| t.device_hit_ratio),
+        )?;
+        sweep(&bottom_left, report, "Agent steps per minute", low, |r| {
+            r.agent_steps_per_min.unwrap_or(0.0)
+        })?;
+        return sweep(
+            &bottom_right,
+            report,
+            "Recomputed prompt Mtokens",
+            high,
+            |r| r.recomputed_tokens as f64 / 1e6,
+        );
+    }
     if report.runs.iter().any(|r| r.tiers.is_some()) {
         sweep(&top_left, report, "TTFT mean (ms)", high.clone(), |r| {
             r.ttft_ms.mean
@@ -340,6 +364,9 @@ mod tests {
             admission_stats: AdmissionStats::default(),
             concurrency,
             workers: 2,
+            replicas: 1,
+            replica_affinity: "session".into(),
+            index: "events".into(),
             speedup: 1.0,
             block_size: 16,
             requests: 10,
@@ -361,6 +388,7 @@ mod tests {
                 workers: vec![vec![0.5]],
             },
             tiers: None,
+            kv_hints: None,
         }
     }
 
@@ -390,6 +418,30 @@ mod tests {
         assert!(svg.contains("Requests per second by concurrency"));
         assert!(svg.contains("kv-cost+thunder-agent"));
         assert!(svg.contains("unlimited"));
+        let hinted = |name: &str, concurrency| RunReport {
+            kv_hints: Some(crate::report::KvHintsReport {
+                policy: name.into(),
+                ..Default::default()
+            }),
+            ..run("thunder-agent", concurrency, 1.0)
+        };
+        let hints = Report {
+            runs: vec![
+                hinted("no-hints", Some(8)),
+                hinted("demote-on-tool-call", Some(8)),
+                hinted("no-hints", Some(16)),
+                hinted("demote-on-tool-call", Some(16)),
+            ],
+            ..report
+        };
+        assert_eq!(
+            series(&hints.runs[1]),
+            "kv-cost+thunder-agent hints:demote-on-tool-call"
+        );
+        plot(&hints, &path).unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        assert!(svg.contains("Prefix-hit ratio on the device by concurrency"));
+        assert!(svg.contains("hints:demote-on-tool-call"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

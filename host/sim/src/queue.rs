@@ -50,6 +50,11 @@ impl<E> EventQueue<E> {
         self.heap.push(Reverse(Entry { at, seq, event }));
     }
 
+    /// Events waiting.
+    pub(crate) fn len(&self) -> usize {
+        self.heap.len()
+    }
+
     pub(crate) fn pop(&mut self) -> Option<(Duration, E)> {
         self.heap.pop().map(|Reverse(e)| (e.at, e.event))
     }

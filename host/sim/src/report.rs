@@ -3,6 +3,7 @@
 //! `docs/simulate.md` documents every field; keep the two in step.
 
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 /// Schema name of [`Report`].
@@ -34,6 +35,17 @@ pub struct RunReport {
     pub concurrency: Option<usize>,
     /// Simulated workers.
     pub workers: usize,
+    /// Gateway replicas over the workers, each with its own router, index and admission.
+    #[serde(default = "one")]
+    pub replicas: usize,
+    /// How the load balancer spread requests over the replicas: `session`, `random`,
+    /// `round-robin`.
+    #[serde(default = "session")]
+    pub replica_affinity: String,
+    /// What the replicas' indexes learned from: `events` (every engine's KV events) or
+    /// `approximate` (each replica's own decisions).
+    #[serde(default = "events")]
+    pub index: String,
     /// Arrival and gap speed-up.
     pub speedup: f64,
     /// Tokens per KV block.
@@ -72,6 +84,72 @@ pub struct RunReport {
     /// absent without either.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tiers: Option<TierReport>,
+    /// What the KV-hint path did; absent without `--kv-hints`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_hints: Option<KvHintsReport>,
+}
+
+/// What the KV-hint path did in a run, summed over the gateway replicas.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct KvHintsReport {
+    /// The policy: a native spec (parameters included) or a component's name.
+    pub policy: String,
+    /// Times a replica asked the policy: when events arrived, and every tick while a session
+    /// waited on a tool.
+    pub policy_calls: u64,
+    /// Session-level hints the policy answered.
+    pub hints: u64,
+    /// Lifecycle events by kind (`turn_end_with_tool_call`, `tool_result`, `subagent_spawn`,
+    /// `subagent_end`, `compaction`, `session_end`).
+    pub events: BTreeMap<String, u64>,
+    /// Block actions by action (`demote`, `prefetch`, `evict`, `retain`, `pin`) and outcome
+    /// (`accepted`, `clipped`, `deferred`, `rejected`, `missing`), as the engines answered.
+    pub actions: BTreeMap<String, BTreeMap<String, HintCount>>,
+    /// Blocks hints named that the simulator could not translate from the router's hashes to
+    /// the engines' (no recent prompt named them); left out of the actions.
+    pub untranslated_blocks: u64,
+}
+
+/// Actions of one type with one outcome, and the blocks the engines acted on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HintCount {
+    /// Actions.
+    pub actions: u64,
+    /// Blocks they acted on (moved, loaded, pinned, freed).
+    pub blocks: u64,
+}
+
+impl KvHintsReport {
+    /// Actions of type `action` (`demote`) with `outcome` (`accepted`).
+    pub fn count(&self, action: &str, outcome: &str) -> HintCount {
+        self.actions
+            .get(action)
+            .and_then(|by_outcome| by_outcome.get(outcome))
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Every action of type `action`, whatever its outcome.
+    pub fn total(&self, action: &str) -> HintCount {
+        self.actions
+            .get(action)
+            .into_iter()
+            .flat_map(BTreeMap::values)
+            .fold(HintCount::default(), |sum, c| HintCount {
+                actions: sum.actions + c.actions,
+                blocks: sum.blocks + c.blocks,
+            })
+    }
+
+    /// `done/all` for actions of type `action`: accepted or clipped, of all (`-` for none).
+    fn cell(&self, action: &str) -> String {
+        let all = self.total(action).actions;
+        if all == 0 {
+            return "-".to_owned();
+        }
+        let done = self.count(action, "accepted").actions + self.count(action, "clipped").actions;
+        format!("{done}/{all}")
+    }
 }
 
 /// What the KV tiers below the device did in a run: the engines' host tiers (G2) and the shared
@@ -154,6 +232,20 @@ pub struct TierReport {
     /// Blocks the pool evicted.
     #[serde(default)]
     pub pool_evictions: u64,
+    /// Blocks prefetch hints loaded into the device from the host or disk tier, off any
+    /// request's critical path.
+    #[serde(default)]
+    pub prefetched_blocks: u64,
+    /// Bytes of those loads.
+    #[serde(default)]
+    pub prefetched_bytes: u64,
+    /// Virtual seconds those loads took, summed over workers: charged to no request (the engine
+    /// model completes a prefetch at once).
+    #[serde(default)]
+    pub prefetch_s: f64,
+    /// Blocks demote hints moved down a tier (their device copy freed, a copy kept below).
+    #[serde(default)]
+    pub demoted_blocks: u64,
 }
 
 impl TierReport {
@@ -198,8 +290,47 @@ pub struct AdmissionStats {
     pub router_queue_max_depth: usize,
 }
 
+/// Rows of the KV-hint path: actions done (accepted or clipped) of all, per action type, and
+/// what the tiers moved for them.
+fn hint_rows() -> Vec<Metric> {
+    fn cell(r: &RunReport, action: &str) -> String {
+        r.kv_hints
+            .as_ref()
+            .map_or_else(|| "-".to_owned(), |h| h.cell(action))
+    }
+    vec![
+        ("hint calls", |r| {
+            r.kv_hints
+                .as_ref()
+                .map_or_else(|| "-".to_owned(), |h| h.policy_calls.to_string())
+        }),
+        ("demote done/all", |r| cell(r, "demote")),
+        ("prefetch done/all", |r| cell(r, "prefetch")),
+        ("evict done/all", |r| cell(r, "evict")),
+        ("retain done/all", |r| cell(r, "retain")),
+        ("demoted blocks", |r| {
+            format!("{}", r.tiers.unwrap_or_default().demoted_blocks)
+        }),
+        ("prefetched blocks", |r| {
+            format!("{}", r.tiers.unwrap_or_default().prefetched_blocks)
+        }),
+    ]
+}
+
 fn admit_all() -> String {
     "admit-all".to_owned()
+}
+
+fn one() -> usize {
+    1
+}
+
+fn session() -> String {
+    "session".to_owned()
+}
+
+fn events() -> String {
+    "events".to_owned()
 }
 
 /// Mean and percentiles, in milliseconds.
@@ -247,8 +378,9 @@ impl KvUtilization {
 
 impl RunReport {
     /// Short column label: `policy@concurrency` (`policy+admission@concurrency` with an
-    /// admission policy, `policy g1+g2@concurrency` with lower KV tiers), and `xN` when arrivals
-    /// are sped up.
+    /// admission policy, `policy g1+g2@concurrency` with lower KV tiers, `policy r4-session@...`
+    /// with replicas, `-approx` or ` approx` with approximate indexes, ` hints:<policy>` with
+    /// the KV-hint path), and `xN` when arrivals are sped up.
     pub fn label(&self) -> String {
         let concurrency = self
             .concurrency
@@ -260,6 +392,19 @@ impl RunReport {
         };
         if let Some(tiers) = &self.tiers {
             policy = format!("{policy} {}", tiers.name());
+        }
+        if self.replicas > 1 {
+            policy = format!("{policy} r{}-{}", self.replicas, self.replica_affinity);
+        }
+        if self.index == "approximate" {
+            policy += if self.replicas > 1 {
+                "-approx"
+            } else {
+                " approx"
+            };
+        }
+        if let Some(hints) = &self.kv_hints {
+            policy = format!("{policy} hints:{}", hints.policy);
         }
         let label = format!("{policy}@{concurrency}");
         if self.speedup == 1.0 {
@@ -365,6 +510,9 @@ impl Report {
             rows.push(("pool fetch s", |r| {
                 format!("{:.2}", r.tiers.unwrap_or_default().pool_onboard_s)
             }));
+        }
+        if self.runs.iter().any(|r| r.kv_hints.is_some()) {
+            rows.extend(hint_rows());
         }
         let width = labels.iter().map(String::len).max().unwrap_or(0).max(10);
         let mut out = String::new();

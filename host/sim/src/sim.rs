@@ -7,6 +7,19 @@
 //! and `finish` are called when the engine's tokens arrive, as the gateway's stream does; the index
 //! changes only through the workers' published KV events. The simulator itself decides nothing but
 //! *when* things happen.
+//!
+//! With [`SimConfig::replicas`] above one, several gateway replicas share the fleet: each is its
+//! own `Router` (bookings and load of its own decisions only), `KvIndex` (fed by every worker's
+//! events, as each replica subscribes to every engine) and `AdmissionController`; a load balancer
+//! model ([`ReplicaAffinity`]) picks the replica of each request. With
+//! [`IndexMode::Approximate`] no replica hears events: each indexes the ranks from its own
+//! decisions (the router's approximate mode).
+//!
+//! With [`SimConfig::kv_hints`] (or [`Simulation::with_kv_hint_policies`]) each replica also
+//! runs the gateway's KV-hint path on the virtual clock (`sim/hints.rs`): lifecycle events from
+//! its traffic, its policy's hints resolved into block actions, applied to the engines.
+
+mod hints;
 
 use crate::metrics::{Outcome, RequestRecord};
 use crate::pool::SharedPool;
@@ -15,22 +28,100 @@ use crate::tokens;
 use crate::worker::{Published, SimWorker};
 use crate::workload::{SpawnTree, Workload};
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::str::FromStr;
 use std::time::Duration;
 use switchyard_core::admission::{
-    AdmissionConfig, AdmissionController, AdmissionPolicy, AdmissionRequest, ParamError,
-    RankUtilization, Release, native_admission_spec,
+    AdmissionConfig, AdmissionController, AdmissionMetrics, AdmissionPolicy, AdmissionRequest,
+    ParamError, RankUtilization, Release, native_admission_spec,
 };
 use switchyard_core::engine::{
     EngineConfig, EngineModel, EngineRequest, KvTransfer, TierStats, TokenOut,
 };
 use switchyard_core::hash::{BlockHasher, SequenceHash};
 use switchyard_core::index::KvIndex;
+use switchyard_core::kv_hints::params::native_kv_hints_spec;
+use switchyard_core::kv_hints::sessions::RoutedTurn;
 use switchyard_core::programs::{TurnEnd, Usage};
-use switchyard_core::router::queue::{QueueConfig, QueuedRequest, RouterQueue, Submitted};
+use switchyard_core::router::queue::{
+    QueueConfig, QueueStats, QueuedRequest, RouterQueue, Submitted,
+};
 use switchyard_core::router::{
     PolicyRequest, RequestId, RouteRequest, Router, RouterConfig, RoutingPolicy, native_policy,
 };
 use switchyard_core::worker::Rank;
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
+
+/// How the load balancer in front of the replicas picks one for a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReplicaAffinity {
+    /// Sticky: a stable hash (xxh3) of the root session's id, modulo the replicas, so a session
+    /// and its sub-agents always meet one replica (what Envoy's header hash does, without
+    /// Maglev's minimal movement when the replica count changes: it does not change here).
+    #[default]
+    Session,
+    /// Each request to a replica drawn from a seeded hash of its id (a connection-level
+    /// balancer that does not look at the session).
+    Random,
+    /// Each request to the next replica, in send order.
+    RoundRobin,
+}
+
+impl ReplicaAffinity {
+    /// The name `FromStr` reads.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Session => "session",
+            Self::Random => "random",
+            Self::RoundRobin => "round-robin",
+        }
+    }
+}
+
+impl FromStr for ReplicaAffinity {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "session" => Ok(Self::Session),
+            "random" => Ok(Self::Random),
+            "round-robin" => Ok(Self::RoundRobin),
+            _ => Err(format!(
+                "`{s}` is not a replica affinity (session, random, round-robin)"
+            )),
+        }
+    }
+}
+
+/// What the replicas' KV indexes learn from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IndexMode {
+    /// Every worker's KV events (and the shared pool's), delivered to every replica.
+    #[default]
+    Events,
+    /// No events: every rank is approximate, each replica predicting blocks from its own
+    /// routing decisions (what a cache-aware router without engine events does).
+    Approximate,
+}
+
+impl IndexMode {
+    /// The name `FromStr` reads.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Events => "events",
+            Self::Approximate => "approximate",
+        }
+    }
+}
+
+impl FromStr for IndexMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "events" => Ok(Self::Events),
+            "approximate" => Ok(Self::Approximate),
+            _ => Err(format!("`{s}` is not an index mode (events, approximate)")),
+        }
+    }
+}
 
 /// What to simulate.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,6 +156,20 @@ pub struct SimConfig {
     pub sample_interval: Duration,
     /// Seeds the router's tie-breaking.
     pub seed: u64,
+    /// Gateway replicas over the fleet, each with its own router, index and admission.
+    pub replicas: usize,
+    /// How requests are spread over the replicas.
+    pub replica_affinity: ReplicaAffinity,
+    /// What the replicas' indexes learn from.
+    pub index: IndexMode,
+    /// KV-hint policy, a native spec: a strategy (`demote-on-tool-call`, `subagent-reclaim`,
+    /// `share-to-subagent`, `compaction-evict`, `no-hints`) with optional parameters,
+    /// `name[:key=value]*`, several joined by `+`. Each replica runs the gateway's hint path
+    /// with its own instance. `None`: no hint path at all.
+    pub kv_hints: Option<String>,
+    /// How often a replica asks its KV-hint policy while some session waits on a tool (the
+    /// gateway's `[kv_hints] tick`), besides whenever lifecycle events arrive.
+    pub kv_hints_tick: Duration,
 }
 
 impl Default for SimConfig {
@@ -84,6 +189,11 @@ impl Default for SimConfig {
             event_delay: Duration::from_millis(5),
             sample_interval: Duration::from_secs(1),
             seed: 0x5717_c4ad,
+            replicas: 1,
+            replica_affinity: ReplicaAffinity::Session,
+            index: IndexMode::Events,
+            kv_hints: None,
+            kv_hints_tick: Duration::from_millis(100),
         }
     }
 }
@@ -97,6 +207,9 @@ pub enum SimError {
     /// Not a native admission policy, or a bad parameter.
     #[error(transparent)]
     Admission(#[from] ParamError),
+    /// Not a native KV-hint strategy, or a bad parameter.
+    #[error("kv hints: {0}")]
+    KvHints(ParamError),
     /// The engine settings are invalid.
     #[error(transparent)]
     Engine(#[from] switchyard_core::engine::ConfigError),
@@ -125,8 +238,10 @@ enum Event {
     StepEnd(usize),
     /// A KV event message reaches the index.
     KvEvents(usize, Published),
-    /// The admission controller's periodic work is due.
-    AdmissionTick,
+    /// Replica `r`'s admission controller's periodic work is due.
+    AdmissionTick(usize),
+    /// Replica `r`'s KV-hint path has events to show its policy, or a tick is due.
+    Hints(usize),
 }
 
 /// A request admission or the router queue still holds: what the engine will need.
@@ -149,19 +264,32 @@ struct SessionState {
     in_flight: bool,
 }
 
+/// One gateway replica: what a `switchyard serve` process holds.
+#[derive(Debug)]
+struct Replica {
+    router: Router,
+    /// Its own copy of the index, from the same events.
+    index: KvIndex,
+    admission: AdmissionController,
+    router_queue: Option<RouterQueue>,
+    /// When its next `AdmissionTick` event is due, if one is scheduled.
+    tick_at: Option<Duration>,
+    /// Its KV-hint path, with [`SimConfig::kv_hints`].
+    hints: Option<hints::ReplicaHints>,
+}
+
 /// One run of a workload under one configuration.
 #[derive(Debug)]
 pub struct Simulation<'w> {
     workload: &'w Workload,
     config: SimConfig,
-    router: Router,
-    admission: AdmissionController,
-    router_queue: Option<RouterQueue>,
+    replicas: Vec<Replica>,
+    /// Each session's root session (itself for roots).
+    root_of: Vec<usize>,
+    /// Requests sent so far, for [`ReplicaAffinity::RoundRobin`].
+    sent: u64,
     /// Requests sent and not yet in an engine (held by admission, or in the router queue).
     pending: HashMap<u64, Pending>,
-    /// When the next `AdmissionTick` event is due, if one is scheduled.
-    tick_at: Option<Duration>,
-    index: KvIndex,
     hasher: BlockHasher,
     workers: Vec<SimWorker>,
     /// The shared pool, with `SimConfig::pool_blocks`.
@@ -181,50 +309,90 @@ pub struct Simulation<'w> {
     recomputed_tokens: u64,
     kv_samples: Vec<Vec<f64>>,
     next_sample: Duration,
+    /// Router hashes -> engine hashes, while a KV-hint path runs.
+    translation: Option<hints::HashTranslation>,
+    /// `Hints` events in the queue: ticks stop once nothing else is.
+    queued_hint_rounds: usize,
 }
 
 impl<'w> Simulation<'w> {
     /// A simulation of `workload` under `config`, ready to [`run`](Self::run).
     pub fn new(workload: &'w Workload, config: SimConfig) -> Result<Self, SimError> {
-        let policy = native_policy(&config.policy)
-            .ok_or_else(|| SimError::UnknownPolicy(config.policy.clone()))?;
-        Self::with_policy(workload, config, policy)
+        let policies = (0..config.replicas.max(1))
+            .map(|_| {
+                native_policy(&config.policy)
+                    .ok_or_else(|| SimError::UnknownPolicy(config.policy.clone()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Self::with_replica_policies(workload, config, policies, None)
     }
 
     /// A simulation whose router uses `policy` (a Wasm component, or an instrumented one);
     /// `config.policy` is ignored and the report names `policy.name()`. Admission is the native
-    /// policy `config.admission`.
+    /// policy `config.admission`. One replica only (see [`Self::with_replica_policies`]).
     pub fn with_policy(
         workload: &'w Workload,
-        mut config: SimConfig,
+        config: SimConfig,
         policy: Box<dyn RoutingPolicy>,
     ) -> Result<Self, SimError> {
-        let admission =
-            native_admission_spec(&config.admission, config.admission_config.tick_interval)?;
-        config.policy = policy.name().to_owned();
-        // The report keeps the spec, parameters included, to tell variants apart.
-        Self::build(workload, config, policy, admission)
+        Self::with_replica_policies(workload, config, vec![policy], None)
     }
 
     /// A simulation with explicit routing and admission policies (Wasm components, or
     /// instrumented ones); `config.policy` and `config.admission` are ignored and the report
-    /// names the policies.
+    /// names the policies. One replica only (see [`Self::with_replica_policies`]).
     pub fn with_policies(
         workload: &'w Workload,
-        mut config: SimConfig,
+        config: SimConfig,
         policy: Box<dyn RoutingPolicy>,
         admission: Box<dyn AdmissionPolicy>,
     ) -> Result<Self, SimError> {
-        config.policy = policy.name().to_owned();
-        config.admission = admission.name().to_owned();
-        Self::build(workload, config, policy, admission)
+        Self::with_replica_policies(workload, config, vec![policy], Some(vec![admission]))
+    }
+
+    /// A simulation with one routing policy instance per replica (`config.replicas` of them,
+    /// each replica's router owning its own), and one admission policy per replica or, with
+    /// `None`, the native `config.admission` for each. The report names the first replica's
+    /// policies (a native admission policy by its spec, parameters included).
+    pub fn with_replica_policies(
+        workload: &'w Workload,
+        mut config: SimConfig,
+        policies: Vec<Box<dyn RoutingPolicy>>,
+        admissions: Option<Vec<Box<dyn AdmissionPolicy>>>,
+    ) -> Result<Self, SimError> {
+        if config.replicas == 0 {
+            return Err(SimError::Invalid("replicas must be positive"));
+        }
+        if policies.len() != config.replicas
+            || admissions
+                .as_ref()
+                .is_some_and(|a| a.len() != config.replicas)
+        {
+            return Err(SimError::Invalid(
+                "one routing (and admission) policy per replica",
+            ));
+        }
+        let admissions = match admissions {
+            Some(admissions) => {
+                config.admission = admissions[0].name().to_owned();
+                admissions
+            }
+            // The report keeps the spec, parameters included, to tell variants apart.
+            None => (0..config.replicas)
+                .map(|_| {
+                    native_admission_spec(&config.admission, config.admission_config.tick_interval)
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+        };
+        config.policy = policies[0].name().to_owned();
+        Self::build(workload, config, policies, admissions)
     }
 
     fn build(
         workload: &'w Workload,
         config: SimConfig,
-        policy: Box<dyn RoutingPolicy>,
-        admission: Box<dyn AdmissionPolicy>,
+        policies: Vec<Box<dyn RoutingPolicy>>,
+        admissions: Vec<Box<dyn AdmissionPolicy>>,
     ) -> Result<Self, SimError> {
         if workload.block_size as usize != config.engine.block_size {
             return Err(SimError::BlockSize {
@@ -253,16 +421,47 @@ impl<'w> Simulation<'w> {
                 ));
             }
         };
-        let router_config = RouterConfig {
-            block_size: workload.block_size,
-            seed: config.seed,
-            ..config.router.clone()
+        let approximate = config.index == IndexMode::Approximate;
+        let mut hint_policies = match &config.kv_hints {
+            Some(spec) => {
+                if config.kv_hints_tick.is_zero() {
+                    return Err(SimError::Invalid("kv_hints_tick must be positive"));
+                }
+                (0..config.replicas)
+                    .map(|_| native_kv_hints_spec(spec).map(Some))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(SimError::KvHints)?
+            }
+            None => (0..config.replicas).map(|_| None).collect(),
         };
-        let mut router = Router::new(router_config, policy);
+        let replicas = policies
+            .into_iter()
+            .zip(admissions)
+            .enumerate()
+            .map(|(r, (policy, admission))| {
+                let router_config = RouterConfig {
+                    block_size: workload.block_size,
+                    // Replica 0 keeps the seed: one replica is the simulator without replicas.
+                    seed: config.seed ^ (r as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                    ..config.router.clone()
+                };
+                let mut router = Router::new(router_config, policy);
+                for w in 0..config.workers {
+                    router.add_rank(Rank::new(w as u32, 0), approximate);
+                }
+                Replica {
+                    router,
+                    index: KvIndex::new(),
+                    admission: AdmissionController::new(config.admission_config.clone(), admission),
+                    router_queue: config.queue.clone().map(RouterQueue::new),
+                    tick_at: None,
+                    hints: hint_policies[r].take().map(hints::ReplicaHints::new),
+                }
+            })
+            .collect();
         let mut workers = Vec::with_capacity(config.workers);
         for w in 0..config.workers {
             let rank = Rank::new(w as u32, 0);
-            router.add_rank(rank, false);
             workers.push(SimWorker::new(
                 rank,
                 EngineModel::new(config.engine.clone())?,
@@ -273,6 +472,14 @@ impl<'w> Simulation<'w> {
             children,
             parent_of,
         } = workload.spawn_tree();
+        let root_of = (0..workload.sessions.len())
+            .map(|mut s| {
+                while let Some(parent) = parent_of[s] {
+                    s = parent;
+                }
+                s
+            })
+            .collect();
         let mut queue = EventQueue::new();
         for root in roots {
             let session = &workload.sessions[root];
@@ -280,11 +487,17 @@ impl<'w> Simulation<'w> {
             let at = (session.start + first_gap).div_f64(config.speedup);
             queue.push(at, Event::Arrive(root));
         }
+        let translation = config
+            .kv_hints
+            .is_some()
+            .then(|| hints::HashTranslation::new(hints::translation_capacity(&config)));
         Ok(Self {
-            admission: AdmissionController::new(config.admission_config.clone(), admission),
-            router_queue: config.queue.clone().map(RouterQueue::new),
+            replicas,
+            translation,
+            queued_hint_rounds: 0,
+            root_of,
+            sent: 0,
             pending: HashMap::new(),
-            tick_at: None,
             hasher: BlockHasher::new(workload.block_size as usize),
             sessions: (0..workload.sessions.len())
                 .map(|_| SessionState::default())
@@ -292,8 +505,6 @@ impl<'w> Simulation<'w> {
             kv_samples: vec![Vec::new(); config.workers],
             workload,
             config,
-            router,
-            index: KvIndex::new(),
             workers,
             pool,
             queue,
@@ -320,11 +531,18 @@ impl<'w> Simulation<'w> {
                 Event::Wake(_) => {}
                 Event::StepEnd(w) => self.end_step(w, now, progress),
                 Event::KvEvents(w, message) => {
+                    // Every replica subscribes to every engine: the same ops reach each index.
                     for op in self.workers[w].ingest(&message) {
-                        self.index.apply(&op);
+                        for replica in &mut self.replicas {
+                            replica.index.apply(&op);
+                        }
                     }
                 }
-                Event::AdmissionTick => self.admission_tick(now, progress),
+                Event::AdmissionTick(r) => self.admission_tick(r, now, progress),
+                Event::Hints(r) => {
+                    self.queued_hint_rounds -= 1;
+                    self.hint_round(r, now);
+                }
             }
         }
         let end = self
@@ -333,10 +551,28 @@ impl<'w> Simulation<'w> {
             .filter_map(|r| r.finished)
             .max()
             .unwrap_or_default();
+        let mut admission_metrics = self.replicas[0].admission.metrics(end);
+        let mut queue_stats = self.replicas[0]
+            .router_queue
+            .as_ref()
+            .map(RouterQueue::stats);
+        for replica in &self.replicas[1..] {
+            add_admission_metrics(&mut admission_metrics, &replica.admission.metrics(end));
+            if let (Some(sum), Some(queue)) = (&mut queue_stats, &replica.router_queue) {
+                add_queue_stats(sum, &queue.stats());
+            }
+        }
+        let kv_hints = self.config.kv_hints.clone().map(|name| {
+            hints::ReplicaHints::report(name, self.replicas.iter().filter_map(|r| r.hints.as_ref()))
+        });
         Outcome {
+            kv_hints,
             admission: self.config.admission.clone(),
-            admission_metrics: self.admission.metrics(end),
-            queue_stats: self.router_queue.as_ref().map(RouterQueue::stats),
+            admission_metrics,
+            queue_stats,
+            replicas: self.config.replicas,
+            replica_affinity: self.config.replica_affinity,
+            index: self.config.index,
             policy: self.config.policy,
             workers: self.config.workers,
             concurrency: self.config.concurrency,
@@ -393,8 +629,10 @@ impl<'w> Simulation<'w> {
         let max_tokens = request.output_tokens.max(1);
         self.sessions[s].current = k;
         self.sessions[s].in_flight = true;
-        self.records
-            .push(RequestRecord::new(s, k, now, &prompt, max_tokens));
+        let r = self.replica_for(s, id);
+        let mut record = RequestRecord::new(s, k, now, &prompt, max_tokens);
+        record.replica = r;
+        self.records.push(record);
         let offered = AdmissionRequest {
             id: RequestId(id),
             request: PolicyRequest {
@@ -417,11 +655,30 @@ impl<'w> Simulation<'w> {
             },
         );
         let workers = self.utilization();
-        let outcome = self.admission.arrival(&offered, &workers, now);
+        let outcome = self.replicas[r].admission.arrival(&offered, &workers, now);
         for release in outcome.admitted.into_iter().chain(outcome.released) {
             self.dispatch(release, now, progress);
         }
-        self.schedule_tick(now);
+        self.schedule_tick(r, now);
+    }
+
+    /// The replica the load balancer sends request `id` of session `s` to.
+    fn replica_for(&mut self, s: usize, id: u64) -> usize {
+        let n = self.replicas.len() as u64;
+        if n == 1 {
+            return 0;
+        }
+        let pick = match self.config.replica_affinity {
+            ReplicaAffinity::Session => {
+                xxh3_64(self.workload.sessions[self.root_of[s]].id.as_bytes())
+            }
+            ReplicaAffinity::Random => xxh3_64_with_seed(&id.to_le_bytes(), self.config.seed),
+            ReplicaAffinity::RoundRobin => {
+                self.sent += 1;
+                self.sent - 1
+            }
+        };
+        (pick % n) as usize
     }
 
     /// Admission let `release` go: route it (through the router queue, if any).
@@ -431,7 +688,9 @@ impl<'w> Simulation<'w> {
         let Some(pending) = self.pending.get(&id) else {
             return;
         };
-        let session = &self.workload.sessions[self.records[id as usize].session];
+        let record = &self.records[id as usize];
+        let session = &self.workload.sessions[record.session];
+        let replica = &mut self.replicas[record.replica];
         let route = RouteRequest {
             hashes: &pending.hashes,
             tokens: pending.prompt.len() as u32,
@@ -442,18 +701,18 @@ impl<'w> Simulation<'w> {
             pinned_rank: release.rank,
             ..RouteRequest::default()
         };
-        let placed = match &mut self.router_queue {
+        let placed = match &mut replica.router_queue {
             Some(queue) => {
                 let waiting = QueuedRequest::new(release.id, &route);
-                match queue.submit(waiting, &mut self.router, &self.index, now) {
+                match queue.submit(waiting, &mut replica.router, &replica.index, now) {
                     Ok(Submitted::Routed(decision)) => Some(decision.rank),
                     Ok(Submitted::Queued { .. }) => return self.drain(now, progress),
                     Err(_) => None,
                 }
             }
-            None => self
+            None => replica
                 .router
-                .route(release.id, &route, &self.index, now)
+                .route(release.id, &route, &replica.index, now)
                 .ok()
                 .map(|d| d.rank),
         };
@@ -463,16 +722,19 @@ impl<'w> Simulation<'w> {
         }
     }
 
-    /// Route what the router queue lets go now.
+    /// Route what the replicas' router queues let go now.
     fn drain(&mut self, now: Duration, progress: &mut dyn FnMut()) {
-        let Some(queue) = &mut self.router_queue else {
-            return;
-        };
-        for drained in queue.drain(&mut self.router, &self.index, now) {
-            let id = drained.request.id.0;
-            match drained.result {
-                Ok(decision) => self.start(id, decision.rank, now, progress),
-                Err(_) => self.fail(id, now, progress),
+        for r in 0..self.replicas.len() {
+            let replica = &mut self.replicas[r];
+            let Some(queue) = &mut replica.router_queue else {
+                continue;
+            };
+            for drained in queue.drain(&mut replica.router, &replica.index, now) {
+                let id = drained.request.id.0;
+                match drained.result {
+                    Ok(decision) => self.start(id, decision.rank, now, progress),
+                    Err(_) => self.fail(id, now, progress),
+                }
             }
         }
     }
@@ -488,6 +750,7 @@ impl<'w> Simulation<'w> {
             return;
         };
         let worker = rank.worker.0 as usize;
+        self.hints_routed(id, rank, &prompt, &hashes, now);
         // What the shared pool holds of the prompt, in the engine's hashes, as a driver looks it
         // up when the request reaches its engine.
         let pool_prefix_blocks = match &self.pool {
@@ -502,53 +765,60 @@ impl<'w> Simulation<'w> {
             prompt,
             max_tokens,
             pool_prefix_blocks,
+            max_offload_tokens: None,
         };
         if self.workers[worker]
             .engine
             .add_request(engine_request)
             .is_err()
         {
-            self.router.finish(RequestId(id), now);
+            let r = self.records[id as usize].replica;
+            self.replicas[r].router.finish(RequestId(id), now);
             return self.fail(id, now, progress);
         }
         self.records[id as usize].worker = Some(worker);
         self.unadmitted.insert(id, hashes);
-        self.admission.request_started(RequestId(id), rank, now);
+        let r = self.records[id as usize].replica;
+        self.replicas[r]
+            .admission
+            .request_started(RequestId(id), rank, now);
         self.queue.push(now, Event::Wake(worker));
     }
 
     /// Request `id` could not be placed or run.
     fn fail(&mut self, id: u64, now: Duration, progress: &mut dyn FnMut()) {
         self.pending.remove(&id);
-        self.admission.cancel(RequestId(id), now);
+        let r = self.records[id as usize].replica;
+        self.replicas[r].admission.cancel(RequestId(id), now);
         self.request_done(id, now, progress);
     }
 
-    /// The admission controller's periodic work; schedules the next one.
-    fn admission_tick(&mut self, now: Duration, progress: &mut dyn FnMut()) {
-        if self.tick_at != Some(now) {
+    /// Replica `r`'s admission controller's periodic work; schedules the next one.
+    fn admission_tick(&mut self, r: usize, now: Duration, progress: &mut dyn FnMut()) {
+        if self.replicas[r].tick_at != Some(now) {
             return;
         }
-        self.tick_at = None;
+        self.replicas[r].tick_at = None;
         let workers = self.utilization();
-        for release in self.admission.tick(&workers, now) {
+        for release in self.replicas[r].admission.tick(&workers, now) {
             self.dispatch(release, now, progress);
         }
-        self.schedule_tick(now);
+        self.schedule_tick(r, now);
     }
 
-    /// Make sure an `AdmissionTick` comes when the controller next has work, while it watches
-    /// anything at all.
-    fn schedule_tick(&mut self, now: Duration) {
-        if self.admission.is_idle() {
+    /// Make sure an `AdmissionTick` comes when replica `r`'s controller next has work, while it
+    /// watches anything at all.
+    fn schedule_tick(&mut self, r: usize, now: Duration) {
+        let replica = &mut self.replicas[r];
+        if replica.admission.is_idle() {
             return;
         }
-        let at = self.admission.next_wakeup().max(now);
-        if self.tick_at.is_some_and(|t| t <= at) {
+        let at = replica.admission.next_wakeup().max(now);
+        if replica.tick_at.is_some_and(|t| t <= at) {
             return;
         }
-        self.tick_at = Some(at);
-        self.queue.push(at, Event::AdmissionTick);
+        replica.tick_at = Some(at);
+        self.queue.push(at, Event::AdmissionTick(r));
     }
 
     /// Every worker as admission policies see it.
@@ -583,6 +853,8 @@ impl<'w> Simulation<'w> {
             }),
             tool_call: spawns || k + 1 < session.requests.len(),
             tool_name: spawns.then(|| "Task".to_owned()),
+            // The traces do not say which output tokens were thinking.
+            thinking_tokens: None,
         }
     }
 
@@ -629,9 +901,13 @@ impl<'w> Simulation<'w> {
                 }
             }
             // The router sees the pool as the gateway does, from its events (here without
-            // transport delay).
+            // transport delay); approximate replicas hear no events.
             for op in pool.index_ops() {
-                self.index.apply(&op);
+                if self.config.index == IndexMode::Events {
+                    for replica in &mut self.replicas {
+                        replica.index.apply(&op);
+                    }
+                }
             }
         }
         for TokenOut {
@@ -642,25 +918,30 @@ impl<'w> Simulation<'w> {
         } in step.outputs
         {
             let request = RequestId(id);
+            let r = self.records[id as usize].replica;
             if first {
                 self.records[id as usize].first_token = Some(now);
-                self.router.first_token(request);
+                self.replicas[r].router.first_token(request);
             }
             if finished {
                 self.records[id as usize].finished = Some(now);
-                self.router.finish(request, now);
+                self.replicas[r].router.finish(request, now);
                 let (s, k) = {
                     let record = &self.records[id as usize];
                     (record.session, record.request)
                 };
                 let end = self.turn_end(s, k);
-                self.admission.request_finished(request, &end, now);
+                self.replicas[r]
+                    .admission
+                    .request_finished(request, &end, now);
+                self.hints_turn_ended(r, s, k, &end, now);
                 self.request_done(id, now, progress);
             }
         }
         // Load dropped (first tokens, ends): the router queue may let requests go.
         self.drain(now, progress);
-        if !step.events.is_empty() {
+        // Approximate replicas subscribe to nothing: no message to carry.
+        if !step.events.is_empty() && self.config.index == IndexMode::Events {
             let message = self.workers[w].publish(step.events, now);
             self.queue
                 .push(now + self.config.event_delay, Event::KvEvents(w, message));
@@ -765,4 +1046,37 @@ impl<'w> Simulation<'w> {
             self.next_sample += self.config.sample_interval;
         }
     }
+}
+
+/// `add`'s counters added to `sum` (admission summed over replicas).
+fn add_admission_metrics(sum: &mut AdmissionMetrics, add: &AdmissionMetrics) {
+    let (p, q) = (&mut sum.programs, &add.programs);
+    p.total += q.total;
+    p.reasoning += q.reasoning;
+    p.acting += q.acting;
+    p.idle += q.idle;
+    p.paused += q.paused;
+    sum.arrivals += add.arrivals;
+    sum.holds += add.holds;
+    sum.released += add.released;
+    sum.forced_releases += add.forced_releases;
+    sum.forced_resumes += add.forced_resumes;
+    sum.pauses += add.pauses;
+    sum.resumes += add.resumes;
+    sum.priority_adjustments += add.priority_adjustments;
+    sum.unknown_session_actions += add.unknown_session_actions;
+    sum.ticks += add.ticks;
+    sum.hold_time += add.hold_time;
+    sum.paused_time += add.paused_time;
+    // Summed peaks: an upper bound of the fleet's (the replicas' peaks need not coincide).
+    sum.max_paused += add.max_paused;
+}
+
+/// `add`'s counters added to `sum` (router queues summed over replicas; peaks summed).
+fn add_queue_stats(sum: &mut QueueStats, add: &QueueStats) {
+    sum.enqueued += add.enqueued;
+    sum.dequeued += add.dequeued;
+    sum.rejected_full += add.rejected_full;
+    sum.would_queue += add.would_queue;
+    sum.max_depth += add.max_depth;
 }

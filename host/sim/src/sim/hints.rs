@@ -1,0 +1,470 @@
+//! The KV-hint path on the virtual clock: what the gateway's hint task does
+//! (`host/gateway/src/hints.rs`), for each simulated gateway replica.
+//!
+//! Each replica keeps a [`SessionTracker`] (the gateway's own), fed where the gateway feeds it:
+//! a request placed on a rank, a turn's end, a session's last turn. A round of the hint path
+//! asks the replica's `kv_hints` policy about the events it has not seen (and, with none, about
+//! the time: every tick while a session waits on a tool), resolves the hints into block actions
+//! per rank, and the simulator applies them to those workers' engines and counts each outcome.
+//!
+//! **What the policy sees.** The index state of a round covers the sessions its events name, as
+//! in the gateway, and also every session waiting on a tool. Without those, a round with no
+//! events (a tick) shows the policy no session at all, so a prefetch it planned for the tick
+//! before a tool returns would find nothing resident and never be hinted.
+//!
+//! **Hashes.** The tracker names blocks by the router's sequence hashes; the engines by their
+//! own ([`switchyard_core::engine::ENGINE_SEED`]). Both hash the same full blocks of the same
+//! tokens, with different seeds, and every engine uses the same seed, so one
+//! [`HashTranslation`] serves every worker: each prompt is hashed both ways when it is placed,
+//! and the pairs are learnt.
+
+use super::{Event, RoutedTurn, SimConfig, SimError, Simulation};
+use crate::report::{HintCount, KvHintsReport};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
+use switchyard_core::hash::SequenceHash;
+use switchyard_core::index::KvIndex;
+use switchyard_core::kv_hints::actions::{ActionOutcome, ActionType, BlockPayload, HintAction};
+use switchyard_core::kv_hints::sessions::SessionTracker;
+use switchyard_core::kv_hints::{
+    IndexState, KvHintPolicy, LifecycleEvent, LifecycleKind, RankUsage,
+};
+use switchyard_core::programs::TurnEnd;
+use switchyard_core::worker::{Rank, Tier};
+
+// === impl Simulation ===
+
+impl Simulation<'_> {
+    /// Run the KV-hint path with `policies`, one per replica (Wasm components through the
+    /// gateway's policy host, or instrumented ones), in place of [`SimConfig::kv_hints`]; the
+    /// report names the first one's `name()`.
+    pub fn with_kv_hint_policies(
+        mut self,
+        policies: Vec<Box<dyn KvHintPolicy>>,
+    ) -> Result<Self, SimError> {
+        if policies.len() != self.replicas.len() {
+            return Err(SimError::Invalid("one KV-hint policy per replica"));
+        }
+        if self.config.kv_hints_tick.is_zero() {
+            return Err(SimError::Invalid("kv_hints_tick must be positive"));
+        }
+        self.config.kv_hints = policies.first().map(|p| p.name().to_owned());
+        for (replica, policy) in self.replicas.iter_mut().zip(policies) {
+            replica.hints = Some(ReplicaHints::new(policy));
+        }
+        self.translation = Some(HashTranslation::new(translation_capacity(&self.config)));
+        Ok(self)
+    }
+
+    /// Request `id`, whose prompt is `prompt` (`hashes` in the router's names), was placed on
+    /// `rank`: its replica's tracker hears of it, and the translation learns its blocks.
+    pub(super) fn hints_routed(
+        &mut self,
+        id: u64,
+        rank: Rank,
+        prompt: &[u32],
+        hashes: &[SequenceHash],
+        now: Duration,
+    ) {
+        let workload = self.workload;
+        let record = &self.records[id as usize];
+        let (r, session) = (record.replica, &workload.sessions[record.session]);
+        let Some(hints) = &mut self.replicas[r].hints else {
+            return;
+        };
+        if let (Some(translation), Some(worker)) = (
+            &mut self.translation,
+            self.workers.get(rank.worker.0 as usize),
+        ) {
+            translation.learn(hashes, &worker.engine.cache().hash_blocks(prompt));
+        }
+        let turn = RoutedTurn {
+            session_id: &session.id,
+            parent_session_id: session.parent.as_deref(),
+            rank,
+            hashes,
+            prompt_tokens: prompt.len() as u64,
+        };
+        if hints.routed(turn, now) {
+            self.schedule_hints(r, now);
+        }
+    }
+
+    /// Request `k` of session `s` finished on replica `r`, ending as `end`.
+    pub(super) fn hints_turn_ended(
+        &mut self,
+        r: usize,
+        s: usize,
+        k: usize,
+        end: &TurnEnd,
+        now: Duration,
+    ) {
+        let session = &self.workload.sessions[s];
+        let Some(hints) = &mut self.replicas[r].hints else {
+            return;
+        };
+        let last = k + 1 == session.requests.len();
+        if hints.turn_ended(&session.id, end, last, now) {
+            self.schedule_hints(r, now);
+        }
+    }
+
+    /// Make sure replica `r` has a round at `at` or before.
+    fn schedule_hints(&mut self, r: usize, at: Duration) {
+        let Some(hints) = &mut self.replicas[r].hints else {
+            return;
+        };
+        if hints.due.is_some_and(|due| due <= at) {
+            return;
+        }
+        hints.due = Some(at);
+        self.queued_hint_rounds += 1;
+        self.queue.push(at, Event::Hints(r));
+    }
+
+    /// Replica `r`'s round at `now` (unless a later schedule superseded it): the policy's hints
+    /// applied to the engines, and the next tick while a session waits on a tool.
+    pub(super) fn hint_round(&mut self, r: usize, now: Duration) {
+        if self.replicas[r].hints.as_ref().and_then(|h| h.due) != Some(now) {
+            return;
+        }
+        let usage = self.rank_usage(r);
+        let replica = &mut self.replicas[r];
+        let Some(hints) = &mut replica.hints else {
+            return;
+        };
+        hints.due = None;
+        let resolved = hints.round(now, &replica.index, usage);
+        let mut per_rank: BTreeMap<Rank, Vec<HintAction>> = BTreeMap::new();
+        if let Some(translation) = &mut self.translation {
+            for (rank, kind, mut payload) in resolved {
+                let (engine, unknown) = translation.engine_hashes(&payload.block_hashes);
+                hints.count_untranslated(unknown);
+                if engine.is_empty() {
+                    continue;
+                }
+                payload.block_hashes = engine;
+                let actions = per_rank.entry(rank).or_default();
+                let id = format!("a{}", actions.len() + 1);
+                actions.push(HintAction::new(id, kind, payload));
+            }
+        }
+        for (rank, actions) in per_rank {
+            let w = rank.worker.0 as usize;
+            let Some(worker) = self.workers.get_mut(w) else {
+                continue;
+            };
+            // Pins and the tiers' recency run on model time; an idle engine's lags the clock.
+            worker.engine.advance_clock_to(now);
+            let outcomes = worker.engine.apply_hints(&actions);
+            hints.count(&actions, &outcomes);
+            // What the hints moved comes out of the next step.
+            if worker.engine.has_work() {
+                self.queue.push(now, Event::Wake(w));
+            }
+        }
+        // Ticks go on while a session waits on a tool, as long as anything else may happen.
+        let others_pending = self.queue.len() > self.queued_hint_rounds;
+        if hints.waiting_on_tools() && others_pending {
+            let next = now + self.config.kv_hints_tick;
+            self.schedule_hints(r, next);
+        }
+    }
+
+    /// Every worker as replica `r`'s index sees it, with the engines' capacities.
+    fn rank_usage(&self, r: usize) -> Vec<RankUsage> {
+        let index = &self.replicas[r].index;
+        self.workers
+            .iter()
+            .map(|w| {
+                let config = w.engine.config();
+                RankUsage {
+                    rank: w.rank,
+                    device_used_blocks: index.blocks(w.rank, Tier::Device),
+                    device_capacity_blocks: config.num_blocks as u64,
+                    host_used_blocks: index.blocks(w.rank, Tier::Host),
+                    host_capacity_blocks: config.host_tier.as_ref().map_or(0, |h| h.num_blocks)
+                        as u64,
+                }
+            })
+            .collect()
+    }
+}
+
+/// Pairs the translation keeps at least: every block the fleet's tiers can hold.
+pub(super) fn translation_capacity(config: &SimConfig) -> usize {
+    let engine = &config.engine;
+    let per_worker = engine.num_blocks
+        + engine.host_tier.as_ref().map_or(0, |h| h.num_blocks)
+        + engine.disk_tier.as_ref().map_or(0, |d| d.num_blocks);
+    per_worker.saturating_mul(config.workers)
+}
+
+/// One replica's hint path: the tracker, the policy and what the policy has not seen yet.
+#[derive(Debug)]
+pub(super) struct ReplicaHints {
+    tracker: SessionTracker,
+    policy: Box<dyn KvHintPolicy>,
+    /// Events not yet shown to the policy, in order.
+    events: Vec<LifecycleEvent>,
+    /// Sessions whose last turn ended in a tool call and whose next request is not routed yet.
+    waiting: BTreeSet<String>,
+    /// When the replica's next round is due, if one is scheduled.
+    pub(super) due: Option<Duration>,
+    counts: HintCounts,
+}
+
+impl ReplicaHints {
+    pub(super) fn new(policy: Box<dyn KvHintPolicy>) -> Self {
+        Self {
+            tracker: SessionTracker::default(),
+            policy,
+            events: Vec::new(),
+            waiting: BTreeSet::new(),
+            due: None,
+            counts: HintCounts::default(),
+        }
+    }
+
+    /// `turn` was placed at `now`; true when events arrived (a round is due).
+    pub(super) fn routed(&mut self, turn: RoutedTurn<'_>, now: Duration) -> bool {
+        self.waiting.remove(turn.session_id);
+        let events = self.tracker.routed(turn, now);
+        self.record(events)
+    }
+
+    /// A turn of `session_id` ended at `now` (`last`: the session's final one); true when events
+    /// arrived.
+    pub(super) fn turn_ended(
+        &mut self,
+        session_id: &str,
+        end: &TurnEnd,
+        last: bool,
+        now: Duration,
+    ) -> bool {
+        let mut events = self.tracker.turn_ended(session_id, end, now);
+        if !events.is_empty() {
+            self.waiting.insert(session_id.to_owned());
+        }
+        if last {
+            self.waiting.remove(session_id);
+            events.extend(self.tracker.ended(session_id, now));
+        }
+        self.record(events)
+    }
+
+    fn record(&mut self, events: Vec<LifecycleEvent>) -> bool {
+        let arrived = !events.is_empty();
+        self.events.extend(events);
+        arrived
+    }
+
+    /// Whether a session waits on a tool: rounds then come every tick.
+    pub(super) fn waiting_on_tools(&self) -> bool {
+        self.tracker.waiting_on_tools()
+    }
+
+    /// One round at `now`: the policy asked (if there are events or a session waits on a tool)
+    /// with the index state from `index` and `usage`, and its hints resolved into block actions,
+    /// in order. Block hashes are still the router's.
+    pub(super) fn round(
+        &mut self,
+        now: Duration,
+        index: &KvIndex,
+        usage: Vec<RankUsage>,
+    ) -> Vec<(Rank, ActionType, BlockPayload)> {
+        let events = std::mem::take(&mut self.events);
+        if events.is_empty() && !self.tracker.waiting_on_tools() {
+            return Vec::new();
+        }
+        for event in &events {
+            *self
+                .counts
+                .events
+                .entry(kind_label(&event.kind))
+                .or_default() += 1;
+        }
+        // Ordered, so that a run is deterministic.
+        let mut sessions: BTreeSet<&str> = self.waiting.iter().map(String::as_str).collect();
+        for event in &events {
+            sessions.insert(&event.session_id);
+            if let LifecycleKind::SubagentSpawn(child) | LifecycleKind::SubagentEnd(child) =
+                &event.kind
+            {
+                sessions.insert(child);
+            }
+        }
+        let state = IndexState {
+            residency: self.tracker.residency(sessions, index),
+            usage,
+        };
+        let hints = self.policy.on_events(&events, &state, now);
+        self.counts.policy_calls += 1;
+        self.counts.hints += hints.len() as u64;
+        hints
+            .iter()
+            .flat_map(|hint| self.tracker.resolve(hint))
+            .collect()
+    }
+
+    /// Count what became of `actions` on one rank (outcomes in the same order).
+    pub(super) fn count(&mut self, actions: &[HintAction], outcomes: &[ActionOutcome]) {
+        for (action, outcome) in actions.iter().zip(outcomes) {
+            let kind = action.kind().map_or("unknown", ActionType::label);
+            let count = self
+                .counts
+                .actions
+                .entry((kind, outcome.outcome.label()))
+                .or_default();
+            count.actions += 1;
+            count.blocks += u64::from(outcome.blocks);
+        }
+    }
+
+    /// Count router hashes of hints that could not be named in the engine's hashes.
+    pub(super) fn count_untranslated(&mut self, blocks: usize) {
+        self.counts.untranslated_blocks += blocks as u64;
+    }
+
+    /// What the replicas' hint paths did, summed, under the first replica's policy name.
+    pub(super) fn report<'a>(
+        name: String,
+        replicas: impl IntoIterator<Item = &'a ReplicaHints>,
+    ) -> KvHintsReport {
+        let mut report = KvHintsReport {
+            policy: name,
+            ..KvHintsReport::default()
+        };
+        for replica in replicas {
+            let counts = &replica.counts;
+            report.policy_calls += counts.policy_calls;
+            report.hints += counts.hints;
+            report.untranslated_blocks += counts.untranslated_blocks;
+            for (kind, n) in &counts.events {
+                *report.events.entry((*kind).to_owned()).or_default() += n;
+            }
+            for ((action, outcome), count) in &counts.actions {
+                let sum = report
+                    .actions
+                    .entry((*action).to_owned())
+                    .or_default()
+                    .entry((*outcome).to_owned())
+                    .or_default();
+                sum.actions += count.actions;
+                sum.blocks += count.blocks;
+            }
+        }
+        report
+    }
+}
+
+/// One replica's counters (labels as the gateway's metrics name them).
+#[derive(Debug, Default)]
+struct HintCounts {
+    policy_calls: u64,
+    hints: u64,
+    events: BTreeMap<&'static str, u64>,
+    /// (action, outcome) -> actions and blocks.
+    actions: BTreeMap<(&'static str, &'static str), HintCount>,
+    untranslated_blocks: u64,
+}
+
+/// The label of an event kind, as the gateway's `switchyard_kv_lifecycle_events_total` has it.
+fn kind_label(kind: &LifecycleKind) -> &'static str {
+    match kind {
+        LifecycleKind::TurnEndWithToolCall { .. } => "turn_end_with_tool_call",
+        LifecycleKind::ToolResult { .. } => "tool_result",
+        LifecycleKind::SubagentSpawn(_) => "subagent_spawn",
+        LifecycleKind::SubagentEnd(_) => "subagent_end",
+        LifecycleKind::Compaction { .. } => "compaction",
+        LifecycleKind::ThinkingStart => "thinking_start",
+        LifecycleKind::ThinkingEnd(_) => "thinking_end",
+        LifecycleKind::SessionEnd => "session_end",
+    }
+}
+
+/// Router sequence hashes -> the engines' own, learnt from the prompts placed (see the module
+/// docs). Bounded: two generations of at most `capacity` pairs; when the newer one is full it
+/// becomes the older and the oldest is forgotten, and a pair looked up in the older one moves to
+/// the newer. A hint's blocks that no recent prompt named are ones no tier is likely to hold.
+#[derive(Debug)]
+pub(super) struct HashTranslation {
+    current: HashMap<u64, u64>,
+    previous: HashMap<u64, u64>,
+    capacity: usize,
+}
+
+impl HashTranslation {
+    /// A translation keeping at least `capacity` recent pairs (at least one).
+    pub(super) fn new(capacity: usize) -> Self {
+        Self {
+            current: HashMap::new(),
+            previous: HashMap::new(),
+            capacity: capacity.max(1),
+        }
+    }
+
+    /// Learn that the blocks `router` names are `engine`'s (the same prompt, hashed both ways).
+    pub(super) fn learn(&mut self, router: &[SequenceHash], engine: &[u64]) {
+        for (r, e) in router.iter().zip(engine) {
+            self.insert(r.0, *e);
+        }
+    }
+
+    fn insert(&mut self, router: u64, engine: u64) {
+        if self.current.len() >= self.capacity && !self.current.contains_key(&router) {
+            self.previous = std::mem::take(&mut self.current);
+        }
+        self.current.insert(router, engine);
+    }
+
+    /// `router` hashes in the engines' names, in order, and how many were unknown (left out).
+    pub(super) fn engine_hashes(&mut self, router: &[u64]) -> (Vec<u64>, usize) {
+        let mut engine = Vec::with_capacity(router.len());
+        let mut unknown = 0;
+        for &hash in router {
+            let known = match self.current.get(&hash) {
+                Some(&e) => Some(e),
+                None => self.previous.get(&hash).copied(),
+            };
+            match known {
+                Some(e) => {
+                    self.insert(hash, e);
+                    engine.push(e);
+                }
+                None => unknown += 1,
+            }
+        }
+        (engine, unknown)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hashes(values: &[u64]) -> Vec<SequenceHash> {
+        values.iter().copied().map(SequenceHash).collect()
+    }
+
+    #[test]
+    fn translation_maps_learnt_hashes_and_leaves_out_unknown_ones() {
+        let mut map = HashTranslation::new(16);
+        map.learn(&hashes(&[1, 2, 3]), &[10, 20, 30]);
+        assert_eq!(map.engine_hashes(&[1, 2, 3]), (vec![10, 20, 30], 0));
+        assert_eq!(map.engine_hashes(&[2, 9, 3]), (vec![20, 30], 1));
+    }
+
+    #[test]
+    fn translation_forgets_pairs_unused_for_two_generations() {
+        let mut map = HashTranslation::new(2);
+        map.learn(&hashes(&[1, 2]), &[10, 20]);
+        // 3 starts a new generation; 1 and 2 are still known from the older one.
+        map.learn(&hashes(&[3]), &[30]);
+        assert_eq!(map.engine_hashes(&[1]), (vec![10], 0));
+        // 1 moved to the newer generation, which is now full: 4 retires {3, 1}, dropping 2.
+        map.learn(&hashes(&[4]), &[40]);
+        assert_eq!(map.engine_hashes(&[2]), (vec![], 1));
+        assert_eq!(map.engine_hashes(&[1, 3, 4]), (vec![10, 30, 40], 0));
+    }
+}
