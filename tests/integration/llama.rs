@@ -11,7 +11,7 @@ const MODEL: &str = "smollm2-135m-instruct";
 
 /// Paths to the server binary and model: from `LLAMA_SERVER`/`LLAMA_MODEL`, else built by
 /// `tests/engines/llama-server.sh` (once: ~7 minutes on 2 cores, cached afterwards).
-fn engine_paths() -> (PathBuf, PathBuf) {
+pub(crate) fn engine_paths() -> (PathBuf, PathBuf) {
     if let (Ok(server), Ok(model)) = (std::env::var("LLAMA_SERVER"), std::env::var("LLAMA_MODEL")) {
         return (server.into(), model.into());
     }
@@ -89,13 +89,18 @@ fn build_tools_venv() -> PathBuf {
     bin
 }
 
-struct LlamaServer {
+pub(crate) struct LlamaServer {
     child: Child,
-    url: String,
+    pub(crate) url: String,
 }
 
 impl LlamaServer {
     fn start(server: &PathBuf, model: &PathBuf) -> LlamaServer {
+        LlamaServer::start_with(server, model, &[])
+    }
+
+    /// Like [`LlamaServer::start`], with more `llama-server` flags.
+    pub(crate) fn start_with(server: &PathBuf, model: &PathBuf, extra: &[&str]) -> LlamaServer {
         let port = {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             l.local_addr().unwrap().port()
@@ -115,6 +120,7 @@ impl LlamaServer {
                 "-c",
                 "16384",
             ])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -123,6 +129,23 @@ impl LlamaServer {
             child,
             url: format!("http://127.0.0.1:{port}"),
         }
+    }
+}
+
+impl LlamaServer {
+    /// Wait until it answers `/health`.
+    pub(crate) async fn wait_healthy(&self) {
+        let up = eventually(120, async || {
+            matches!(client().get(format!("{}/health", self.url)).send().await, Ok(r) if r.status().is_success())
+        })
+        .await;
+        assert!(up, "llama-server at {} never became healthy", self.url);
+    }
+
+    /// Kill it, as a crash would.
+    pub(crate) fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

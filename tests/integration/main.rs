@@ -6,12 +6,17 @@
 mod bad_input;
 mod embedded;
 mod envoy;
+mod epp;
+mod fleet;
 mod frontends;
 mod harnesses;
+mod hints;
 mod kv_pool;
 mod lifecycle;
 mod llama;
+mod llama_slots;
 mod nats;
+mod policy_cli;
 mod policy_reload;
 mod readme;
 mod routing;

@@ -41,6 +41,7 @@ impl Observer {
                 bind: false,
                 topic: String::new(),
                 format: WireFormat::Vllm,
+                engine_names: None,
             };
             let stats = Arc::new(SubscriberStats::default());
             tokio::spawn(run_subscriber(config, tx.clone(), stats, shutdown.clone()));

@@ -89,6 +89,12 @@ impl Proc {
         self.signal("TERM");
     }
 
+    /// Kill it outright (SIGKILL), as a crash would.
+    pub(crate) fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Ask it to reload its configuration (SIGHUP).
     pub(crate) fn hang_up(&self) {
         self.signal("HUP");
@@ -179,12 +185,18 @@ impl MockEngine {
 
 /// Sum every sample of `name` (any labels) in a Prometheus text page.
 pub(crate) fn metric_sum(text: &str, name: &str) -> f64 {
+    sample(text, name, &[])
+}
+
+/// Sum of the samples of `name` whose labels contain every one of `labels` (`key="value"`).
+pub(crate) fn sample(text: &str, name: &str, labels: &[&str]) -> f64 {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter(|l| {
             l.strip_prefix(name)
                 .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
         })
+        .filter(|l| labels.iter().all(|label| l.contains(label)))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }

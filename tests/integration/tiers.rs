@@ -72,6 +72,7 @@ async fn a_session_evicted_during_a_tool_call_is_served_from_the_host_tier() {
         bind: false,
         topic: String::new(),
         format: WireFormat::Vllm,
+        engine_names: None,
     };
     let stats = Arc::new(SubscriberStats::default());
     tokio::spawn(run_subscriber(config, tx, stats, shutdown.clone()));

@@ -1,6 +1,8 @@
 //! The embedded default: mock engines in this process, so `switchyard serve` works at once.
 
-use switchyard_gateway::config::{EngineKind, ModelConfig, UpstreamMode, WorkerConfig};
+use switchyard_gateway::config::{
+    EngineKind, HintDelivery, ModelConfig, UpstreamMode, WorkerConfig,
+};
 use switchyard_kv_events::wire::Encoding;
 use switchyard_mock_engine::{HostTierConfig, MockEngineConfig, MockEngineHandle};
 use switchyard_tokenizer::ModelTokenizer;
@@ -57,20 +59,24 @@ pub(crate) fn worker_config(engine: &MockEngineHandle) -> WorkerConfig {
         block_size: defaults.block_size as u32,
         // The embedded engines share the gateway's tokenizer: send them exact token ids.
         upstream: UpstreamMode::Tokens,
+        // The mock engines execute hints on their own block manager and answer each outcome.
+        kv_hints: HintDelivery::Endpoint,
     }
 }
 
-/// The embedded default routes with the built-in Wasm `kv-cost` component (the native `kv-cost`
-/// answers any call it cannot, and routes alone if this binary carries no such component), so a
-/// newcomer sees the policy platform at work: the startup log's `policy loaded` line, and
-/// `switchyard_policy_calls_total{policy="kv-cost"}` in `/metrics`.
+/// The embedded default routes with the built-in Wasm `kv-cost` component and hints with the
+/// built-in `demote-on-tool-call` (each one's native twin answers any call it cannot, and runs
+/// alone if this binary carries no such component), so a newcomer sees the policy platform at
+/// work: the startup log's `policy loaded` lines, `switchyard_policy_calls_total` and, once a
+/// turn ends in a slow tool, `switchyard_kv_hint_actions_total` in `/metrics`.
 pub(crate) fn policies() -> switchyard_gateway::policies::PoliciesConfig {
-    let router = match switchyard_policy_artifacts::find("kv-cost") {
-        Some(_) => "kv-cost".to_string(),
-        None => "native:kv-cost".to_string(),
+    let builtin = |name: &str| match switchyard_policy_artifacts::find(name) {
+        Some(_) => name.to_string(),
+        None => format!("native:{name}"),
     };
     switchyard_gateway::policies::PoliciesConfig {
-        router: Some(router),
+        router: Some(builtin("kv-cost")),
+        kv_hints: Some(builtin("demote-on-tool-call")),
         ..Default::default()
     }
 }

@@ -1,16 +1,17 @@
-//! `switchyard`: the gateway (`serve`), a standalone mock engine (`mock-engine`) and the shared
-//! KV pool (`kv-pool`).
+//! `switchyard`: the gateway (`serve`), a standalone mock engine (`mock-engine`), the shared
+//! KV pool (`kv-pool`), the simulator (`simulate`) and the policy author's tools (`policy`).
 
+mod discover;
 mod embedded;
 mod kv_pool;
 mod mock_engine;
+mod policy;
 mod replay;
 mod serve;
 mod simulate;
 mod trace;
 
 use clap::{Parser, Subcommand};
-use std::path::PathBuf;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Parser)]
@@ -26,21 +27,18 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the gateway. Without a config (or with no workers in it), start the embedded default:
-    /// in-process mock engines on loopback.
-    Serve {
-        /// Configuration file (TOML); see examples/.
-        #[arg(long, short)]
-        config: Option<PathBuf>,
-        /// Listen address (overrides the file).
-        #[arg(long)]
-        host: Option<String>,
-        /// Listen port (overrides the file).
-        #[arg(long)]
-        port: Option<u16>,
-        /// Mock engines the embedded default starts.
-        #[arg(long, default_value_t = 4)]
-        mock_engines: u32,
+    /// Run the gateway. Without a config (or with neither workers nor discovery in it), start the
+    /// embedded default: in-process mock engines on loopback.
+    Serve(serve::ServeArgs),
+    /// Run as an endpoint picker for Envoy (the Gateway API Inference Extension's ext_proc): the
+    /// gateway's decision over gRPC, Envoy forwarding the requests. The gateway's HTTP listener
+    /// stays up for /health, /metrics and the admin API.
+    Epp {
+        #[command(flatten)]
+        serve: serve::ServeArgs,
+        /// The ext_proc gRPC listener.
+        #[arg(long, default_value = "0.0.0.0:9002")]
+        grpc: std::net::SocketAddr,
     },
     /// Run one mock engine (OpenAI HTTP + vLLM-format KV events over ZMQ).
     MockEngine(Box<mock_engine::MockEngineArgs>),
@@ -51,6 +49,10 @@ enum Command {
     Simulate(Box<simulate::SimulateArgs>),
     /// Send a trace to a live OpenAI-compatible endpoint and measure TTFT, ITL and throughput.
     Replay(Box<replay::ReplayArgs>),
+    /// Write a policy: scaffold a crate on the SDK (`new`), run the gateway's load checks on a
+    /// component (`check`), compare it with a baseline in the simulator (`test`).
+    #[command(subcommand)]
+    Policy(policy::PolicyCommand),
     /// Trace files: convert between formats and block sizes.
     #[command(subcommand)]
     Trace(trace::TraceCommand),
@@ -58,25 +60,30 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    // The policy tools report a load's outcome themselves: the registry's own lines would say
+    // it twice.
+    let default_filter = match cli.command {
+        Command::Policy(_) => "warn,switchyard_policy_host::slot=error",
+        _ => "info",
+    };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| default_filter.into()),
         )
         .init();
     let shutdown = CancellationToken::new();
     tokio::spawn(serve::stop_on_signals(shutdown.clone()));
-    match Cli::parse().command {
+    match cli.command {
         Command::Simulate(args) => simulate::run(*args),
         Command::Trace(command) => trace::run(command),
+        Command::Policy(command) => policy::run(command),
         Command::Replay(args) => replay::run(*args, shutdown).await,
         Command::KvPool(args) => kv_pool::run(*args, shutdown).await,
-        Command::Serve {
-            config,
-            host,
-            port,
-            mock_engines,
-        } => serve::run(config, host, port, mock_engines, shutdown).await,
+        Command::Serve(args) => serve::run(args, None, shutdown).await,
+        Command::Epp { serve, grpc } => serve::run(serve, Some(grpc), shutdown).await,
         Command::MockEngine(args) => mock_engine::run(*args, shutdown).await,
     }
 }

@@ -1,11 +1,13 @@
 //! `switchyard serve`: the gateway (or the embedded default) for the life of the process: a
-//! graceful stop on SIGTERM or Ctrl-C, and its configuration file reloaded on SIGHUP or when the
-//! file changes.
+//! graceful stop on SIGTERM or Ctrl-C, its configuration file reloaded on SIGHUP or when the
+//! file changes, and its Kubernetes discovery (`[discovery.kubernetes]`) watched.
 
+use crate::discover::Discovery;
 use crate::embedded;
 use anyhow::Context;
 use notify::RecursiveMode;
 use notify_debouncer_full::new_debouncer;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use switchyard_gateway::GatewayHandle;
@@ -39,13 +41,35 @@ impl Overrides {
     }
 }
 
-pub(crate) async fn run(
-    path: Option<PathBuf>,
+/// Flags of `switchyard serve` (and of `switchyard epp`, which adds its gRPC listener).
+#[derive(Debug, clap::Args)]
+pub(crate) struct ServeArgs {
+    /// Configuration file (TOML); see examples/.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// HTTP listen address (overrides the file).
+    #[arg(long)]
     host: Option<String>,
+    /// HTTP listen port (overrides the file).
+    #[arg(long)]
     port: Option<u16>,
+    /// Mock engines the embedded default starts.
+    #[arg(long, default_value_t = 4)]
     mock_engines: u32,
+}
+
+/// Serve until `shutdown`; with `epp`, also answer Envoy's ext_proc there (endpoint-picker mode).
+pub(crate) async fn run(
+    args: ServeArgs,
+    epp: Option<SocketAddr>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let ServeArgs {
+        config: path,
+        host,
+        port,
+        mock_engines,
+    } = args;
     let mut raw = match &path {
         Some(path) => RawConfig::from_file(path)?,
         None => RawConfig::default(),
@@ -55,7 +79,8 @@ pub(crate) async fn run(
             .with_context(|| format!("loading the tokenizer from {}", dir.display()))?,
         None => ModelTokenizer::embedded_agent_model()?,
     };
-    let embedded = raw.workers.is_empty();
+    // Discovery alone is a fleet too (it may be empty at first).
+    let embedded = raw.workers.is_empty() && raw.discovery.is_none();
     // Embedded engines outlive the gateway's drain: its last requests still run on them.
     let engines_stop = CancellationToken::new();
     let mut overrides = Overrides {
@@ -72,8 +97,28 @@ pub(crate) async fn run(
     };
     overrides.apply(&mut raw);
     let config = Config::try_from(raw)?;
+    let kubernetes = config
+        .discovery
+        .as_ref()
+        .and_then(|d| d.kubernetes.as_ref());
+    let discovery = Discovery::connect(kubernetes).await?;
     let gateway = switchyard_gateway::start(config, tokenizer.clone(), shutdown.clone()).await?;
     let watch = path.as_deref().map(ConfigWatch::start).transpose()?;
+    let picker = match epp {
+        Some(addr) => {
+            let listener = switchyard_epp::bind(addr).await?;
+            let grpc = listener.local_addr()?;
+            let serving = switchyard_epp::serve(listener, gateway.picker(), shutdown.clone());
+            tokio::spawn(async move {
+                if let Err(e) = serving.await {
+                    tracing::error!(error = %e, "endpoint picker stopped");
+                }
+            });
+            println!("switchyard: endpoint picker (ext_proc) on grpc://{grpc}");
+            Some(grpc)
+        }
+        None => None,
+    };
     let addr = gateway.addr();
     if embedded {
         println!("switchyard: embedded default, {mock_engines} mock engines behind http://{addr}");
@@ -81,19 +126,29 @@ pub(crate) async fn run(
         println!("switchyard: gateway on http://{addr}");
     }
     let model = gateway.model_name();
-    println!(
-        "try:\n  curl http://{addr}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}], \"stream\": true}}'"
-    );
-    match (&path, watch) {
-        (Some(path), Some(watch)) => {
-            tokio::select! {
-                () = gateway.wait() => {}
-                () = reload_on_change(watch, path, &overrides, &gateway, &shutdown) => {
-                    gateway.wait().await;
-                }
+    if picker.is_none() {
+        println!(
+            "try:\n  curl http://{addr}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}], \"stream\": true}}'"
+        );
+    }
+    // Reloads and discovery run until shutdown; then the drain finishes.
+    let reloads = async {
+        match (&path, watch) {
+            (Some(path), Some(watch)) => {
+                reload_on_change(watch, path, &overrides, &gateway, &shutdown).await;
             }
+            _ => shutdown.cancelled().await,
         }
-        _ => gateway.wait().await,
+    };
+    let discovered = async {
+        match discovery {
+            Some(discovery) => discovery.run(&gateway, shutdown.clone()).await,
+            None => shutdown.cancelled().await,
+        }
+    };
+    tokio::select! {
+        () = gateway.wait() => {}
+        _ = async { tokio::join!(reloads, discovered) } => gateway.wait().await,
     }
     engines_stop.cancel();
     Ok(())

@@ -12,13 +12,18 @@ use switchyard_core::engine::{
     DEFAULT_BLOCK_BYTES, DEFAULT_DISK_BANDWIDTH, DEFAULT_HOST_BANDWIDTH, DEFAULT_POOL_BANDWIDTH,
     DiskTierConfig, EngineConfig, HostTierConfig, PoolTierConfig,
 };
+use switchyard_core::kv_hints::KvHintPolicy;
 use switchyard_core::router::queue::{QueueConfig, QueueOrder};
 use switchyard_core::router::{RouterConfig, RoutingPolicy};
 use switchyard_policy_host::{
-    EngineConfig as PolicyEngineConfig, PolicyEngine, PolicyStats, WasmAdmission, WasmRouter,
+    EngineConfig as PolicyEngineConfig, PolicyEngine, PolicyStats, WasmAdmission, WasmKvHints,
+    WasmRouter,
 };
 use switchyard_sim::workload::{self, Format, Workload};
-use switchyard_sim::{Outcome, REPORT_SCHEMA, Report, SimConfig, Simulation, plot, timeline};
+use switchyard_sim::{
+    IndexMode, Outcome, REPORT_SCHEMA, ReplicaAffinity, Report, SimConfig, Simulation, plot,
+    timeline,
+};
 
 #[derive(Debug, Args)]
 pub(crate) struct SimulateArgs {
@@ -38,7 +43,8 @@ pub(crate) struct SimulateArgs {
     #[arg(long, default_value_t = 8)]
     workers: usize,
     /// Routing policies to compare: native (`kv-cost`, `round-robin`), a built-in Wasm component
-    /// (`wasm:kv-cost`, `wasm:bandit`, ...) or a `.wasm` file, run through the gateway's policy host.
+    /// (`wasm:kv-cost`, `wasm:bandit`, ...) or a `.wasm` file, run through the gateway's policy host
+    /// (a Wasm policy takes parameters as `wasm:<name>:key=value:...`, given to its `configure`).
     #[arg(long, value_delimiter = ',', default_value = "kv-cost,round-robin")]
     policies: Vec<String>,
     /// Admission policies to compare: native (`none`, `thunder-agent`, `continuum`,
@@ -47,6 +53,18 @@ pub(crate) struct SimulateArgs {
     /// admission `.wasm` file.
     #[arg(long, value_delimiter = ',', default_value = "none")]
     admission: Vec<String>,
+    /// KV-hint policies to compare, one run per value: native strategies
+    /// (`demote-on-tool-call`, `subagent-reclaim`, `share-to-subagent`, `compaction-evict`,
+    /// `no-hints`; parameters as `name:key=value:...`, several joined by `+`, e.g.
+    /// `demote-on-tool-call:demote_threshold=500ms+subagent-reclaim`), a built-in Wasm
+    /// component (`wasm:<name>`) or a kv-hints `.wasm` file. Each gateway replica runs the
+    /// gateway's hint path with its own instance; without the flag there is none.
+    #[arg(long, value_delimiter = ',')]
+    kv_hints: Vec<String>,
+    /// How often the hint path asks its policy while a session waits on a tool (the gateway's
+    /// `[kv_hints] tick`), besides whenever lifecycle events arrive.
+    #[arg(long, default_value = "100ms", value_parser = parse_gap)]
+    kv_hints_tick: Duration,
     /// Router queue: a worker is saturated above this many engine steps of uncached prefill
     /// (x --max-batched-tokens); requests wait in the router while every worker is. 0: no queue.
     #[arg(long, default_value_t = 0.0)]
@@ -109,9 +127,23 @@ pub(crate) struct SimulateArgs {
     /// Router sampling temperature (0: cheapest worker).
     #[arg(long, default_value_t = 0.0)]
     temperature: f64,
-    /// Seed of the router's tie-breaking.
+    /// Seed of the router's tie-breaking (and of `--replica-affinity random`).
     #[arg(long, default_value_t = 0x5717_c4ad)]
     seed: u64,
+    /// Gateway replicas over the workers, one run per value: each has its own router (bookings
+    /// of its own decisions only), KV index and admission controller.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    replicas: Vec<usize>,
+    /// How the load balancer spreads requests over the replicas, one run per value (with more
+    /// than one replica): `session` (a stable hash of the root session id mod the replicas),
+    /// `random` (per request, seeded), `round-robin` (per request).
+    #[arg(long, value_delimiter = ',', default_value = "session")]
+    replica_affinity: Vec<ReplicaAffinity>,
+    /// What the replicas' KV indexes learn from, one run per value: `events` (every engine's
+    /// KV events reach every replica) or `approximate` (no events: each replica predicts from
+    /// its own decisions).
+    #[arg(long, value_delimiter = ',', default_value = "events")]
+    index: Vec<IndexMode>,
     /// Write the report as JSON (schema in docs/simulate.md).
     #[arg(long)]
     report: Option<PathBuf>,
@@ -129,7 +161,7 @@ pub(crate) struct SimulateArgs {
 
 fn parse_gap(s: &str) -> Result<Duration, String> {
     switchyard_core::admission::parse_duration(s)
-        .ok_or_else(|| format!("`{s}` is not a duration such as 60s or 2m"))
+        .ok_or_else(|| format!("`{s}` is not a duration such as 100ms, 60s or 2m"))
 }
 
 /// Which KV tiers below the device a run has.
@@ -178,6 +210,14 @@ fn parse_concurrency(s: &str) -> Result<Option<usize>, String> {
 }
 
 pub(crate) fn run(args: SimulateArgs) -> anyhow::Result<()> {
+    let workload = load_workload(&args)?;
+    let (outcomes, report) = simulate(&args, &workload)?;
+    print!("{}", report.table());
+    write_outputs(&args, &workload, &outcomes, &report)
+}
+
+/// The trace of `args`, converted and replicated as they say.
+pub(crate) fn load_workload(args: &SimulateArgs) -> anyhow::Result<Workload> {
     let loaded = Instant::now();
     let mut workload = workload::load(&args.trace, args.format)
         .with_context(|| format!("loading {}", args.trace.display()))?;
@@ -195,14 +235,22 @@ pub(crate) fn run(args: SimulateArgs) -> anyhow::Result<()> {
         workload.block_size,
         loaded.elapsed()
     );
-    let configs = configs(&args, &workload)?;
+    Ok(workload)
+}
+
+/// Every run `args` asks for on `workload`, and their report (runs in configuration order).
+pub(crate) fn simulate(
+    args: &SimulateArgs,
+    workload: &Workload,
+) -> anyhow::Result<(Vec<Outcome>, Report)> {
+    let configs = configs(args, workload)?;
     let bar = ProgressBar::new((workload.request_count() * configs.len()) as u64).with_style(
         ProgressStyle::with_template(
             "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} requests ({per_sec}, eta {eta})",
         )?,
     );
     let started = Instant::now();
-    let outcomes = run_all(&workload, &configs, args.jobs, &bar)?;
+    let outcomes = run_all(workload, &configs, args.jobs, &bar)?;
     bar.finish_and_clear();
     eprintln!(
         "simulated {} runs in {:.1?}",
@@ -214,15 +262,24 @@ pub(crate) fn run(args: SimulateArgs) -> anyhow::Result<()> {
         trace: args.trace.display().to_string(),
         runs: outcomes.iter().map(Outcome::report).collect(),
     };
-    print!("{}", report.table());
+    Ok((outcomes, report))
+}
+
+/// The report, plot and timelines `args` asks for.
+pub(crate) fn write_outputs(
+    args: &SimulateArgs,
+    workload: &Workload,
+    outcomes: &[Outcome],
+    report: &Report,
+) -> anyhow::Result<()> {
     if let Some(path) = &args.report {
         let file =
             std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
-        serde_json::to_writer_pretty(std::io::BufWriter::new(file), &report)?;
+        serde_json::to_writer_pretty(std::io::BufWriter::new(file), report)?;
         eprintln!("report: {}", path.display());
     }
     if let Some(path) = &args.plot {
-        plot::plot(&report, path)?;
+        plot::plot(report, path)?;
         eprintln!("plot: {}", path.display());
     }
     if let Some(path) = &args.timeline {
@@ -232,7 +289,7 @@ pub(crate) fn run(args: SimulateArgs) -> anyhow::Result<()> {
             } else {
                 labelled(path, &run.label())
             };
-            timeline::write(outcome, &workload, &file)
+            timeline::write(outcome, workload, &file)
                 .with_context(|| format!("writing {}", file.display()))?;
             eprintln!("timeline: {}", file.display());
         }
@@ -309,12 +366,42 @@ fn configs(args: &SimulateArgs, workload: &Workload) -> anyhow::Result<Vec<SimCo
         ..QueueConfig::default()
     });
     let max_gap = args.max_gap;
+    if args.replicas.contains(&0) {
+        bail!("--replicas must be positive");
+    }
+    // One replica has no load balancer: one run, whatever the affinities.
+    let mut placements = Vec::new();
+    for &index in &args.index {
+        for &replicas in &args.replicas {
+            let affinities = if replicas == 1 {
+                &args.replica_affinity[..1]
+            } else {
+                &args.replica_affinity[..]
+            };
+            for &affinity in affinities {
+                placements.push((replicas, affinity, index));
+            }
+        }
+    }
+    // No flag: one run per setting without a hint path.
+    let hint_policies: Vec<Option<String>> = if args.kv_hints.is_empty() {
+        vec![None]
+    } else {
+        args.kv_hints.iter().cloned().map(Some).collect()
+    };
     let mut configs = Vec::new();
     for &speedup in &args.speedup {
         for &concurrency in &args.concurrency {
             for policy in &args.policies {
-                for admission in &args.admission {
-                    for (engine, pool_blocks) in &engines {
+                for (admission, kv_hints) in args
+                    .admission
+                    .iter()
+                    .flat_map(|a| hint_policies.iter().map(move |h| (a, h)))
+                {
+                    for ((engine, pool_blocks), &(replicas, replica_affinity, index)) in engines
+                        .iter()
+                        .flat_map(|e| placements.iter().map(move |p| (e, p)))
+                    {
                         configs.push(SimConfig {
                             workers: args.workers,
                             engine: engine.clone(),
@@ -333,6 +420,11 @@ fn configs(args: &SimulateArgs, workload: &Workload) -> anyhow::Result<Vec<SimCo
                                 args.event_delay_ms.max(0.0) / 1000.0,
                             ),
                             seed: args.seed,
+                            replicas,
+                            replica_affinity,
+                            index,
+                            kv_hints: kv_hints.clone(),
+                            kv_hints_tick: args.kv_hints_tick,
                             ..SimConfig::default()
                         });
                     }
@@ -353,7 +445,10 @@ struct WasmPolicies {
 
 impl WasmPolicies {
     /// The component bytes `name` selects, if it names a Wasm policy.
-    fn bytes(name: &str) -> anyhow::Result<Option<Vec<u8>>> {
+    /// A `wasm:<name>:key=value:...` spec's parameters go to the component's 1.1 `configure`.
+    fn bytes(spec: &str) -> anyhow::Result<Option<Vec<u8>>> {
+        let (name, _) = switchyard_policy_host::split_params(spec);
+        let name = name.as_str();
         Ok(if let Some(builtin) = name.strip_prefix("wasm:") {
             Some(
                 switchyard_policy_artifacts::find(builtin)
@@ -383,7 +478,26 @@ impl WasmPolicies {
         };
         let component = self.engine()?.load_router(&bytes)?;
         let stats = std::sync::Arc::new(PolicyStats::default());
-        Ok(Some(Box::new(WasmRouter::new(component, stats))))
+        let mut policy = WasmRouter::new(component, stats);
+        policy
+            .configure(switchyard_policy_host::split_params(name).1)
+            .with_context(|| format!("configuring {name}"))?;
+        Ok(Some(Box::new(policy)))
+    }
+
+    /// A Wasm KV-hint policy (`wasm:<built-in>` or a `.wasm` file), through the gateway's
+    /// policy host; `None` for native specs.
+    fn kv_hints(&self, name: &str) -> anyhow::Result<Option<Box<dyn KvHintPolicy>>> {
+        let Some(bytes) = Self::bytes(name)? else {
+            return Ok(None);
+        };
+        let component = self.engine()?.load_kv_hints(&bytes)?;
+        let stats = std::sync::Arc::new(PolicyStats::default());
+        let mut policy = WasmKvHints::new(component, stats);
+        policy
+            .configure(switchyard_policy_host::split_params(name).1)
+            .with_context(|| format!("configuring {name}"))?;
+        Ok(Some(Box::new(policy)))
     }
 
     /// A Wasm admission policy (`wasm:<built-in>` or a `.wasm` file), through the gateway's
@@ -394,8 +508,43 @@ impl WasmPolicies {
         };
         let component = self.engine()?.load_admission(&bytes)?;
         let stats = std::sync::Arc::new(PolicyStats::default());
-        Ok(Some(Box::new(WasmAdmission::new(component, stats))))
+        let mut policy = WasmAdmission::new(component, stats);
+        policy
+            .configure(switchyard_policy_host::split_params(name).1)
+            .with_context(|| format!("configuring {name}"))?;
+        Ok(Some(Box::new(policy)))
     }
+}
+
+/// The simulation of `config`, with its Wasm routing and admission policies, if any.
+fn simulation<'w>(
+    workload: &'w Workload,
+    config: SimConfig,
+    wasm: &WasmPolicies,
+) -> anyhow::Result<Simulation<'w>> {
+    if WasmPolicies::bytes(&config.policy)?.is_none()
+        && WasmPolicies::bytes(&config.admission)?.is_none()
+    {
+        return Ok(Simulation::new(workload, config)?);
+    }
+    // A policy instance per replica: each replica's router owns its own.
+    let mut routing = Vec::with_capacity(config.replicas);
+    let mut admission = Vec::with_capacity(config.replicas);
+    for _ in 0..config.replicas {
+        routing.push(match wasm.policy(&config.policy)? {
+            Some(policy) => policy,
+            None => switchyard_core::router::native_policy(&config.policy)
+                .with_context(|| format!("unknown routing policy {:?}", config.policy))?,
+        });
+        if let Some(policy) = wasm.admission(&config.admission)? {
+            admission.push(policy);
+        }
+    }
+    // Native admission: the spec, parameters included, names it in the report.
+    let admission = (!admission.is_empty()).then_some(admission);
+    Ok(Simulation::with_replica_policies(
+        workload, config, routing, admission,
+    )?)
 }
 
 /// Run every configuration on `jobs` threads; outcomes come back in configuration order.
@@ -409,21 +558,23 @@ fn run_all(
     let simulations = configs
         .iter()
         .map(|config| {
-            let routing = wasm.policy(&config.policy)?;
-            let admission = wasm.admission(&config.admission)?;
-            Ok(match (routing, admission) {
-                (None, None) => Simulation::new(workload, config.clone())?,
-                (Some(policy), None) => Simulation::with_policy(workload, config.clone(), policy)?,
-                (routing, Some(admission)) => {
-                    let routing = match routing {
-                        Some(policy) => policy,
-                        None => switchyard_core::router::native_policy(&config.policy)
-                            .with_context(|| {
-                                format!("unknown routing policy {:?}", config.policy)
-                            })?,
-                    };
-                    Simulation::with_policies(workload, config.clone(), routing, admission)?
+            // A Wasm KV-hint policy joins the simulation once it is built; a native spec is
+            // built in.
+            let mut config = config.clone();
+            let hint_policies = match config.kv_hints.as_deref() {
+                Some(name) if WasmPolicies::bytes(name)?.is_some() => {
+                    let policies = (0..config.replicas)
+                        .map(|_| wasm.kv_hints(name)?.context("a Wasm kv-hints policy"))
+                        .collect::<anyhow::Result<Vec<_>>>()?;
+                    config.kv_hints = None;
+                    Some(policies)
                 }
+                _ => None,
+            };
+            let simulation = simulation(workload, config, &wasm)?;
+            Ok(match hint_policies {
+                Some(policies) => simulation.with_kv_hint_policies(policies)?,
+                None => simulation,
             })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
@@ -471,4 +622,167 @@ fn labelled(path: &Path, label: &str) -> PathBuf {
         None => format!("{stem}.{label}"),
     };
     path.with_file_name(name.replace(['@', '/', ' '], "-"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use switchyard_sim::workload::Workload;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: SimulateArgs,
+    }
+
+    fn configs_of(flags: &[&str]) -> anyhow::Result<Vec<SimConfig>> {
+        let cli = Cli::try_parse_from(
+            ["simulate", "--trace", "t.jsonl", "--policies", "kv-cost"]
+                .iter()
+                .chain(flags),
+        )?;
+        let workload = Workload {
+            block_size: 16,
+            sessions: Vec::new(),
+        };
+        configs(&cli.args, &workload)
+    }
+
+    #[test]
+    fn replica_sweep_runs_one_replica_once() {
+        let configs = configs_of(&[
+            "--replicas",
+            "1,2,4",
+            "--replica-affinity",
+            "session,random",
+            "--index",
+            "events,approximate",
+        ])
+        .unwrap();
+        let runs: Vec<(usize, ReplicaAffinity, IndexMode)> = configs
+            .iter()
+            .map(|c| (c.replicas, c.replica_affinity, c.index))
+            .collect();
+        use IndexMode::*;
+        use ReplicaAffinity::*;
+        assert_eq!(
+            runs,
+            [
+                (1, Session, Events),
+                (2, Session, Events),
+                (2, Random, Events),
+                (4, Session, Events),
+                (4, Random, Events),
+                (1, Session, Approximate),
+                (2, Session, Approximate),
+                (2, Random, Approximate),
+                (4, Session, Approximate),
+                (4, Random, Approximate),
+            ]
+        );
+        let default = configs_of(&[]).unwrap();
+        assert_eq!(
+            (default[0].replicas, default[0].index),
+            (1, IndexMode::Events)
+        );
+        assert!(configs_of(&["--replicas", "0"]).is_err());
+        assert!(configs_of(&["--replica-affinity", "sticky"]).is_err());
+    }
+
+    #[test]
+    fn kv_hint_policies_are_swept_and_absent_by_default() {
+        let configs = configs_of(&[
+            "--admission",
+            "none,thunder-agent",
+            "--kv-hints",
+            "no-hints,demote-on-tool-call:demote_threshold=500ms",
+            "--kv-hints-tick",
+            "250ms",
+        ])
+        .unwrap();
+        let runs: Vec<(&str, Option<&str>)> = configs
+            .iter()
+            .map(|c| (c.admission.as_str(), c.kv_hints.as_deref()))
+            .collect();
+        let demote = Some("demote-on-tool-call:demote_threshold=500ms");
+        assert_eq!(
+            runs,
+            [
+                ("none", Some("no-hints")),
+                ("none", demote),
+                ("thunder-agent", Some("no-hints")),
+                ("thunder-agent", demote),
+            ]
+        );
+        assert!(
+            configs
+                .iter()
+                .all(|c| c.kv_hints_tick == Duration::from_millis(250))
+        );
+        assert_eq!(configs_of(&[]).unwrap()[0].kv_hints, None);
+        assert!(configs_of(&["--kv-hints-tick", "soon"]).is_err());
+    }
+
+    /// Two agents whose tools take 3 s, long enough for the component's default threshold.
+    fn slow_tools() -> Workload {
+        use switchyard_sim::workload::{Session, TraceRequest};
+        let sessions = (0..2u64)
+            .map(|a| {
+                let requests = (1..=4u64)
+                    .map(|t| TraceRequest {
+                        gap: Duration::from_secs(if t == 1 { 0 } else { 3 }),
+                        hash_ids: (0..8 * t).map(|b| a * 1_000 + b).collect(),
+                        input_tokens: 8 * t as u32 * 16,
+                        output_tokens: 8,
+                    })
+                    .collect();
+                Session {
+                    id: format!("agent-{a}"),
+                    parent: None,
+                    start: Duration::ZERO,
+                    spawn: None,
+                    requests,
+                }
+            })
+            .collect();
+        Workload {
+            block_size: 16,
+            sessions,
+        }
+    }
+
+    #[test]
+    fn a_wasm_kv_hint_policy_runs_like_its_native_twin() {
+        let workload = slow_tools();
+        let cli = Cli::try_parse_from([
+            "simulate",
+            "--trace",
+            "t.jsonl",
+            "--policies",
+            "kv-cost",
+            "--workers",
+            "1",
+            "--num-blocks",
+            "64",
+            "--host-tier-blocks",
+            "256",
+            "--kv-hints",
+            "demote-on-tool-call,wasm:demote-on-tool-call",
+        ])
+        .unwrap();
+        let configs = configs(&cli.args, &workload).unwrap();
+        let outcomes = run_all(&workload, &configs, Some(1), &ProgressBar::hidden()).unwrap();
+        let [native, wasm] = [&outcomes[0], &outcomes[1]].map(Outcome::report);
+        let hints = native.kv_hints.as_ref().expect("a hint report");
+        assert!(hints.total("demote").actions > 0, "{hints:?}");
+        assert_eq!(wasm, native);
+        assert!(
+            configs_of(&["--kv-hints", "wasm:no-such-policy"])
+                .and_then(|configs| {
+                    run_all(&workload, &configs, Some(1), &ProgressBar::hidden())
+                })
+                .is_err()
+        );
+    }
 }

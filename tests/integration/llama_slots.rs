@@ -1,0 +1,252 @@
+//! KV hints to real llama.cpp engines through slot save / restore (`kv_hints = "llama-slots"`).
+//!
+//! Two `llama-server`s (SmolLM2-135M on CPU) share one `--slot-save-path`. A session's turn ends
+//! in a tool call on server A; the demote-on-tool-call policy demotes the session, which saves
+//! A's slot to the shared directory and frees the slot. A then dies; the session's next turn is
+//! routed to B, which restores the file before the request is forwarded. B's own counters
+//! (`llamacpp:prompt_tokens_total`, the tokens it prefilled) show the prompt came from the
+//! restored cache; the same prompt prefilled cold on B is the yardstick for the time saved.
+
+use crate::llama::{LlamaServer, engine_paths};
+use crate::support::{Gateway, client, eventually, get_text, metric_sum, sample};
+use serde_json::{Value, json};
+use std::time::Instant;
+
+const MODEL: &str = "smollm2-135m-instruct";
+
+/// `(prompt tokens prefilled, prefill seconds)` a llama-server has counted so far.
+async fn prefill_counters(url: &str) -> (f64, f64) {
+    let text = get_text(&format!("{url}/metrics")).await;
+    (
+        metric_sum(&text, "llamacpp:prompt_tokens_total"),
+        metric_sum(&text, "llamacpp:prompt_seconds_total"),
+    )
+}
+
+fn tools() -> Value {
+    json!([{
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a shell command and return its output.",
+            "parameters": {
+                "type": "object",
+                "properties": {"command": {"type": "string"}},
+                "required": ["command"]
+            }
+        }
+    }])
+}
+
+/// A ~2K-token agent prompt: a system prompt with tool docs, then the task.
+fn first_messages() -> Vec<Value> {
+    let system: String = (0..120)
+        .map(|i| format!("Tool {i} reads file number {i} and returns its text. "))
+        .collect();
+    vec![
+        json!({"role": "system", "content": system}),
+        json!({"role": "user", "content": "Run the test suite with bash, then summarise it."}),
+    ]
+}
+
+/// A turn that ends in a `bash` call. A 135M model does not call tools when asked (llama.cpp's
+/// `tool_choice: "required"` does not force one with SmolLM2's template), so llama.cpp's own
+/// grammar makes it write the call, which the gateway's hermes parser reads (`tokens` mode).
+fn body(messages: &[Value]) -> Value {
+    json!({
+        "model": MODEL,
+        "messages": messages,
+        "tools": tools(),
+        "grammar": "root ::= \"<tool_call>\\n{\\\"name\\\": \\\"bash\\\", \\\"arguments\\\": {\\\"command\\\": \\\"make test\\\"}}\\n</tool_call>\"",
+        "max_tokens": 96,
+        "temperature": 0,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demoted_session_is_restored_on_another_llama_server_instead_of_prefilled() {
+    let (server, model) = engine_paths();
+    let dir = std::env::temp_dir().join(format!("switchyard-slots-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let dir_arg = dir.to_string_lossy().to_string();
+    // No host-RAM prompt cache (`--cache-ram 0`): a cache hit can only come from a slot.
+    let flags = [
+        "--slot-save-path",
+        &dir_arg,
+        "--metrics",
+        "--cache-ram",
+        "0",
+    ];
+    let mut engines = [
+        LlamaServer::start_with(&server, &model, &flags),
+        LlamaServer::start_with(&server, &model, &flags),
+    ];
+    for e in &engines {
+        e.wait_healthy().await;
+    }
+    let mut config = String::from(
+        "[server]\nhealth_interval = \"250ms\"\n\
+         [policies]\n\
+         kv_hints = \"native:demote-on-tool-call:unseen_tool_time=30s:demote_to=disk\"\n",
+    );
+    for e in &engines {
+        config += &format!(
+            "[[workers]]\nurl = \"{}\"\nkind = \"openai\"\nupstream = \"tokens\"\nkv_hints = \"llama-slots\"\n",
+            e.url
+        );
+    }
+    let gateway = Gateway::start(&config);
+    let url = format!("{}/v1/chat/completions", gateway.url);
+    let chat = async |messages: &[Value]| {
+        let started = Instant::now();
+        let r = client()
+            .post(&url)
+            .header("x-session-id", "agent-1")
+            .json(&body(messages))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let worker = r.headers()["x-switchyard-worker"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        let reply: Value = r.json().await.unwrap();
+        (worker, reply, started.elapsed())
+    };
+
+    // Turn 1 ends in a tool call. The policy expects the tool to take 30 s: it demotes the
+    // session, and the gateway saves its slot on A to the shared directory and frees it.
+    let mut messages = first_messages();
+    let (home, first, first_wall) = chat(&messages).await;
+    assert_eq!(
+        first["choices"][0]["finish_reason"], "tool_calls",
+        "{first}"
+    );
+    let a = usize::from(home.starts_with('1'));
+    let b = 1 - a;
+    let other = format!("{b}.0");
+    let first_prompt = first["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(first_prompt > 1500, "a ~2K prompt, got {first_prompt}");
+    let (a_prefilled, a_seconds) = prefill_counters(&engines[a].url).await;
+    let demoted = eventually(30, async || {
+        sample(
+            &get_text(&format!("{}/metrics", gateway.url)).await,
+            "switchyard_kv_hint_actions_total",
+            &[
+                "action=\"demote\"",
+                &format!("worker=\"{home}\""),
+                "outcome=\"accepted\"",
+            ],
+        ) >= 1.0
+    })
+    .await;
+    assert!(
+        demoted,
+        "the demote was never accepted: {}",
+        get_text(&format!("{}/metrics", gateway.url)).await
+    );
+    let files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|f| f.file_name().to_string_lossy().starts_with("switchyard-"))
+        .collect();
+    assert_eq!(files.len(), 1, "one slot file for the session");
+    let file_bytes = files[0].metadata().unwrap().len();
+    assert!(
+        file_bytes > 1_000_000,
+        "the file holds real KV: {file_bytes} bytes"
+    );
+
+    // A dies while the tool runs: the gateway marks it unhealthy.
+    engines[a].kill();
+    let down = eventually(30, async || {
+        sample(
+            &get_text(&format!("{}/metrics", gateway.url)).await,
+            "switchyard_worker_healthy",
+            &[&format!("worker=\"{home}\"")],
+        ) == 0.0
+    })
+    .await;
+    assert!(down, "worker {home} never marked unhealthy");
+
+    // Turn 2 (the tool's result) goes to B, which restores the session's slot file first.
+    let assistant = first["choices"][0]["message"].clone();
+    let call_id = assistant["tool_calls"][0]["id"].clone();
+    messages.push(assistant);
+    messages.push(json!({"role": "tool", "tool_call_id": call_id, "content": "ok: 12 passed"}));
+    let before = prefill_counters(&engines[b].url).await;
+    let (worker, second, second_wall) = chat(&messages).await;
+    assert_eq!(worker, other, "turn 2 went to the healthy server");
+    let after = prefill_counters(&engines[b].url).await;
+    let second_prompt = second["usage"]["prompt_tokens"].as_u64().unwrap();
+    let prefilled = (after.0 - before.0) as u64;
+    let prefill_s = after.1 - before.1;
+    let cached = second_prompt.saturating_sub(prefilled);
+    let metrics = get_text(&format!("{}/metrics", gateway.url)).await;
+    assert!(
+        sample(
+            &metrics,
+            "switchyard_kv_hint_actions_total",
+            &[
+                "action=\"prefetch\"",
+                &format!("worker=\"{other}\""),
+                "outcome=\"accepted\""
+            ],
+        ) >= 1.0,
+        "the restore on B was not accepted: {metrics}"
+    );
+    assert!(
+        cached * 10 >= first_prompt * 9,
+        "B prefilled {prefilled} of {second_prompt} tokens: only {cached} came from the restored \
+         slot (turn 1 had {first_prompt})"
+    );
+
+    // The yardstick: the same prompt prefilled cold on B (no cache, another slot).
+    let mut cold = body(&messages);
+    cold.as_object_mut().unwrap().remove("grammar");
+    cold["cache_prompt"] = false.into();
+    cold["id_slot"] = 1.into();
+    let started = Instant::now();
+    let control: Value = client()
+        .post(format!("{}/v1/chat/completions", engines[b].url))
+        .json(&cold)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let cold_wall = started.elapsed();
+    let cold_prefill_ms = control["timings"]["prompt_ms"].as_f64().unwrap_or(0.0);
+    let cold_n = control["timings"]["prompt_n"].as_u64().unwrap_or(1).max(1);
+    eprintln!(
+        "turn 1 on A: {first_prompt} prompt tokens, {a_prefilled} prefilled in {:.0} ms \
+         ({first_wall:?} end to end); slot file {file_bytes} bytes",
+        a_seconds * 1000.0
+    );
+    eprintln!(
+        "turn 2 on B, restored: {second_prompt} prompt tokens, {cached} from the restored slot, \
+         {prefilled} prefilled in {:.0} ms ({second_wall:?} end to end, restore included)",
+        prefill_s * 1000.0
+    );
+    eprintln!(
+        "turn 2 on B, cold: {cold_n} prefilled in {cold_prefill_ms:.0} ms ({cold_wall:?} end to \
+         end): prefill time saved {:.0} ms",
+        cold_prefill_ms - prefill_s * 1000.0
+    );
+    assert!(
+        cold_n > 1500,
+        "the control prefilled its whole prompt: {control}"
+    );
+    // The same number of tokens, cold, at the control's rate.
+    let cold_prefill_ms = cold_prefill_ms * second_prompt as f64 / cold_n as f64;
+    assert!(
+        prefill_s * 1000.0 < cold_prefill_ms / 2.0,
+        "restored prefill {:.0} ms vs cold {cold_prefill_ms:.0} ms",
+        prefill_s * 1000.0
+    );
+    drop(gateway);
+    drop(engines);
+    let _ = std::fs::remove_dir_all(&dir);
+}
