@@ -250,3 +250,60 @@ async fn a_demoted_session_is_restored_on_another_llama_server_instead_of_prefil
     drop(engines);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A demote the engine cannot carry out (no `--slot-save-path`: llama-server refuses slot saves)
+/// comes back to the policy as rejected, and demote-on-tool-call then cancels the prefetch it
+/// had planned for the tool's return: nothing left the device, so there is nothing to bring back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_demote_reaches_the_policy_which_drops_its_prefetch() {
+    let (server, model) = engine_paths();
+    let engine = LlamaServer::start_with(&server, &model, &["--metrics"]);
+    engine.wait_healthy().await;
+    // The tool is predicted to take 3 s (past the 2 s threshold): demote now, prefetch at 2.5 s.
+    let config = format!(
+        "[policies]\n\
+         kv_hints = \"native:demote-on-tool-call:unseen_tool_time=3s:prefetch_lead=500ms\"\n\
+         [[workers]]\nurl = \"{}\"\nkind = \"openai\"\nupstream = \"tokens\"\nkv_hints = \"llama-slots\"\n",
+        engine.url
+    );
+    let gateway = Gateway::start(&config);
+    let r = client()
+        .post(format!("{}/v1/chat/completions", gateway.url))
+        .header("x-session-id", "agent-refused")
+        .json(&body(&first_messages()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let reply: Value = r.json().await.unwrap();
+    assert_eq!(
+        reply["choices"][0]["finish_reason"], "tool_calls",
+        "{reply}"
+    );
+    let metrics_url = format!("{}/metrics", gateway.url);
+    let hint_actions = async |action: &str, outcome: &str| {
+        sample(
+            &get_text(&metrics_url).await,
+            "switchyard_kv_hint_actions_total",
+            &[
+                &format!("action=\"{action}\""),
+                &format!("outcome=\"{outcome}\""),
+            ],
+        )
+    };
+    let refused = eventually(30, async || hint_actions("demote", "rejected").await >= 1.0).await;
+    assert!(
+        refused,
+        "the demote was not refused: {}",
+        get_text(&metrics_url).await
+    );
+    // Well past the planned prefetch (the tool's result never comes).
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    let text = get_text(&metrics_url).await;
+    let prefetches = sample(
+        &text,
+        "switchyard_kv_hint_actions_total",
+        &["action=\"prefetch\""],
+    );
+    assert_eq!(prefetches, 0.0, "a prefetch after a refused demote: {text}");
+}

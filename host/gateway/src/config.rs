@@ -74,6 +74,11 @@ pub struct KvHintsConfig {
     /// Longest to wait for a worker's answer to an envelope. Default: 2 s.
     #[serde(with = "humantime_serde")]
     pub delivery_timeout: Duration,
+    /// Longest to wait for a llama.cpp slot save, restore or erase (`llama-slots` workers): a
+    /// save or restore moves the slot's whole KV through a file, tens of MB for a few thousand
+    /// tokens, which a busy machine takes seconds to write. Default: 30 s.
+    #[serde(with = "humantime_serde")]
+    pub slot_timeout: Duration,
     /// Requests of a session that thinks carry `kv_transfer_params.max_offload_tokens` = their
     /// prompt to workers that take hints: chat templates drop past turns' thinking, so the KV
     /// of an answer (its thinking and everything hashed after it) is never reused, and is not
@@ -91,6 +96,7 @@ impl Default for KvHintsConfig {
             prefetch_lead: Duration::from_millis(300),
             sessions: switchyard_core::kv_hints::sessions::DEFAULT_SESSION_CAPACITY,
             delivery_timeout: Duration::from_secs(2),
+            slot_timeout: Duration::from_secs(30),
             ephemeral_thinking: false,
         }
     }

@@ -29,7 +29,7 @@ use switchyard_core::kv_hints::actions::{
 use switchyard_core::kv_hints::sessions::{RoutedTurn, SessionTracker};
 use switchyard_core::kv_hints::{
     HintKind, HintOutcome, HintTier, IndexState, KvHint, LifecycleEvent, LifecycleKind, NoHints,
-    RankUsage,
+    RankUsage, SessionResidency,
 };
 use switchyard_core::programs::TurnEnd;
 use switchyard_core::worker::{Rank, Tier};
@@ -246,7 +246,7 @@ fn index_state(shared: &Shared, events: &[LifecycleEvent]) -> IndexState {
             m.upstream.ranks().map(move |r| (r, capacity))
         })
         .collect();
-    shared.index().read(|index| IndexState {
+    let mut index_state = shared.index().read(|index| IndexState {
         residency: state.tracker.residency(sessions.iter().copied(), index),
         usage: ranks
             .into_iter()
@@ -258,7 +258,49 @@ fn index_state(shared: &Shared, events: &[LifecycleEvent]) -> IndexState {
                 host_capacity_blocks: 0,
             })
             .collect(),
-    })
+    });
+    index_state
+        .residency
+        .extend(slot_residency(shared, &state.tracker, &sessions));
+    index_state
+}
+
+/// Where llama.cpp slots hold `sessions` (llama-server publishes no KV events, so the index
+/// knows nothing of them): a slot holding a session holds its lineage on the device; a session
+/// whose slot was saved has it on disk, where any server sharing the directory can restore it.
+fn slot_residency(
+    shared: &Shared,
+    tracker: &SessionTracker,
+    sessions: &HashSet<&str>,
+) -> Vec<SessionResidency> {
+    let slots = &shared.hints.slots;
+    let mut out = Vec::new();
+    for &session in sessions {
+        for (rank, blocks) in tracker.lineage(session) {
+            let on_slots = shared
+                .fleet
+                .get(rank.worker)
+                .is_some_and(|m| m.config.kv_hints == HintDelivery::LlamaSlots);
+            if !on_slots {
+                continue;
+            }
+            let (device_blocks, disk_blocks) = if slots.holds(rank.worker, session) {
+                (blocks, 0)
+            } else if slots.saved(session).is_some() {
+                (0, blocks)
+            } else {
+                continue;
+            };
+            out.push(SessionResidency {
+                session_id: session.to_owned(),
+                rank,
+                device_blocks,
+                host_blocks: 0,
+                disk_blocks,
+            });
+        }
+    }
+    out
 }
 
 /// Resolve `hints` into block actions per rank and hand them to the workers.
@@ -443,6 +485,28 @@ pub(crate) fn count_outcome(
         .kv_hint_blocks
         .get_or_create(&labels)
         .inc_by(blocks);
+}
+
+/// Count one action's `outcome` on `rank` and keep it for the policy's next round (its
+/// `on_outcomes`): for the paths that apply actions one at a time (llama.cpp's slots).
+/// `session_id` is the hint's session, `None` for the gateway's own action.
+pub(crate) fn settle(
+    shared: &Shared,
+    rank: Rank,
+    (kind, session_id): (Option<ActionType>, Option<String>),
+    outcome: Outcome,
+    blocks: u64,
+) {
+    count_outcome(shared, rank, kind, outcome, blocks);
+    if let Some(action) = kind {
+        shared.hints.outcomes([HintOutcome {
+            session_id,
+            rank,
+            action,
+            outcome,
+            blocks: u32::try_from(blocks).unwrap_or(u32::MAX),
+        }]);
+    }
 }
 
 /// What the policy hears of `action`'s `outcome` on `rank` (nothing for an action of a type

@@ -262,6 +262,16 @@ impl SessionTracker {
         events
     }
 
+    /// The ranks `session_id` was routed to, with the blocks of the last prompt it sent each
+    /// (its lineage), most recent last.
+    pub fn lineage(&self, session_id: &str) -> impl Iterator<Item = (Rank, u32)> + '_ {
+        self.sessions
+            .get(session_id)
+            .into_iter()
+            .flat_map(|s| s.lineage.iter())
+            .map(|(rank, hashes)| (*rank, u32::try_from(hashes.len()).unwrap_or(u32::MAX)))
+    }
+
     /// Where `sessions` are cached, per rank of their lineage, as `index` sees it now.
     pub fn residency<'a>(
         &self,

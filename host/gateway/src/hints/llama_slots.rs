@@ -22,7 +22,7 @@
 //! save or restore never fails a request: it is counted, and the prompt is prefilled as usual.
 
 use crate::fleet::Member;
-use crate::hints::count_outcome;
+use crate::hints::settle;
 use crate::metrics::worker_label;
 use crate::server::Shared;
 use serde::Deserialize;
@@ -167,7 +167,7 @@ impl Slots {
     }
 
     /// Whether some slot of `worker` holds `session`'s KV.
-    fn holds(&self, worker: WorkerId, session: &str) -> bool {
+    pub(crate) fn holds(&self, worker: WorkerId, session: &str) -> bool {
         self.state().workers.get(&worker).is_some_and(|w| {
             w.slots
                 .iter()
@@ -291,10 +291,11 @@ pub(crate) async fn before_request(
     };
     if !taken.holds && shared.hints.slots.saved(session).is_some() {
         let (outcome, tokens) = restore(shared, member, rank, taken.slot, session).await;
-        count_outcome(
+        // The gateway's own restore, ahead of the session's request.
+        settle(
             shared,
             rank,
-            Some(ActionType::Prefetch),
+            (Some(ActionType::Prefetch), None),
             outcome,
             blocks(shared, tokens),
         );
@@ -330,7 +331,14 @@ pub(crate) async fn apply(shared: Arc<Shared>, rank: Rank, actions: Vec<HintActi
             // No llama.cpp counterpart, or no session to name the slot by.
             _ => (Outcome::Rejected, 0),
         };
-        count_outcome(&shared, rank, kind, outcome, blocks(&shared, tokens));
+        let session = action.payload.session_id;
+        settle(
+            &shared,
+            rank,
+            (kind, session),
+            outcome,
+            blocks(&shared, tokens),
+        );
     }
 }
 
@@ -517,7 +525,7 @@ impl SlotError {
 }
 
 fn timeout(shared: &Shared) -> Duration {
-    shared.live().config.kv_hints.delivery_timeout
+    shared.live().config.kv_hints.slot_timeout
 }
 
 /// `POST /slots/{slot}?action={action}` with `{"filename"}` when given.

@@ -203,6 +203,16 @@ fn residency_reads_each_lineage_from_the_index() {
 }
 
 #[test]
+fn the_lineage_is_the_last_prompt_per_rank_most_recent_last() {
+    let mut tracker = SessionTracker::default();
+    tracker.routed(turn("s", R0, &hashes(0..4)), ms(0));
+    tracker.routed(turn("s", R1, &hashes(0..6)), ms(1));
+    tracker.routed(turn("s", R0, &hashes(0..9)), ms(2));
+    assert_eq!(tracker.lineage("s").collect::<Vec<_>>(), [(R1, 6), (R0, 9)]);
+    assert_eq!(tracker.lineage("unknown").count(), 0);
+}
+
+#[test]
 fn hints_resolve_to_the_sessions_blocks_on_the_right_ranks() {
     let mut tracker = SessionTracker::default();
     let parent = hashes(0..8);
