@@ -218,6 +218,21 @@ fn run_both(name: &'static str, scenario: &Scenario) -> Result<Vec<Vec<Admission
                 step.arrival
             ));
         }
+        // Where each program would run if admitted now (WIT 1.1 `placement`; a 1.0 component
+        // never places, see `compat`).
+        let places = component(name).has_placement();
+        for session in step.sessions.iter().filter(|_| places) {
+            let id = session.session_id.as_str();
+            let placed = wasm
+                .try_placement(&view, id, now)
+                .map_err(|e| format!("{name} step {i}: placement failed: {e}"))?;
+            let native_placed = native.placement(&view, id, now);
+            if placed != native_placed {
+                return Err(format!(
+                    "{name} step {i}: {id} placed on {placed:?} by wasm, {native_placed:?} natively"
+                ));
+            }
+        }
         answers.push(from_wasm);
     }
     Ok(answers)
@@ -388,10 +403,10 @@ fn admission_names_resolve_like_router_names() {
     assert!(registry.load_named(Role::Router, "thunder-agent").is_err());
 }
 
-/// Placement stays native: through the registry's handle `native:thunder-agent` keeps a program
-/// on its worker, while the component (WIT 1.0 has no `placement`) leaves it to the router.
+/// Through the registry's handle, the component (WIT 1.1 `placement`) keeps a program on its
+/// worker as `native:thunder-agent` does; configured `sticky=false`, neither does.
 #[test]
-fn only_the_native_twin_places_programs() {
+fn the_component_places_programs_as_the_native_twin_does() {
     let registry = PolicyRegistry::new(
         crate::patient_engine(),
         None,
@@ -427,15 +442,23 @@ fn only_the_native_twin_places_programs() {
             .collect(),
     };
     let mut handle = registry.admission();
-    registry
-        .load_named(Role::Admission, "native:thunder-agent")
-        .unwrap();
-    assert_eq!(
-        handle.placement(&view, "p", Duration::ZERO),
-        Some(Rank::new(1, 0))
-    );
-    registry
-        .load_named(Role::Admission, "thunder-agent")
-        .unwrap();
-    assert_eq!(handle.placement(&view, "p", Duration::ZERO), None);
+    for (spec, placed) in [
+        ("native:thunder-agent", Some(Rank::new(1, 0))),
+        ("thunder-agent", Some(Rank::new(1, 0))),
+        ("native:thunder-agent:sticky=false", None),
+        ("thunder-agent:sticky=false", None),
+    ] {
+        let info = registry.load_named(Role::Admission, spec).unwrap();
+        assert_eq!(
+            handle.placement(&view, "p", Duration::ZERO),
+            placed,
+            "{spec} ({})",
+            info.source
+        );
+    }
+    // The component's own parameter check names the key.
+    let err = registry
+        .load_named(Role::Admission, "thunder-agent:stickiness=1")
+        .unwrap_err();
+    assert!(err.to_string().contains("stickiness"), "{err}");
 }

@@ -14,8 +14,8 @@ use switchyard_core::admission::{self as core, AdmissionAction, AdmissionView, A
 use switchyard_core::router::{CostWeights, PolicyRequest};
 use switchyard_core::worker;
 use switchyard_policy_sdk::{
-    Action, ActionKind, AdmissionPolicy, Incoming, PolicyMetadata, Rank, RankUtilization,
-    SessionPhase, SessionView, Sessions, Utilization,
+    self as sdk, Action, ActionKind, AdmissionPolicy, Incoming, PolicyMetadata, Rank,
+    RankUtilization, SessionPhase, SessionView, Sessions, Utilization,
 };
 
 /// A native admission policy a component ships: how to build it and how to describe it.
@@ -28,6 +28,18 @@ pub trait Builtin {
 
     /// The component's metadata; `policy` is the running policy, for its parameters.
     fn metadata(policy: &Self::Policy) -> PolicyMetadata;
+
+    /// The policy configured with `params` (WIT 1.1 `configure`, the same `key=value` pairs as
+    /// the native spec `name:key=value`), or why not. Default: no parameters taken.
+    fn configure(params: &sdk::Params) -> Result<Self::Policy, String> {
+        match params.first() {
+            None => Ok(Self::policy()),
+            Some((key, _)) => Err(format!(
+                "policy {} has no parameter `{key}`",
+                Self::metadata(&Self::policy()).name
+            )),
+        }
+    }
 }
 
 /// The core policy of `B` behind the SDK's [`AdmissionPolicy`]; export it with
@@ -88,6 +100,27 @@ impl<B: Builtin> AdmissionPolicy for Native<B> {
             &arrival,
             millis(now_ms),
         ))
+    }
+
+    fn placement(
+        &mut self,
+        now_ms: u64,
+        session_id: &str,
+        sessions: &Sessions,
+        workers: &Utilization,
+    ) -> Option<Rank> {
+        let view = view(sessions, workers);
+        core::AdmissionPolicy::placement(&mut self.policy, &view, session_id, millis(now_ms)).map(
+            |r| Rank {
+                worker_id: r.worker.0,
+                dp_rank: r.dp_rank,
+            },
+        )
+    }
+
+    fn configure(&mut self, params: &sdk::Params) -> Result<(), String> {
+        self.policy = B::configure(params)?;
+        Ok(())
     }
 }
 

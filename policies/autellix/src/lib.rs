@@ -9,14 +9,15 @@
 //! the core's view and its actions back, so for millisecond-aligned service the actions are
 //! exactly the native policy's.
 //!
-//! **Parameters.** A component cannot read files: it runs [`AutellixConfig::default`] (the
-//! native defaults), and its metadata lists them.
+//! **Parameters.** It runs [`AutellixConfig::default`] (the native defaults, listed in its
+//! metadata) unless WIT 1.1's `configure` gives it others: the same `key=value` pairs as the
+//! native spec.
 
 use admission_adapter::{Builtin, Native, metadata, param_ms};
 use switchyard_core::admission::{Autellix, AutellixConfig};
 use switchyard_policy_sdk::PolicyMetadata;
 
-/// The built-in: the core's Autellix with its default parameters.
+/// The built-in: the core's Autellix.
 #[derive(Debug)]
 pub enum Spec {}
 
@@ -28,6 +29,14 @@ impl Builtin for Spec {
 
     fn policy() -> Autellix {
         Autellix::new(AutellixConfig::default())
+    }
+
+    fn configure(params: &switchyard_policy_sdk::Params) -> Result<Autellix, String> {
+        let mut config = AutellixConfig::default();
+        for (key, value) in params {
+            config.set(key, value).map_err(|e| e.to_string())?;
+        }
+        Ok(Autellix::new(config))
     }
 
     fn metadata(policy: &Autellix) -> PolicyMetadata {

@@ -10,14 +10,15 @@
 //! also renders its leases as KV pin hints (`Continuum::pins`); that belongs to the `kv-hints`
 //! world, not to this component.
 //!
-//! **Parameters.** A component cannot read files: it runs [`ContinuumConfig::default`] (the
-//! native defaults), and its metadata lists them.
+//! **Parameters.** It runs [`ContinuumConfig::default`] (the native defaults, listed in its
+//! metadata) unless WIT 1.1's `configure` gives it others: the same `key=value` pairs as the
+//! native spec.
 
 use admission_adapter::{Builtin, Native, metadata, param_ms};
 use switchyard_core::admission::{Continuum, ContinuumConfig};
 use switchyard_policy_sdk::PolicyMetadata;
 
-/// The built-in: the core's Continuum with its default parameters.
+/// The built-in: the core's Continuum.
 #[derive(Debug)]
 pub enum Spec {}
 
@@ -29,6 +30,14 @@ impl Builtin for Spec {
 
     fn policy() -> Continuum {
         Continuum::new(ContinuumConfig::default())
+    }
+
+    fn configure(params: &switchyard_policy_sdk::Params) -> Result<Continuum, String> {
+        let mut config = ContinuumConfig::default();
+        for (key, value) in params {
+            config.set(key, value).map_err(|e| e.to_string())?;
+        }
+        Ok(Continuum::new(config))
     }
 
     fn metadata(policy: &Continuum) -> PolicyMetadata {

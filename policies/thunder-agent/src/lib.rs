@@ -7,19 +7,18 @@
 //! millisecond-aligned times the actions are exactly the native policy's (checked by a property
 //! test in `host/policy-host/tests`).
 //!
-//! **Placement.** The native policy also answers `placement` (which worker a released program
-//! must run on); the WIT 1.0 `admission` world has no such export, so here the policy only
-//! remembers its placements to count programs where they will run, and the router places them.
+//! **Placement.** Like the native policy, it answers WIT 1.1's `placement`: a released program
+//! runs on the worker it was resumed onto (and, with `sticky`, stays on its worker).
 //!
-//! **Parameters.** A component cannot read files: it runs [`ThunderAgentConfig::default`] (the
-//! native defaults), and its metadata lists them. To run other values, build a copy of this
-//! crate with another config in [`Spec`]'s `policy`.
+//! **Parameters.** It runs [`ThunderAgentConfig::default`] (the native defaults, listed in its
+//! metadata) unless WIT 1.1's `configure` gives it others: the same `key=value` pairs as the
+//! native spec (`[policies] admission = "thunder-agent:decay_half_life=1h"`).
 
 use admission_adapter::{Builtin, Native, metadata, param_ms};
 use switchyard_core::admission::{ThunderAgent, ThunderAgentConfig};
 use switchyard_policy_sdk::PolicyMetadata;
 
-/// The built-in: the core's ThunderAgent with its default parameters.
+/// The built-in: the core's ThunderAgent.
 #[derive(Debug)]
 pub enum Spec {}
 
@@ -31,6 +30,14 @@ impl Builtin for Spec {
 
     fn policy() -> ThunderAgent {
         ThunderAgent::new(ThunderAgentConfig::default())
+    }
+
+    fn configure(params: &switchyard_policy_sdk::Params) -> Result<ThunderAgent, String> {
+        let mut config = ThunderAgentConfig::default();
+        for (key, value) in params {
+            config.set(key, value).map_err(|e| e.to_string())?;
+        }
+        Ok(ThunderAgent::new(config))
     }
 
     fn metadata(policy: &ThunderAgent) -> PolicyMetadata {
