@@ -33,13 +33,9 @@ pub trait Builtin {
     /// The policy configured with `params` (WIT 1.1 `configure`, the same `key=value` pairs as
     /// the native spec `name:key=value`), or why not. Default: no parameters taken.
     fn configure(params: &sdk::Params) -> Result<Self::Policy, String> {
-        match params.first() {
-            None => Ok(Self::policy()),
-            Some((key, _)) => Err(format!(
-                "policy {} has no parameter `{key}`",
-                Self::metadata(&Self::policy()).name
-            )),
-        }
+        let policy = Self::policy();
+        sdk::no_params(&Self::metadata(&policy).name, params)?;
+        Ok(policy)
     }
 }
 
