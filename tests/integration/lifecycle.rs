@@ -1,8 +1,8 @@
 //! The gateway's own lifecycle: a graceful stop that cannot hang on a stream that never ends, and
-//! configuration reloads under traffic.
+//! configuration reloads under traffic, and what it stored outliving a crash.
 //! (A rolling restart behind Envoy with no failed request is in `envoy.rs`.)
 
-use crate::support::{Gateway, MockEngine, client, eventually};
+use crate::support::{Gateway, MockEngine, Proc, TempFile, client, eventually};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -178,4 +178,85 @@ async fn the_configuration_reloads_under_traffic_and_a_bad_one_changes_nothing()
         served.load(Ordering::Relaxed)
     );
     assert!(served.load(Ordering::Relaxed) > 0);
+}
+
+/// One Responses API turn (non-streaming), continuing `previous` when given: its id and its
+/// prompt's size in tokens.
+async fn respond(url: &str, previous: Option<&str>, input: &str) -> (u16, serde_json::Value) {
+    let mut body = json!({"model": "smollm2-135m-instruct", "max_output_tokens": 8,
+        "input": input});
+    if let Some(id) = previous {
+        body["previous_response_id"] = id.into();
+    }
+    let r = client()
+        .post(format!("{url}/v1/responses"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_responses_survive_a_kill_and_a_torn_last_line() {
+    let engine = MockEngine::start(20.0, 4096);
+    let holder = TempFile::new("keep", "");
+    let dir = holder.path.parent().unwrap().join("responses");
+    let config = format!(
+        "[frontend]\nresponse_store_dir = \"{}\"\n{}",
+        dir.display(),
+        Gateway::config_for(&[&engine], "kv-cost")
+    );
+    // A conversation of five chained turns, then SIGKILL: no drain, no flush at exit.
+    let mut gateway = Gateway::start(&config);
+    let mut ids = Vec::new();
+    let mut prompt_tokens = Vec::new();
+    for turn in 0..5 {
+        let (status, body) = respond(
+            &gateway.url,
+            ids.last().map(String::as_str),
+            &format!("turn {turn}: tell me more about the harbour"),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        ids.push(body["id"].as_str().unwrap().to_owned());
+        prompt_tokens.push(body["usage"]["input_tokens"].as_u64().unwrap());
+    }
+    gateway.proc.kill();
+    // What a crash in the middle of a write would leave after the whole lines: one cut short.
+    let mut segments: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
+        .collect();
+    segments.sort();
+    let newest = segments.last().expect("a journal segment");
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(newest)
+        .unwrap();
+    std::io::Write::write_all(&mut file, br#"{"v":1,"id":"resp_torn","messa"#).unwrap();
+    drop(file);
+
+    // Started on the same file, its log read from the first line (the store is read before the
+    // listener opens).
+    let path = gateway.config.path.to_string_lossy().to_string();
+    let restarted = Proc::switchyard_logged(&["serve", "--config", &path, "--port", "0"], "info");
+    let said = restarted.wait_for_line("cut off when the gateway stopped");
+    assert!(said.contains("lines=1"), "{said}");
+    let url = restarted.wait_for("gateway on ");
+    // Every stored turn continues, with its whole history in the prompt.
+    for (turn, id) in ids.iter().enumerate() {
+        let (status, body) = respond(&url, Some(id), "and then?").await;
+        assert_eq!(status, 200, "turn {turn}: {body}");
+        let tokens = body["usage"]["input_tokens"].as_u64().unwrap();
+        assert!(
+            tokens > prompt_tokens[turn],
+            "turn {turn}: {tokens} prompt tokens, the stored turn had {}",
+            prompt_tokens[turn]
+        );
+    }
+    let (status, body) = respond(&url, Some("resp_torn"), "hi").await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["code"], "previous_response_not_found");
 }

@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 /// One chat request (`/v1/chat/completions`, `/v1/responses`, `/v1/messages`).
@@ -154,7 +155,8 @@ impl Default for Prompt {
 }
 
 /// Who wrote a message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Role {
     /// System or developer instructions.
     System,
@@ -178,8 +180,9 @@ impl Role {
     }
 }
 
-/// One turn.
-#[derive(Debug, Clone, PartialEq)]
+/// One turn. Serialized (as the Responses store's journal keeps it) with serde's derived
+/// shape: `{"role": "user", "blocks": [{"type": "text", "text": "..."}]}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Message {
     /// Its author.
     pub role: Role,
@@ -198,7 +201,8 @@ impl Message {
 }
 
 /// One piece of a message.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
 pub enum Block {
     /// Visible text.
     Text {

@@ -2,10 +2,18 @@
 //!
 //! A bounded in-memory map from response id to the conversation up to and including that
 //! response (as IR messages), evicting the least recently used entries beyond a count and a byte
-//! budget. Pure and synchronous: the gateway owns one behind a mutex.
+//! budget. Synchronous: the gateway owns one behind a mutex. Memory only by default;
+//! [`ResponseStore::open`] adds a journal on disk (see [`journal`]) so that stored responses
+//! outlive a restart or a crash.
+
+mod journal;
 
 use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::path::Path;
 
+pub use self::journal::RecoveredResponses;
+use self::journal::{Journal, SegmentId};
 use crate::error::ApiError;
 use crate::ir::{Block, Message};
 
@@ -23,6 +31,7 @@ pub struct ResponseStore {
     recency: BTreeMap<u64, String>,
     entries: HashMap<String, Entry>,
     next_stamp: u64,
+    journal: Option<Journal>,
 }
 
 #[derive(Debug)]
@@ -30,6 +39,8 @@ struct Entry {
     messages: Vec<Message>,
     bytes: u64,
     stamp: u64,
+    /// Where the journal holds it (`None` in memory only).
+    segment: Option<SegmentId>,
 }
 
 // === impl ResponseStore ===
@@ -44,23 +55,88 @@ impl ResponseStore {
             recency: BTreeMap::new(),
             entries: HashMap::new(),
             next_stamp: 0,
+            journal: None,
         }
     }
 
-    /// Stores the conversation of `response_id`, evicting the least recently used entries to make
-    /// room. Returns `false` (and stores nothing) when it alone exceeds the byte budget.
-    pub fn insert(&mut self, response_id: String, messages: Vec<Message>) -> bool {
-        self.remove(&response_id);
-        let bytes = conversation_bytes(&messages) + response_id.len() as u64;
-        if bytes > self.max_bytes || self.max_entries == 0 {
-            return false;
+    /// A store that keeps its responses in `dir` too (created if missing), reading back what an
+    /// earlier run stored there (within this store's bounds, oldest evicted first). Fails when
+    /// the directory cannot be used, or another process holds it.
+    pub fn open(
+        dir: &Path,
+        max_entries: usize,
+        max_bytes: u64,
+    ) -> io::Result<(Self, RecoveredResponses)> {
+        let segment_bytes = (max_bytes / 8).clamp(64 << 10, 64 << 20);
+        let max_disk_bytes = max_bytes.saturating_mul(2).saturating_add(segment_bytes);
+        let (mut journal, replayed, recovered) = Journal::open(dir, segment_bytes, max_disk_bytes)?;
+        let mut store = Self::new(max_entries, max_bytes);
+        // In memory first: a segment is only released once every response read from it is
+        // known to be kept or evicted.
+        for line in replayed {
+            store.keep(line.id, line.messages, Some(line.segment));
         }
+        store
+            .entries
+            .values()
+            .filter_map(|e| e.segment)
+            .for_each(|segment| journal.hold(segment));
+        journal.settle()?;
+        store.journal = Some(journal);
+        store.compact()?;
+        Ok((store, recovered))
+    }
+
+    /// Stores the conversation of `response_id`, evicting the least recently used entries to make
+    /// room. Returns `false` (and stores nothing) when it alone exceeds the byte budget. An error
+    /// is the journal's: the response is kept in memory all the same, but would not outlive a
+    /// restart.
+    pub fn insert(&mut self, response_id: String, messages: Vec<Message>) -> io::Result<bool> {
+        if Self::too_large(self.max_entries, self.max_bytes, &response_id, &messages) {
+            return Ok(false);
+        }
+        let appended = self
+            .journal
+            .as_mut()
+            .map(|journal| journal.append(&response_id, &messages));
+        let (segment, failed) = match appended {
+            Some(Ok(segment)) => (Some(segment), None),
+            Some(Err(e)) => (None, Some(e)),
+            None => (None, None),
+        };
+        let evicted = self.keep(response_id, messages, segment);
+        if let Some(journal) = &mut self.journal {
+            evicted.into_iter().try_for_each(|s| journal.release(s))?;
+        }
+        self.compact()?;
+        failed.map_or(Ok(true), Err)
+    }
+
+    fn too_large(max_entries: usize, max_bytes: u64, id: &str, messages: &[Message]) -> bool {
+        max_entries == 0 || conversation_bytes(messages) + id.len() as u64 > max_bytes
+    }
+
+    /// The in-memory half of [`ResponseStore::insert`]; returns the journal segments of the
+    /// entries it replaced or evicted.
+    fn keep(
+        &mut self,
+        response_id: String,
+        messages: Vec<Message>,
+        segment: Option<SegmentId>,
+    ) -> Vec<SegmentId> {
+        let mut gone: Vec<SegmentId> = self.forget(&response_id).into_iter().collect();
+        if Self::too_large(self.max_entries, self.max_bytes, &response_id, &messages) {
+            gone.extend(segment);
+            return gone;
+        }
+        let bytes = conversation_bytes(&messages) + response_id.len() as u64;
         while self.entries.len() >= self.max_entries || self.bytes + bytes > self.max_bytes {
             let Some((_, oldest)) = self.recency.pop_first() else {
                 break;
             };
             if let Some(entry) = self.entries.remove(&oldest) {
                 self.bytes -= entry.bytes;
+                gone.extend(entry.segment);
             }
         }
         let stamp = self.stamp();
@@ -72,9 +148,31 @@ impl ResponseStore {
                 messages,
                 bytes,
                 stamp,
+                segment,
             },
         );
-        true
+        gone
+    }
+
+    /// Keeps the journal within its disk budget: the oldest segment's live responses are written
+    /// again into the newest, then it is deleted. At most one pass per segment there was, so
+    /// live responses larger than the budget are not rewritten in a loop.
+    fn compact(&mut self) -> io::Result<()> {
+        let Some(journal) = &mut self.journal else {
+            return Ok(());
+        };
+        for _ in 0..journal.segment_count() {
+            let Some(oldest) = journal.over_budget() else {
+                break;
+            };
+            for (id, entry) in &mut self.entries {
+                if entry.segment == Some(oldest) {
+                    entry.segment = Some(journal.append(id, &entry.messages)?);
+                }
+            }
+            journal.drop_segment(oldest)?;
+        }
+        Ok(())
     }
 
     /// The conversation stored under `response_id` (marking it recently used), or a 400
@@ -94,14 +192,12 @@ impl ResponseStore {
         Ok(entry.messages.clone())
     }
 
-    /// Forgets `response_id`; `true` if it was stored.
-    pub fn remove(&mut self, response_id: &str) -> bool {
-        let Some(entry) = self.entries.remove(response_id) else {
-            return false;
-        };
+    /// Forgets `response_id` in memory; returns its journal segment, if it had one.
+    fn forget(&mut self, response_id: &str) -> Option<SegmentId> {
+        let entry = self.entries.remove(response_id)?;
         self.recency.remove(&entry.stamp);
         self.bytes -= entry.bytes;
-        true
+        entry.segment
     }
 
     /// Number of stored responses.
@@ -117,6 +213,11 @@ impl ResponseStore {
     /// Approximate bytes held (text plus a fixed overhead per message and block).
     pub fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    /// Bytes the journal holds on disk (0 in memory only).
+    pub fn journal_bytes(&self) -> u64 {
+        self.journal.as_ref().map_or(0, Journal::disk_bytes)
     }
 
     fn stamp(&mut self) -> u64 {
@@ -161,6 +262,13 @@ fn blocks_bytes(blocks: &[Block]) -> u64 {
 mod tests {
     use super::*;
     use crate::ir::Role;
+    use std::io::Write;
+
+    impl ResponseStore {
+        fn insert_ok(&mut self, id: String, messages: Vec<Message>) -> bool {
+            self.insert(id, messages).unwrap()
+        }
+    }
 
     fn conversation(text: &str) -> Vec<Message> {
         vec![Message::text(Role::User, text)]
@@ -178,11 +286,11 @@ mod tests {
     #[test]
     fn evicts_least_recently_used_by_count() {
         let mut store = ResponseStore::new(2, 1 << 20);
-        assert!(store.insert("a".into(), conversation("first")));
-        assert!(store.insert("b".into(), conversation("second")));
+        assert!(store.insert_ok("a".into(), conversation("first")));
+        assert!(store.insert_ok("b".into(), conversation("second")));
         // Reading `a` makes `b` the least recently used.
         assert_eq!(store.get("a").unwrap(), conversation("first"));
-        assert!(store.insert("c".into(), conversation("third")));
+        assert!(store.insert_ok("c".into(), conversation("third")));
         assert_eq!(store.len(), 2);
         assert!(store.get("b").is_err());
         assert!(store.get("a").is_ok() && store.get("c").is_ok());
@@ -193,24 +301,193 @@ mod tests {
         let one = conversation_bytes(&conversation(&"x".repeat(100))) + 1;
         let mut store = ResponseStore::new(100, one * 2);
         for id in ["a", "b", "c"] {
-            assert!(store.insert(id.into(), conversation(&"x".repeat(100))));
+            assert!(store.insert_ok(id.into(), conversation(&"x".repeat(100))));
         }
         assert_eq!(store.len(), 2);
         assert!(store.bytes() <= one * 2);
         assert!(store.get("a").is_err());
-        assert!(!store.insert("big".into(), conversation(&"x".repeat(1000))));
+        assert!(!store.insert_ok("big".into(), conversation(&"x".repeat(1000))));
         assert_eq!(store.len(), 2, "an oversized entry evicts nothing");
     }
 
     #[test]
     fn reinsert_replaces_and_remove_frees() {
         let mut store = ResponseStore::new(10, 1 << 20);
-        store.insert("a".into(), conversation("one"));
-        store.insert("a".into(), conversation("two"));
+        store.insert_ok("a".into(), conversation("one"));
+        store.insert_ok("a".into(), conversation("two"));
         assert_eq!(store.len(), 1);
         assert_eq!(store.get("a").unwrap(), conversation("two"));
-        assert!(store.remove("a"));
+        assert!(store.forget("a").is_none(), "in memory only");
         assert!(store.is_empty());
         assert_eq!(store.bytes(), 0);
+    }
+
+    fn segments(dir: &Path) -> Vec<std::path::PathBuf> {
+        let mut files: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
+            .collect();
+        files.sort();
+        files
+    }
+
+    fn reopen(dir: &Path, entries: usize, bytes: u64) -> (ResponseStore, RecoveredResponses) {
+        ResponseStore::open(dir, entries, bytes).unwrap()
+    }
+
+    #[test]
+    fn a_journaled_store_reads_back_every_block_kind() {
+        let dir = tempfile::tempdir().unwrap();
+        let rich = vec![
+            Message::text(Role::System, "sys"),
+            Message {
+                role: Role::Assistant,
+                blocks: vec![
+                    Block::Thinking {
+                        text: "hmm \"quoted\"\n".into(),
+                        signature: Some("sig".into()),
+                    },
+                    Block::RedactedThinking { data: "xx".into() },
+                    Block::ToolCall {
+                        id: "call_1".into(),
+                        name: "bash".into(),
+                        arguments: r#"{"cmd":"ls"}"#.into(),
+                    },
+                ],
+            },
+            Message {
+                role: Role::Tool,
+                blocks: vec![Block::ToolResult {
+                    call_id: "call_1".into(),
+                    content: vec![
+                        Block::Text {
+                            text: "ünïcode ✓".into(),
+                        },
+                        Block::Image {
+                            url: "data:image/png;base64,AA==".into(),
+                        },
+                    ],
+                    is_error: true,
+                }],
+            },
+        ];
+        {
+            let (mut store, found) = reopen(dir.path(), 8, 1 << 20);
+            assert_eq!(found, RecoveredResponses::default());
+            assert!(store.insert_ok("resp_a".into(), rich.clone()));
+            assert!(store.insert_ok("resp_b".into(), conversation("second")));
+            assert!(store.journal_bytes() > 0);
+        }
+        let (mut store, found) = reopen(dir.path(), 8, 1 << 20);
+        assert_eq!((found.responses, found.torn_lines), (2, 0));
+        assert_eq!(store.get("resp_a").unwrap(), rich);
+        assert_eq!(store.get("resp_b").unwrap(), conversation("second"));
+    }
+
+    #[test]
+    fn a_torn_last_line_is_skipped_said_and_cut_off() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (mut store, _) = reopen(dir.path(), 8, 1 << 20);
+            assert!(store.insert_ok("resp_a".into(), conversation("kept")));
+        }
+        // What a crash in the middle of a write leaves: a line with no end, after whole ones.
+        let last = segments(dir.path()).pop().unwrap();
+        let whole = std::fs::metadata(&last).unwrap().len();
+        let torn = br#"{"v":1,"id":"resp_b","messages":[{"role":"us"#;
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&last)
+            .unwrap()
+            .write_all(torn)
+            .unwrap();
+        {
+            let (mut store, found) = reopen(dir.path(), 8, 1 << 20);
+            assert_eq!(found.responses, 1);
+            assert_eq!((found.torn_lines, found.torn_bytes), (1, torn.len() as u64));
+            assert_eq!(store.get("resp_a").unwrap(), conversation("kept"));
+            assert!(store.get("resp_b").is_err());
+            assert_eq!(std::fs::metadata(&last).unwrap().len(), whole, "cut off");
+            assert!(store.insert_ok("resp_c".into(), conversation("after")));
+        }
+        let (mut store, found) = reopen(dir.path(), 8, 1 << 20);
+        assert_eq!((found.responses, found.torn_lines), (2, 0));
+        assert!(store.get("resp_c").is_ok());
+    }
+
+    #[test]
+    fn a_damaged_line_is_counted_and_the_rest_read() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (mut store, _) = reopen(dir.path(), 8, 1 << 20);
+            store.insert_ok("resp_a".into(), conversation("one"));
+        }
+        let last = segments(dir.path()).pop().unwrap();
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&last)
+            .unwrap();
+        file.write_all(b"not json\n{\"v\":99,\"id\":\"x\",\"messages\":[]}\n")
+            .unwrap();
+        let (mut store, found) = reopen(dir.path(), 8, 1 << 20);
+        assert_eq!((found.responses, found.unreadable_lines), (1, 2));
+        assert!(store.get("resp_a").is_ok());
+    }
+
+    #[test]
+    fn the_journal_stays_within_its_budget_and_reads_back_what_memory_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let budget = 256 << 10;
+        let text = "y".repeat(5_000);
+        let kept: Vec<String> = {
+            let (mut store, _) = reopen(dir.path(), 1_000, budget);
+            for i in 0..2_000 {
+                assert!(store.insert_ok(format!("resp_{i}"), conversation(&text)));
+                // Reading an old response keeps it alive in an old segment: compaction moves it.
+                assert!(store.get("resp_0").is_ok());
+                assert!(
+                    store.journal_bytes() <= 2 * budget + (64 << 10) + 6_000,
+                    "{} bytes on disk after {i}",
+                    store.journal_bytes()
+                );
+            }
+            assert!(
+                segments(dir.path()).len() <= 12,
+                "{:?}",
+                segments(dir.path())
+            );
+            store.entries.keys().cloned().collect()
+        };
+        // Everything memory kept is on disk, `resp_0` too, though its first segment is long gone
+        // (read back into a store large enough to keep all of it).
+        let (mut store, found) = reopen(dir.path(), 100_000, 1 << 30);
+        assert!(found.responses >= kept.len());
+        for id in &kept {
+            assert_eq!(store.get(id).unwrap(), conversation(&text), "{id}");
+        }
+        drop(store);
+        // With the original bounds, the last stored are kept (the journal records writes, not
+        // reads, so recency after a restart is the order of writing).
+        let (mut store, _) = reopen(dir.path(), 1_000, budget);
+        assert!(
+            store.len() >= kept.len() - 2,
+            "{} of {}",
+            store.len(),
+            kept.len()
+        );
+        for i in 1_990..2_000 {
+            assert!(store.get(&format!("resp_{i}")).is_ok(), "resp_{i}");
+        }
+    }
+
+    #[test]
+    fn one_directory_serves_one_process_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let (first, _) = reopen(dir.path(), 8, 1 << 20);
+        let err = ResponseStore::open(dir.path(), 8, 1 << 20).unwrap_err();
+        assert!(err.to_string().contains("in use"), "{err}");
+        drop(first);
+        assert!(ResponseStore::open(dir.path(), 8, 1 << 20).is_ok());
     }
 }

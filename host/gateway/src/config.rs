@@ -210,6 +210,12 @@ pub struct ServerConfig {
     /// Longest an upstream request may take in total. Default: 10 minutes.
     #[serde(with = "humantime_serde")]
     pub request_timeout: Duration,
+    /// Longest gap between two pieces of an engine's answer once its response has begun; beyond
+    /// it the answer ends with an error (an error event in a stream) and its load is released,
+    /// so an engine that stalls mid-answer cannot hold a client forever. Default: 5 minutes
+    /// (Envoy's `stream_idle_timeout`).
+    #[serde(with = "humantime_serde")]
+    pub stream_idle_timeout: Duration,
     /// Longest to wait for an engine to accept a connection. Default: 5 s.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
@@ -229,6 +235,22 @@ pub struct ServerConfig {
     /// Anthropic's `x-api-key: <key>`); a request without one of them gets a 401 in its API's
     /// shape. Empty (the default): the APIs are open. A reload applies a new list at once.
     pub api_keys: Vec<ApiKeyConfig>,
+    /// TLS on the client listener (`[server.tls]`); absent: plain HTTP.
+    pub tls: Option<TlsConfig>,
+    /// A PEM file of CA certificates trusted for `https://` engines and pools, beside the
+    /// system's roots (engines with certificates of a private CA). Default: the system's only.
+    pub upstream_ca_file: Option<PathBuf>,
+}
+
+/// `[server.tls]`: the listener's certificate. Both files are read again when either changes
+/// on disk (a renewed Kubernetes Secret), without a restart.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM certificate chain, the server's own certificate first.
+    pub cert_file: PathBuf,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: PathBuf,
 }
 
 /// One `[[server.api_keys]]` entry: where a client API key comes from.
@@ -278,11 +300,14 @@ impl Default for ServerConfig {
             port: 8000,
             max_body_bytes: 32 << 20,
             request_timeout: Duration::from_secs(600),
+            stream_idle_timeout: Duration::from_secs(300),
             connect_timeout: Duration::from_secs(5),
             health_interval: Duration::from_secs(2),
             drain_timeout: Duration::from_secs(30),
             max_concurrent_requests: 10_000,
             api_keys: Vec::new(),
+            tls: None,
+            upstream_ca_file: None,
         }
     }
 }
@@ -476,6 +501,10 @@ pub struct FrontendConfig {
     pub response_store_entries: usize,
     /// Most bytes of conversation text the Responses store keeps. Default: 256 MiB.
     pub response_store_bytes: u64,
+    /// A directory where the Responses store journals what it keeps, so that
+    /// `previous_response_id` survives a restart or a crash (read back at start; about twice
+    /// `response_store_bytes` on disk at most). Default: none (memory only).
+    pub response_store_dir: Option<PathBuf>,
     /// Sessions whose last prompt is kept for incremental tokenization; 0 turns it off.
     /// Default: 1,024.
     pub session_cache_sessions: usize,
@@ -499,6 +528,7 @@ impl Default for FrontendConfig {
         Self {
             response_store_entries: 10_000,
             response_store_bytes: 256 << 20,
+            response_store_dir: None,
             session_cache_sessions: sessions.max_sessions,
             session_cache_bytes: sessions.max_bytes,
             session_idle: sessions.idle_ttl,

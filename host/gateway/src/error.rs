@@ -52,6 +52,12 @@ pub enum GatewayError {
     /// Every attempt to reach an engine failed before it answered.
     #[error("upstream unavailable: {0}")]
     Upstream(String),
+    /// The engine's answer started, then nothing came for `[server] stream_idle_timeout`.
+    #[error("the engine sent nothing for {}s (server.stream_idle_timeout)", idle.as_secs_f64())]
+    Stalled {
+        /// The timeout that passed.
+        idle: std::time::Duration,
+    },
     /// An engine answered with an error: passed through unchanged.
     #[error("engine returned {status}")]
     Engine {
@@ -106,6 +112,7 @@ impl GatewayError {
             Self::Forbidden(_) => StatusCode::FORBIDDEN,
             Self::Rejected(_) | Self::Busy { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::Upstream(_) => StatusCode::BAD_GATEWAY,
+            Self::Stalled { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::Engine { status, .. } => *status,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -131,6 +138,7 @@ impl GatewayError {
             Self::Rejected(_) => "rejected",
             Self::Busy { .. } => "busy",
             Self::Upstream(_) => "upstream",
+            Self::Stalled { .. } => "stalled",
             Self::Engine { .. } => "engine_error",
             Self::Internal(_) => "internal",
         }
@@ -152,7 +160,7 @@ impl GatewayError {
                 ErrorKind::Overloaded
             }
             Self::Rejected(_) | Self::Busy { .. } => ErrorKind::RateLimited,
-            Self::Upstream(_) => ErrorKind::Upstream,
+            Self::Upstream(_) | Self::Stalled { .. } => ErrorKind::Upstream,
             // The engine's own verdict: a 4xx is the request's fault, not the server's.
             Self::Engine { status, .. } => match status.as_u16() {
                 404 => ErrorKind::NotFound,

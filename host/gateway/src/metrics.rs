@@ -111,6 +111,8 @@ pub struct Metrics {
     pub in_flight: Family<WorkerLabels, Gauge>,
     /// Trace lines dropped because the writer was behind or failing.
     pub trace_dropped: Counter,
+    /// Stored responses the Responses store's journal could not write (kept in memory only).
+    pub response_journal_errors: Counter,
     /// Configuration reloads, by outcome (`applied`, `refused`).
     pub config_reloads: Family<OutcomeLabels, Counter>,
     /// Requests with `cache_control`, by what became of the pin (`sent`, `unsupported`).
@@ -177,6 +179,7 @@ impl Metrics {
             worker_healthy: Family::default(),
             in_flight: Family::default(),
             trace_dropped: Counter::default(),
+            response_journal_errors: Counter::default(),
             config_reloads: Family::default(),
             cache_pins: Family::default(),
             speculative_prefills: Family::default(),
@@ -276,6 +279,11 @@ impl Metrics {
             "trace_dropped",
             "Trace lines dropped (writer behind or failing)",
             m.trace_dropped.clone(),
+        );
+        registry.register(
+            "response_journal_errors",
+            "Stored responses the Responses store's journal failed to write (kept in memory only)",
+            m.response_journal_errors.clone(),
         );
         registry.register(
             "config_reloads",

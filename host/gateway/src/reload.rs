@@ -56,6 +56,12 @@ fn apply(shared: &Shared, new: Config) -> Result<Reloaded, ConfigError> {
         live,
     );
     take(
+        "server.stream_idle_timeout",
+        &mut next.server.stream_idle_timeout,
+        new.server.stream_idle_timeout,
+        live,
+    );
+    take(
         "server.drain_timeout",
         &mut next.server.drain_timeout,
         new.server.drain_timeout,
@@ -124,6 +130,13 @@ fn apply(shared: &Shared, new: Config) -> Result<Reloaded, ConfigError> {
         "server.host, server.port",
         &old.listen,
         &new.listen,
+        pending,
+    );
+    differs("server.tls", &old.server.tls, &new.server.tls, pending);
+    differs(
+        "server.upstream_ca_file",
+        &old.server.upstream_ca_file,
+        &new.server.upstream_ca_file,
         pending,
     );
     differs(

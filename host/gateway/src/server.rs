@@ -308,6 +308,7 @@ impl Shared {
 #[derive(Debug)]
 pub struct GatewayHandle {
     addr: SocketAddr,
+    tls: bool,
     shared: Arc<Shared>,
     tasks: TaskTracker,
 }
@@ -316,6 +317,12 @@ impl GatewayHandle {
     /// The address it listens on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Its base URL: `https://` with `[server.tls]`, else `http://`.
+    pub fn url(&self) -> String {
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// Decides for requests another proxy forwards (endpoint-picker mode).
@@ -386,6 +393,86 @@ pub enum StartError {
         /// Why.
         source: std::io::Error,
     },
+    /// The listener's certificate or key could not be used.
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
+    /// The upstream CA file could not be read.
+    #[error("server.upstream_ca_file {path}: {reason}")]
+    UpstreamCa {
+        /// The configured file.
+        path: std::path::PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// The Responses store's directory could not be used.
+    #[error("frontend.response_store_dir {path}: {source}")]
+    ResponseStore {
+        /// The configured directory.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// The client for engines and pools: `https://` URLs are verified against the system's roots
+/// and `upstream_ca_file`'s certificates.
+fn upstream_client(config: &crate::config::ServerConfig) -> Result<reqwest::Client, StartError> {
+    let mut builder = reqwest::Client::builder()
+        .connect_timeout(config.connect_timeout)
+        .pool_idle_timeout(Duration::from_secs(90))
+        .tcp_nodelay(true);
+    if let Some(path) = &config.upstream_ca_file {
+        let failed = |reason: String| StartError::UpstreamCa {
+            path: path.clone(),
+            reason,
+        };
+        let pem = std::fs::read(path).map_err(|e| failed(e.to_string()))?;
+        let certs =
+            reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| failed(e.to_string()))?;
+        if certs.is_empty() {
+            return Err(failed("no PEM certificate in it".into()));
+        }
+        for cert in certs {
+            builder = builder.add_root_certificate(cert);
+        }
+    }
+    Ok(builder.build()?)
+}
+
+/// The Responses store: in memory, or journaled in `response_store_dir` and read back from it.
+fn response_store(config: &crate::config::FrontendConfig) -> Result<ResponseStore, StartError> {
+    let (entries, bytes) = (config.response_store_entries, config.response_store_bytes);
+    let Some(dir) = &config.response_store_dir else {
+        return Ok(ResponseStore::new(entries, bytes));
+    };
+    let (store, found) =
+        ResponseStore::open(dir, entries, bytes).map_err(|source| StartError::ResponseStore {
+            path: dir.clone(),
+            source,
+        })?;
+    tracing::info!(
+        dir = %dir.display(),
+        read = found.responses,
+        kept = store.len(),
+        segments = found.segments,
+        "responses store: read back",
+    );
+    if found.torn_lines > 0 {
+        tracing::warn!(
+            dir = %dir.display(),
+            lines = found.torn_lines,
+            bytes = found.torn_bytes,
+            "responses store: skipped a last line cut off when the gateway stopped mid-write",
+        );
+    }
+    if found.unreadable_lines > 0 {
+        tracing::warn!(
+            dir = %dir.display(),
+            lines = found.unreadable_lines,
+            "responses store: skipped lines that do not parse",
+        );
+    }
+    Ok(store)
 }
 
 /// Start the gateway: index writer, event subscribers, health checks and the HTTP server.
@@ -460,11 +547,7 @@ pub async fn start(
         pool: pool_events,
     }));
 
-    let client = reqwest::Client::builder()
-        .connect_timeout(config.server.connect_timeout)
-        .pool_idle_timeout(Duration::from_secs(90))
-        .tcp_nodelay(true)
-        .build()?;
+    let client = upstream_client(&config.server)?;
     let trace = match &config.trace {
         Some(t) => {
             let (sink, writer) =
@@ -499,10 +582,7 @@ pub async fn start(
         ),
         sessions: SessionCache::new(config.frontend.session_cache()),
         hints: crate::hints::Hints::new(&config.kv_hints),
-        responses: Mutex::new(ResponseStore::new(
-            config.frontend.response_store_entries,
-            config.frontend.response_store_bytes,
-        )),
+        responses: Mutex::new(response_store(&config.frontend)?),
         id_prefix: format!(
             "{:x}",
             std::time::SystemTime::now()
@@ -551,46 +631,70 @@ pub async fn start(
     let addr = listener
         .local_addr()
         .map_err(|source| StartError::Bind { addr, source })?;
-    let draining = shared.clone();
+    let tls = shared.live().config.server.tls.clone();
     let handle_shared = shared.clone();
-    let app = routes(shared);
-    tasks.spawn(async move {
-        // Token-sized SSE writes must not wait for delayed ACKs (Nagle's algorithm).
-        let listener = listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        // On shutdown: stop accepting, close idle connections, let in-flight requests finish
-        // for up to `drain_timeout`; then the streams still running end with an error event in
-        // their API's shape, and what is left after a moment more is cut.
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-            .into_future();
-        tokio::pin!(served);
-        let deadline = async {
-            shutdown.cancelled().await;
-            let drain_timeout = draining.live().config.server.drain_timeout;
-            tokio::time::sleep(drain_timeout).await;
-            drain_timeout
-        };
-        let ended = tokio::select! {
-            served = &mut served => Some(served),
-            drain_timeout = deadline => {
-                tracing::warn!(?drain_timeout, "ending the requests still in flight at the drain deadline");
-                draining.stopping.cancel();
-                tokio::time::timeout(Duration::from_secs(2), &mut served).await.ok()
-            }
-        };
-        if let Some(Err(e)) = ended {
-            tracing::error!(error = %e, "http server stopped");
+    let app = routes(shared.clone());
+    match &tls {
+        Some(config) => {
+            let listener = crate::tls::TlsListener::new(listener, config)?;
+            tasks.spawn(serve(listener, app, shared, shutdown, background))
         }
-        background.cancel();
-    });
+        // Token-sized SSE writes must not wait for delayed ACKs (Nagle's algorithm).
+        None => tasks.spawn(serve(
+            listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            }),
+            app,
+            shared,
+            shutdown,
+            background,
+        )),
+    };
     tasks.close();
     Ok(GatewayHandle {
         addr,
+        tls: tls.is_some(),
         shared: handle_shared,
         tasks,
     })
+}
+
+/// Serves `app` on `listener` until shutdown, then drains: stop accepting, close idle
+/// connections, let in-flight requests finish for up to `drain_timeout`; then the streams still
+/// running end with an error event in their API's shape, and what is left after a moment more
+/// is cut. Last, the background work stops.
+async fn serve<L>(
+    listener: L,
+    app: axum::Router,
+    draining: Arc<Shared>,
+    shutdown: CancellationToken,
+    background: CancellationToken,
+) where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
+    let served = axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+        .into_future();
+    tokio::pin!(served);
+    let deadline = async {
+        shutdown.cancelled().await;
+        let drain_timeout = draining.live().config.server.drain_timeout;
+        tokio::time::sleep(drain_timeout).await;
+        drain_timeout
+    };
+    let ended = tokio::select! {
+        served = &mut served => Some(served),
+        drain_timeout = deadline => {
+            tracing::warn!(?drain_timeout, "ending the requests still in flight at the drain deadline");
+            draining.stopping.cancel();
+            tokio::time::timeout(Duration::from_secs(2), &mut served).await.ok()
+        }
+    };
+    if let Some(Err(e)) = ended {
+        tracing::error!(error = %e, "http server stopped");
+    }
+    background.cancel();
 }
 
 /// Drop idle sessions' cached prompts now and then, so their memory goes back even when no

@@ -119,16 +119,16 @@ pub(crate) async fn run(
         }
         None => None,
     };
-    let addr = gateway.addr();
+    let url = gateway.url();
     if embedded {
-        println!("switchyard: embedded default, {mock_engines} mock engines behind http://{addr}");
+        println!("switchyard: embedded default, {mock_engines} mock engines behind {url}");
     } else {
-        println!("switchyard: gateway on http://{addr}");
+        println!("switchyard: gateway on {url}");
     }
     let model = gateway.model_name();
     if picker.is_none() {
         println!(
-            "try:\n  curl http://{addr}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}], \"stream\": true}}'"
+            "try:\n  curl {url}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}], \"stream\": true}}'"
         );
     }
     // Reloads and discovery run until shutdown; then the drain finishes.

@@ -40,7 +40,9 @@ fn prepare(api: Api, bytes: &[u8]) -> Result<(), ApiError> {
         Api::Responses => {
             let mut request = responses::decode(&body)?;
             let mut store = ResponseStore::new(4, 1 << 20);
-            store.insert("resp_known".into(), Vec::new());
+            store
+                .insert("resp_known".into(), Vec::new())
+                .expect("a memory-only store has no journal to fail");
             request.attach_history(&mut store)?;
             render(&request.conversation);
             request.reply_meta("r", 0);

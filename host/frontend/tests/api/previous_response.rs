@@ -33,7 +33,11 @@ fn a_chain_of_responses_renders_like_one_full_request() {
     }
     encoder.finish();
     let first_id = Api::Responses.object_id("r1");
-    assert!(store.insert(first_id.clone(), first.transcript(encoder.reply())));
+    assert!(
+        store
+            .insert(first_id.clone(), first.transcript(encoder.reply()))
+            .unwrap()
+    );
 
     // Turn 2: the tool's output, continuing turn 1 with new instructions.
     let mut second = responses::decode(&json!({

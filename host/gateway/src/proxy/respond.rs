@@ -121,9 +121,18 @@ struct Answer {
 impl Answer {
     /// The next events (already added to `reply`), or `None` at the end. An error ends it.
     async fn next_events(&mut self) -> Option<Result<Vec<ReplyEvent>, GatewayError>> {
+        let idle = self.booking.shared.live().config.server.stream_idle_timeout;
         while !self.ended {
             let next = tokio::select! {
-                next = self.chunks.next() => next,
+                next = tokio::time::timeout(idle, self.chunks.next()) => match next {
+                    Ok(next) => next,
+                    // A stalled engine: end with an error event rather than hang the client.
+                    Err(_) => {
+                        self.ended = true;
+                        self.booking.status = StatusCode::GATEWAY_TIMEOUT.as_u16();
+                        return Some(Err(GatewayError::Stalled { idle }));
+                    }
+                },
                 // The drain deadline passed: end with an error event rather than a cut.
                 () = self.booking.shared.stopping.cancelled() => {
                     self.ended = true;
@@ -205,10 +214,14 @@ impl Answer {
         }
         if let Some(request) = self.responses.take() {
             let transcript = request.transcript(&self.reply);
-            self.booking
-                .shared
+            let shared = &self.booking.shared;
+            let stored = shared
                 .responses()
                 .insert(std::mem::take(&mut self.response_id), transcript);
+            if let Err(e) = stored {
+                shared.metrics.response_journal_errors.inc();
+                tracing::warn!(error = %e, "responses store: journal write failed; kept in memory only");
+            }
         }
         Ok(())
     }

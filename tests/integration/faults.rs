@@ -1,0 +1,393 @@
+//! Faults between the gateway and an engine (docs/reliability.md, "Faults and load"): a TCP
+//! proxy of ours stands in front of a real mock-engine process and breaks its answers in the
+//! ways networks and engines do; the client must always see a retry before the first byte or a
+//! clean error in its API's own shape after it, and the gateway must release what it booked.
+
+use crate::support::{Gateway, MockEngine, client, eventually, get_text, metric_sum, sample};
+use serde_json::{Value, json};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// What the proxy does to the next answer on each connection.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Fault {
+    /// Forward everything.
+    None,
+    /// Reset the connection (RST) when the engine's answer starts, before any byte reaches the
+    /// gateway.
+    ResetBeforeResponse,
+    /// Forward this many bytes of the answer (head included), then reset.
+    ResetAfter(usize),
+    /// Forward this many bytes, then nothing more, holding the connection open.
+    StallAfter(usize),
+    /// Hold the answer's first byte back this long.
+    SlowFirstByte(Duration),
+}
+
+/// A proxy on 127.0.0.1 in front of one engine. The fault is read each time the gateway sends
+/// request bytes, so it applies to the next answer even on a pooled keep-alive connection.
+struct FaultProxy {
+    url: String,
+    fault: Arc<Mutex<Fault>>,
+    /// Dropped with the proxy: its thread and every connection end.
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl FaultProxy {
+    fn start(engine: &MockEngine) -> FaultProxy {
+        let upstream = engine.url.trim_start_matches("http://").to_owned();
+        let fault = Arc::new(Mutex::new(Fault::None));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let shared = fault.clone();
+        // Its own thread and runtime: the proxy serves whatever the test's runtime is doing.
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let listener = TcpListener::from_std(listener).unwrap();
+                let accept = async {
+                    while let Ok((client, _)) = listener.accept().await {
+                        let (upstream, fault) = (upstream.clone(), shared.clone());
+                        tokio::spawn(async move {
+                            if let Ok(engine) = TcpStream::connect(&upstream).await {
+                                relay(client, engine, fault).await;
+                            }
+                        });
+                    }
+                };
+                tokio::select! {
+                    () = accept => {}
+                    _ = stopped => {}
+                }
+            });
+        });
+        FaultProxy {
+            url,
+            fault,
+            _stop: stop,
+        }
+    }
+
+    fn set(&self, fault: Fault) {
+        *self.fault.lock().unwrap() = fault;
+    }
+}
+
+/// How a relayed connection ended.
+enum End {
+    Closed,
+    Reset,
+    Stalled,
+}
+
+async fn relay(mut client: TcpStream, mut engine: TcpStream, current: Arc<Mutex<Fault>>) {
+    let _ = client.set_nodelay(true);
+    let (mut up, mut down) = (vec![0; 64 << 10], vec![0; 64 << 10]);
+    // The fault in force for the answer being relayed, and how much of it went out.
+    let (mut fault, mut forwarded) = (Fault::None, 0);
+    let end = loop {
+        tokio::select! {
+            read = client.read(&mut up) => {
+                let Ok(n @ 1..) = read else { break End::Closed };
+                // Request bytes: the next answer is under the fault now in force.
+                fault = *current.lock().unwrap();
+                forwarded = 0;
+                if engine.write_all(&up[..n]).await.is_err() {
+                    break End::Closed;
+                }
+            }
+            read = engine.read(&mut down) => {
+                let Ok(n @ 1..) = read else { break End::Closed };
+                let (send, end) = match fault {
+                    Fault::None => (n, None),
+                    Fault::ResetBeforeResponse => (0, Some(End::Reset)),
+                    Fault::ResetAfter(limit) | Fault::StallAfter(limit) => {
+                        let send = n.min(limit.saturating_sub(forwarded));
+                        let end = if matches!(fault, Fault::ResetAfter(_)) {
+                            End::Reset
+                        } else {
+                            End::Stalled
+                        };
+                        (send, (forwarded + send >= limit).then_some(end))
+                    }
+                    Fault::SlowFirstByte(delay) => {
+                        if forwarded == 0 {
+                            tokio::time::sleep(delay).await;
+                        }
+                        (n, None)
+                    }
+                };
+                if client.write_all(&down[..send]).await.is_err() {
+                    break End::Closed;
+                }
+                forwarded += send;
+                if let Some(end) = end {
+                    break end;
+                }
+            }
+        }
+    };
+    match end {
+        End::Closed => {}
+        // SO_LINGER 0: closing sends an RST instead of a FIN.
+        End::Reset => {
+            let _ = client.set_zero_linger();
+        }
+        // Forward nothing more; keep the connection until the gateway gives up on it.
+        End::Stalled => while let Ok(1..) = client.read(&mut up).await {},
+    }
+}
+
+const MODEL: &str = "smollm2-135m-instruct";
+
+/// Answers that run to `max_tokens`, so that a fault lands mid-answer.
+const LONG_ANSWERS: &[&str] = &["--answer-median-tokens", "1000000"];
+
+/// A gateway whose first worker is `engines[0]` reached through `proxy`.
+fn gateway_via(proxy: &FaultProxy, engines: &[&MockEngine], policy: &str, extra: &str) -> Gateway {
+    let config = Gateway::config_for(engines, policy).replace(&engines[0].url, &proxy.url);
+    Gateway::start(&format!("{extra}\n{config}"))
+}
+
+fn chat(content: &str, stream: bool, max_tokens: u32) -> Value {
+    json!({"model": MODEL, "max_tokens": max_tokens, "stream": stream,
+        "messages": [{"role": "user", "content": content}]})
+}
+
+/// Status, the serving worker and the body of one request.
+async fn post(url: &str, path: &str, body: &Value) -> (u16, String, String) {
+    let r = client()
+        .post(format!("{url}{path}"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let worker = r
+        .headers()
+        .get("x-switchyard-worker")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    // Bounded: a hung stream fails the test instead of hanging it.
+    let text = tokio::time::timeout(Duration::from_secs(60), r.text())
+        .await
+        .expect("the answer never ended")
+        .unwrap_or_default();
+    (status, worker, text)
+}
+
+/// Nothing booked on the gateway, nothing running on the engine, once the fault is over.
+async fn released(gateway: &Gateway, engine: &MockEngine) -> bool {
+    eventually(20, async || {
+        engine.metric("vllm:num_requests_running").await == 0.0
+            && metric_sum(
+                &get_text(&format!("{}/metrics", gateway.url)).await,
+                "switchyard_worker_in_flight",
+            ) == 0.0
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_before_the_first_byte_is_retried_on_the_other_worker() {
+    let (first, second) = (MockEngine::start(50.0, 4096), MockEngine::start(50.0, 4096));
+    let proxy = FaultProxy::start(&first);
+    // Health checks far apart: only the failed attempt itself can notice.
+    let extra = "[server]\nhealth_interval = \"1h\"\n";
+    let gateway = gateway_via(&proxy, &[&first, &second], "round-robin", extra);
+    let mut workers = std::collections::BTreeSet::new();
+    for i in 0..4 {
+        let (status, worker, body) = post(
+            &gateway.url,
+            "/v1/chat/completions",
+            &chat(&format!("warm {i}"), false, 4),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        workers.insert(worker);
+    }
+    assert_eq!(
+        workers.len(),
+        2,
+        "both workers serve while nothing is wrong"
+    );
+    proxy.set(Fault::ResetBeforeResponse);
+    for i in 0..6 {
+        let (status, worker, body) = post(
+            &gateway.url,
+            "/v1/chat/completions",
+            &chat(&format!("hi {i}"), i % 2 == 0, 4),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(worker, "1.0");
+    }
+    let metrics = get_text(&format!("{}/metrics", gateway.url)).await;
+    assert_eq!(
+        metric_sum(&metrics, "switchyard_upstream_retries_total"),
+        1.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(&metrics, "switchyard_worker_healthy", &["worker=\"0.0\""]),
+        0.0
+    );
+    assert!(released(&gateway, &first).await && released(&gateway, &second).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_mid_answer_ends_it_with_an_error_in_each_apis_own_shape() {
+    let engine = MockEngine::start_with(5.0, 4096, LONG_ANSWERS);
+    let proxy = FaultProxy::start(&engine);
+    let gateway = gateway_via(&proxy, &[&engine], "kv-cost", "");
+    proxy.set(Fault::ResetAfter(2_000));
+    let messages = json!({"model": MODEL, "max_tokens": 300, "stream": true,
+        "messages": [{"role": "user", "content": "a long story, please"}]});
+    let responses = json!({"model": MODEL, "max_output_tokens": 300, "stream": true,
+        "input": "a long story, please"});
+    let cases = [
+        (
+            "/v1/chat/completions",
+            chat("a long story", true, 300),
+            "data: {\"error\"",
+        ),
+        ("/v1/messages", messages, "event: error"),
+        ("/v1/responses", responses, "event: response.failed"),
+    ];
+    for (path, body, error) in cases {
+        let (status, _, text) = post(&gateway.url, path, &body).await;
+        assert_eq!(status, 200, "{path}: {text}");
+        assert!(text.contains(error), "{path}: no `{error}` in {text}");
+        assert!(text.contains("interrupted"), "{path}: {text}");
+    }
+    let (_, _, text) = post(
+        &gateway.url,
+        "/v1/chat/completions",
+        &chat("again", true, 300),
+    )
+    .await;
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    assert!(!text.contains("\"finish_reason\":\""), "{text}");
+    // Not streamed: the client gets the error itself, in its API's shape.
+    let (status, _, text) =
+        post(&gateway.url, "/v1/chat/completions", &chat("x", false, 300)).await;
+    assert_eq!(status, 502, "{text}");
+    let error: Value = serde_json::from_str(&text).unwrap();
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("interrupted"),
+        "{error}"
+    );
+    assert!(
+        released(&gateway, &engine).await,
+        "a broken answer left a booking"
+    );
+    // And the worker serves again once the network does.
+    proxy.set(Fault::None);
+    let (status, _, text) = post(&gateway.url, "/v1/chat/completions", &chat("ok", true, 20)).await;
+    assert_eq!(status, 200);
+    assert!(text.contains("\"finish_reason\":\"length\""), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_that_stalls_ends_after_the_idle_timeout_with_an_error() {
+    let engine = MockEngine::start_with(5.0, 4096, LONG_ANSWERS);
+    let proxy = FaultProxy::start(&engine);
+    let extra = "[server]\nstream_idle_timeout = \"1s\"\n";
+    let gateway = gateway_via(&proxy, &[&engine], "kv-cost", extra);
+    proxy.set(Fault::StallAfter(2_000));
+    let started = Instant::now();
+    let (status, _, text) = post(
+        &gateway.url,
+        "/v1/chat/completions",
+        &chat("story", true, 300),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(text.contains("stream_idle_timeout"), "{text}");
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    let (status, _, text) = post(
+        &gateway.url,
+        "/v1/chat/completions",
+        &chat("story", false, 300),
+    )
+    .await;
+    assert_eq!(status, 504, "{text}");
+    assert!(text.contains("stream_idle_timeout"), "{text}");
+    assert!(
+        released(&gateway, &engine).await,
+        "a stalled answer left a booking"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_first_byte_is_waited_for_and_not_retried() {
+    let engine = MockEngine::start(50.0, 4096);
+    let proxy = FaultProxy::start(&engine);
+    // The idle timeout counts from the answer's start: a slow head is `request_timeout`'s.
+    let extra = "[server]\nstream_idle_timeout = \"1s\"\nhealth_interval = \"1h\"\n";
+    let gateway = gateway_via(&proxy, &[&engine], "kv-cost", extra);
+    proxy.set(Fault::SlowFirstByte(Duration::from_millis(1_500)));
+    for stream in [false, true] {
+        let started = Instant::now();
+        let (status, _, text) =
+            post(&gateway.url, "/v1/chat/completions", &chat("hi", stream, 8)).await;
+        assert_eq!(status, 200, "{text}");
+        assert!(text.contains("\"finish_reason\":\"length\""), "{text}");
+        assert!(started.elapsed() >= Duration::from_millis(1_500));
+    }
+    let metrics = get_text(&format!("{}/metrics", gateway.url)).await;
+    assert_eq!(
+        metric_sum(&metrics, "switchyard_upstream_retries_total"),
+        0.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flapping_worker_costs_no_request_and_comes_back() {
+    let (first, second) = (MockEngine::start(50.0, 4096), MockEngine::start(50.0, 4096));
+    let proxy = FaultProxy::start(&first);
+    let extra = "[server]\nhealth_interval = \"100ms\"\n";
+    let gateway = gateway_via(&proxy, &[&first, &second], "round-robin", extra);
+    let mut failed = Vec::new();
+    for phase in 0..12 {
+        // Down, up, down...: health checks and requests both meet it.
+        proxy.set(if phase % 2 == 0 {
+            Fault::ResetBeforeResponse
+        } else {
+            Fault::None
+        });
+        for i in 0..3 {
+            let body = chat(&format!("phase {phase} request {i}"), i == 1, 4);
+            let (status, _, text) = post(&gateway.url, "/v1/chat/completions", &body).await;
+            if status != 200 {
+                failed.push(format!("{phase}/{i}: {status} {text}"));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    assert!(failed.is_empty(), "{failed:?}");
+    proxy.set(Fault::None);
+    let back = eventually(20, async || {
+        let (status, worker, _) = post(
+            &gateway.url,
+            "/v1/chat/completions",
+            &chat("back?", false, 4),
+        )
+        .await;
+        status == 200 && worker == "0.0"
+    })
+    .await;
+    assert!(back, "the worker never came back once it was well");
+    assert!(released(&gateway, &first).await && released(&gateway, &second).await);
+}
