@@ -252,3 +252,59 @@ async fn a_subagent_on_another_worker_reuses_the_parents_prefix_through_the_pool
     );
     pool.terminate();
 }
+
+/// The pool dies (SIGKILL) under traffic: the engines recompute what they would have loaded and
+/// count the writes that failed; no request fails and nothing stays booked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_that_dies_costs_recompute_never_a_request() {
+    let mut pool = Proc::switchyard(&[
+        "kv-pool",
+        "--listen",
+        "127.0.0.1:0",
+        "--block-bytes",
+        "4096",
+        "--memory-blocks",
+        "4096",
+        "--events-endpoint",
+        "tcp://127.0.0.1:0",
+        "--events-replay-endpoint",
+        "tcp://127.0.0.1:0",
+    ]);
+    let pool_url = pool.wait_for("kv pool listening on ");
+    let pool_events = pool.wait_for("kv pool events on ");
+    let pool_replay = pool.wait_for("kv pool replay on ");
+    let engine_flags = ["--kv-pool", pool_url.as_str(), "--kv-block-bytes", "4096"];
+    let engines = [
+        MockEngine::start_with(50.0, 1024, &engine_flags),
+        MockEngine::start_with(50.0, 1024, &engine_flags),
+    ];
+    let config = format!(
+        "{}[kv_pool]\nkv_events = \"{pool_events}\"\nreplay = \"{pool_replay}\"\n",
+        Gateway::config_for(&[&engines[0], &engines[1]], "kv-cost")
+    );
+    let gateway = Gateway::start(&config);
+    chat(&gateway, "before", "Plan the refactor of module_7.").await;
+    pool.kill();
+    // `chat` asserts a 200 for each: new sessions (written through to a dead pool) and one
+    // continuing (whose prefix a worker may have expected from the pool).
+    for i in 0..6 {
+        chat(
+            &gateway,
+            &format!("after-{i}"),
+            &format!("Write the tests for module_{i}."),
+        )
+        .await;
+    }
+    chat(&gateway, "before", "Plan the refactor of module_7.").await;
+    let mut noticed = 0.0;
+    for engine in &engines {
+        noticed += engine.metric("kvbm_pool_publish_failed_total").await
+            + engine.metric("kvbm_pool_unavailable_total").await;
+    }
+    assert!(noticed > 0.0, "no engine noticed the pool was gone");
+    let in_flight = metric_sum(
+        &get_text(&format!("{}/metrics", gateway.url)).await,
+        "switchyard_worker_in_flight",
+    );
+    assert_eq!(in_flight, 0.0);
+}
