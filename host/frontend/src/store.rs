@@ -481,6 +481,48 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        // Each case writes files: 64 by default (PROPTEST_CASES, when set, wins).
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: if std::env::var_os("PROPTEST_CASES").is_some() {
+                proptest::prelude::ProptestConfig::default().cases
+            } else {
+                64
+            },
+            ..proptest::prelude::ProptestConfig::default()
+        })]
+
+        /// A journal damaged anywhere (bytes flipped, inserted, cut), or any bytes at all,
+        /// reads back what parses and never fails the start.
+        #[test]
+        fn a_damaged_journal_always_opens(
+            flips in proptest::collection::vec((proptest::prelude::any::<proptest::sample::Index>(), 1..=255u8), 0..6),
+            cut in proptest::option::of(proptest::prelude::any::<proptest::sample::Index>()),
+            noise in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512),
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            {
+                let (mut store, _) = reopen(dir.path(), 8, 1 << 20);
+                for i in 0..4 {
+                    store.insert_ok(format!("resp_{i}"), conversation(&format!("turn {i} \u{e9}")));
+                }
+            }
+            let last = segments(dir.path()).pop().unwrap();
+            let mut bytes = std::fs::read(&last).unwrap();
+            for (at, mask) in flips {
+                let at = at.index(bytes.len());
+                bytes[at] ^= mask;
+            }
+            if let Some(cut) = cut {
+                bytes.truncate(cut.index(bytes.len() + 1));
+            }
+            std::fs::write(&last, &bytes).unwrap();
+            std::fs::write(dir.path().join("responses-0000000000000007.jsonl"), &noise).unwrap();
+            let (store, found) = ResponseStore::open(dir.path(), 8, 1 << 20).unwrap();
+            proptest::prop_assert!(store.len() <= 8 && store.len() <= found.responses);
+        }
+    }
+
     #[test]
     fn one_directory_serves_one_process_at_a_time() {
         let dir = tempfile::tempdir().unwrap();

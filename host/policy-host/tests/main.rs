@@ -7,6 +7,7 @@ mod admission_builtins;
 mod builtins;
 mod compat;
 mod examples;
+mod fuzz;
 mod kv_hints;
 mod wasi;
 mod worlds;
