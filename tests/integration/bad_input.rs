@@ -366,3 +366,76 @@ async fn client_apis_need_one_of_the_api_keys_and_say_so_in_their_own_shape() {
         "{metrics}"
     );
 }
+
+/// A key with `max_in_flight` gets a 429 with `Retry-After` beyond it, in its API's shape, while
+/// other keys are served; its place frees when its stream ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_beyond_its_in_flight_limit_waits_and_other_keys_do_not() {
+    let engine = MockEngine::start_with(1.0, 4096, &["--answer-median-tokens", "1000000"]);
+    let config = format!(
+        "[server]\napi_keys = [{{ key = \"capped\", max_in_flight = 1 }}, {{ key = \"free\" }}]\n{}",
+        Gateway::config_for(&[&engine], "kv-cost")
+    );
+    let gateway = Gateway::start(&config);
+    let url = gateway.url.as_str();
+    let capped = [("authorization", "Bearer capped")];
+    let mut long = chat("tell me a very long story");
+    long["max_tokens"] = json!(4000);
+    long["stream"] = json!(true);
+    let mut stream = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .header("authorization", "Bearer capped")
+        .json(&long)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    assert!(
+        stream.chunk().await.unwrap().is_some(),
+        "the stream started"
+    );
+
+    let refused = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .header("authorization", "Bearer capped")
+        .json(&chat("one more"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 429);
+    assert!(refused.headers().contains_key("retry-after"));
+    let body: Value = refused.json().await.unwrap();
+    assert_openai_error(&body, "limit of 1 requests in flight");
+    let messages = json!({"model": MODEL, "max_tokens": 4,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let (status, body) =
+        post_with(url, "/v1/messages", &messages, &[("x-api-key", "capped")]).await;
+    assert_eq!(status, 429);
+    assert_eq!(body["error"]["type"], "rate_limit_error", "{body}");
+    let (status, _) = post_with(
+        url,
+        "/v1/chat/completions",
+        &chat("hi"),
+        &[("authorization", "Bearer free")],
+    )
+    .await;
+    assert_eq!(status, 200, "another key is not held back");
+
+    drop(stream);
+    let freed = eventually(20, async || {
+        post_with(url, "/v1/chat/completions", &chat("again"), &capped)
+            .await
+            .0
+            == 200
+    })
+    .await;
+    assert!(
+        freed,
+        "the key's place never came back after its stream ended"
+    );
+    let metrics = get_text(&format!("{url}/metrics")).await;
+    assert!(
+        metrics.contains("switchyard_rejected_total{reason=\"key_limit\"} 2"),
+        "{metrics}"
+    );
+}

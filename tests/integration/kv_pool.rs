@@ -99,6 +99,28 @@ fn conversation(task: &str) -> Vec<Value> {
     ]
 }
 
+/// A pool process with a memory tier and event streams: it, its URL, its events and replay
+/// endpoints.
+fn start_pool() -> (Proc, String, String, String) {
+    let pool = Proc::switchyard(&[
+        "kv-pool",
+        "--listen",
+        "127.0.0.1:0",
+        "--block-bytes",
+        "4096",
+        "--memory-blocks",
+        "4096",
+        "--events-endpoint",
+        "tcp://127.0.0.1:0",
+        "--events-replay-endpoint",
+        "tcp://127.0.0.1:0",
+    ]);
+    let url = pool.wait_for("kv pool listening on ");
+    let events = pool.wait_for("kv pool events on ");
+    let replay = pool.wait_for("kv pool replay on ");
+    (pool, url, events, replay)
+}
+
 /// Prompt tokens and cached tokens of one chat completion through the gateway.
 async fn chat(gateway: &Gateway, session: &str, task: &str) -> (u64, u64) {
     let body = json!({"model": MODEL, "messages": conversation(task), "max_tokens": 4});
@@ -152,22 +174,7 @@ async fn gateway_metric(gateway: &Gateway, name: &str, worker: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_subagent_on_another_worker_reuses_the_parents_prefix_through_the_pool() {
-    let pool = Proc::switchyard(&[
-        "kv-pool",
-        "--listen",
-        "127.0.0.1:0",
-        "--block-bytes",
-        "4096",
-        "--memory-blocks",
-        "4096",
-        "--events-endpoint",
-        "tcp://127.0.0.1:0",
-        "--events-replay-endpoint",
-        "tcp://127.0.0.1:0",
-    ]);
-    let pool_url = pool.wait_for("kv pool listening on ");
-    let pool_events = pool.wait_for("kv pool events on ");
-    let pool_replay = pool.wait_for("kv pool replay on ");
+    let (pool, pool_url, pool_events, pool_replay) = start_pool();
     let engine_flags = ["--kv-pool", pool_url.as_str(), "--kv-block-bytes", "4096"];
     let mut engines = [
         Some(MockEngine::start_with(50.0, 1024, &engine_flags)),
@@ -257,22 +264,7 @@ async fn a_subagent_on_another_worker_reuses_the_parents_prefix_through_the_pool
 /// count the writes that failed; no request fails and nothing stays booked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_that_dies_costs_recompute_never_a_request() {
-    let mut pool = Proc::switchyard(&[
-        "kv-pool",
-        "--listen",
-        "127.0.0.1:0",
-        "--block-bytes",
-        "4096",
-        "--memory-blocks",
-        "4096",
-        "--events-endpoint",
-        "tcp://127.0.0.1:0",
-        "--events-replay-endpoint",
-        "tcp://127.0.0.1:0",
-    ]);
-    let pool_url = pool.wait_for("kv pool listening on ");
-    let pool_events = pool.wait_for("kv pool events on ");
-    let pool_replay = pool.wait_for("kv pool replay on ");
+    let (mut pool, pool_url, pool_events, pool_replay) = start_pool();
     let engine_flags = ["--kv-pool", pool_url.as_str(), "--kv-block-bytes", "4096"];
     let engines = [
         MockEngine::start_with(50.0, 1024, &engine_flags),

@@ -264,6 +264,10 @@ pub struct ApiKeyConfig {
     /// A file holding the key (trailing whitespace and newline trimmed), e.g. a mounted
     /// Kubernetes Secret.
     pub key_file: Option<PathBuf>,
+    /// Most requests (streams included) this key may have in flight; beyond it a 429 with
+    /// `Retry-After`, so one runaway agent cannot take the whole gateway. Default: no limit
+    /// but the gateway's own.
+    pub max_in_flight: Option<usize>,
 }
 
 impl std::fmt::Debug for ApiKeyConfig {
@@ -273,6 +277,7 @@ impl std::fmt::Debug for ApiKeyConfig {
             .field("key", &self.key.as_ref().map(|_| "<redacted>"))
             .field("key_env", &self.key_env)
             .field("key_file", &self.key_file)
+            .field("max_in_flight", &self.max_in_flight)
             .finish()
     }
 }

@@ -37,6 +37,12 @@ pub enum GatewayError {
         /// The limit.
         limit: usize,
     },
+    /// The client's API key has as many requests in flight as its `max_in_flight`.
+    #[error("this API key has its limit of {limit} requests in flight; retry shortly")]
+    KeyLimit {
+        /// The key's limit.
+        limit: usize,
+    },
     /// The gateway is shutting down and its drain deadline passed.
     #[error("the gateway is shutting down; retry on another replica")]
     Stopping,
@@ -110,7 +116,9 @@ impl GatewayError {
             }
             Self::Unauthorized | Self::InvalidApiKey => StatusCode::UNAUTHORIZED,
             Self::Forbidden(_) => StatusCode::FORBIDDEN,
-            Self::Rejected(_) | Self::Busy { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::Rejected(_) | Self::Busy { .. } | Self::KeyLimit { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             Self::Upstream(_) => StatusCode::BAD_GATEWAY,
             Self::Stalled { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::Engine { status, .. } => *status,
@@ -137,6 +145,7 @@ impl GatewayError {
             Self::Forbidden(_) => "forbidden",
             Self::Rejected(_) => "rejected",
             Self::Busy { .. } => "busy",
+            Self::KeyLimit { .. } => "key_limit",
             Self::Upstream(_) => "upstream",
             Self::Stalled { .. } => "stalled",
             Self::Engine { .. } => "engine_error",
@@ -159,7 +168,7 @@ impl GatewayError {
             Self::NoHealthyWorker | Self::Overloaded { .. } | Self::Stopping => {
                 ErrorKind::Overloaded
             }
-            Self::Rejected(_) | Self::Busy { .. } => ErrorKind::RateLimited,
+            Self::Rejected(_) | Self::Busy { .. } | Self::KeyLimit { .. } => ErrorKind::RateLimited,
             Self::Upstream(_) | Self::Stalled { .. } => ErrorKind::Upstream,
             // The engine's own verdict: a 4xx is the request's fault, not the server's.
             Self::Engine { status, .. } => match status.as_u16() {
@@ -225,6 +234,7 @@ impl GatewayError {
         let retry_after = match &self {
             Self::NoHealthyWorker
             | Self::Overloaded { .. }
+            | Self::KeyLimit { .. }
             | Self::Stopping
             | Self::Rejected(_) => Some(1),
             Self::Busy { retry_after } => Some(retry_after.as_secs().max(1)),

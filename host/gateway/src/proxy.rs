@@ -94,16 +94,29 @@ pub async fn handle(shared: Arc<Shared>, api: Api, headers: &HeaderMap, body: Bo
     }
 }
 
-/// A client's key checked and one of the gateway's in-flight permits taken, or why not.
-fn let_in(shared: &Shared, headers: &HeaderMap) -> Result<OwnedSemaphorePermit, GatewayError> {
-    shared.live().admits(headers)?;
-    shared
-        .in_flight
-        .clone()
-        .try_acquire_owned()
-        .map_err(|_| GatewayError::Overloaded {
-            limit: shared.live().config.server.max_concurrent_requests,
-        })
+/// What a request holds while it lasts: one of the gateway's in-flight permits and, when its
+/// key has `max_in_flight`, one of the key's.
+#[derive(Debug)]
+pub(crate) struct Permits {
+    _gateway: OwnedSemaphorePermit,
+    _key: Option<OwnedSemaphorePermit>,
+}
+
+/// A client's key checked and the request's permits taken, or why not.
+fn let_in(shared: &Shared, headers: &HeaderMap) -> Result<Permits, GatewayError> {
+    let key = shared.live().key_permit(headers)?;
+    let gateway =
+        shared
+            .in_flight
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| GatewayError::Overloaded {
+                limit: shared.live().config.server.max_concurrent_requests,
+            })?;
+    Ok(Permits {
+        _gateway: gateway,
+        _key: key,
+    })
 }
 
 /// Whether the caller asked for a 429 rather than a wait in the router queue.

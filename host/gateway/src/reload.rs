@@ -195,7 +195,7 @@ fn apply(shared: &Shared, new: Config) -> Result<Reloaded, ConfigError> {
 
     // Everything that can fail has been checked (the aliases compile here, the joining workers'
     // endpoints in `reconcile`, which changes nothing when one is bad): commit.
-    let next = Live::new(next, &shared.tokenizer)?;
+    let next = Live::new(next, &shared.tokenizer, Some(&shared.live()))?;
     if workers_changed {
         shared.fleet.reconcile(
             Source::Config,

@@ -37,6 +37,7 @@ use switchyard_frontend::{Api, ResponseStore};
 use switchyard_kv_events::ingest::WireFormat;
 use switchyard_kv_events::subscriber::{SubscriberConfig, SubscriberStats, run_subscriber};
 use switchyard_tokenizer::{ModelTokenizer, SessionCache};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -53,18 +54,39 @@ pub(crate) struct Live {
     /// The model's context window, in tokens.
     pub(crate) context_length: u32,
     /// `[[server.api_keys]]`, resolved (empty: the client APIs are open).
-    api_keys: Vec<String>,
+    api_keys: Vec<ClientKey>,
+}
+
+/// A client API key and, with `max_in_flight`, its requests in flight.
+#[derive(Debug)]
+struct ClientKey {
+    secret: String,
+    in_flight: Option<(usize, Arc<tokio::sync::Semaphore>)>,
 }
 
 impl Live {
-    pub(crate) fn new(config: Config, tokenizer: &ModelTokenizer) -> Result<Live, ConfigError> {
-        let api_keys = config
-            .server
-            .api_keys
-            .iter()
-            .enumerate()
-            .map(|(i, key)| key.resolve(&format!("server.api_keys[{i}]")))
-            .collect::<Result<_, _>>()?;
+    /// What `config` makes; a key that `previous` already had, with the same limit, keeps its
+    /// count of requests in flight across the reload.
+    pub(crate) fn new(
+        config: Config,
+        tokenizer: &ModelTokenizer,
+        previous: Option<&Live>,
+    ) -> Result<Live, ConfigError> {
+        let mut api_keys = Vec::new();
+        for (i, key) in config.server.api_keys.iter().enumerate() {
+            let secret = key.resolve(&format!("server.api_keys[{i}]"))?;
+            let kept = previous
+                .into_iter()
+                .flat_map(|p| &p.api_keys)
+                .find(|k| k.secret == secret)
+                .and_then(|k| k.in_flight.clone())
+                .filter(|(limit, _)| Some(*limit) == key.max_in_flight);
+            let in_flight = kept.or_else(|| {
+                key.max_in_flight
+                    .map(|limit| (limit, Arc::new(tokio::sync::Semaphore::new(limit))))
+            });
+            api_keys.push(ClientKey { secret, in_flight });
+        }
         Ok(Live {
             api_keys,
             model_aliases: config.model.alias_matcher()?,
@@ -80,23 +102,46 @@ impl Live {
     /// Whether a client request may use the APIs: no keys are configured, or it carries one of
     /// them as `Authorization: Bearer <key>` (OpenAI's SDKs) or `x-api-key: <key>` (Anthropic's).
     pub(crate) fn admits(&self, headers: &HeaderMap) -> Result<(), GatewayError> {
+        self.client_key(headers).map(|_| ())
+    }
+
+    /// Like [`Live::admits`], and one of the key's permits when it has `max_in_flight`: held
+    /// while the request (its stream included) lasts.
+    pub(crate) fn key_permit(
+        &self,
+        headers: &HeaderMap,
+    ) -> Result<Option<OwnedSemaphorePermit>, GatewayError> {
+        let Some((limit, in_flight)) = self.client_key(headers)?.and_then(|k| k.in_flight.as_ref())
+        else {
+            return Ok(None);
+        };
+        in_flight
+            .clone()
+            .try_acquire_owned()
+            .map(Some)
+            .map_err(|_| GatewayError::KeyLimit { limit: *limit })
+    }
+
+    /// The key the request carries: `None` when the APIs are open, a 401 when it is not one of
+    /// them. Every key is compared, in constant time.
+    fn client_key(&self, headers: &HeaderMap) -> Result<Option<&ClientKey>, GatewayError> {
         if self.api_keys.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         let bearer = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
         let given = bearer.or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()));
-        let known = given.is_some_and(|given| {
-            let keys = self.api_keys.iter().map(String::as_str);
-            crate::secrets::matches(keys, given.as_bytes()).fold(false, |any, m| any | m)
+        let found = given.and_then(|given| {
+            let keys = self.api_keys.iter().map(|k| k.secret.as_str());
+            crate::secrets::matches(keys, given.as_bytes())
+                .zip(&self.api_keys)
+                .fold(None, |found, (matched, key)| {
+                    found.or(matched.then_some(key))
+                })
         });
-        if known {
-            Ok(())
-        } else {
-            Err(GatewayError::InvalidApiKey)
-        }
+        found.map(Some).ok_or(GatewayError::InvalidApiKey)
     }
 }
 
@@ -596,7 +641,7 @@ pub async fn start(
         policies,
         client,
         model_name: model_name.clone(),
-        live: ArcSwap::from_pointee(Live::new(config, &tokenizer)?),
+        live: ArcSwap::from_pointee(Live::new(config, &tokenizer, None)?),
         tokenizer,
         index,
         epoch: Instant::now(),

@@ -18,7 +18,6 @@ use switchyard_core::hash::SequenceHash;
 use switchyard_core::router::{RequestId, RouteRequest};
 use switchyard_core::worker::Rank;
 use switchyard_frontend::Api;
-use tokio::sync::OwnedSemaphorePermit;
 
 /// Picks endpoints for requests forwarded by someone else; cheap to clone.
 #[derive(Debug, Clone)]
@@ -40,7 +39,7 @@ pub struct Pick {
     tokens: u32,
     expected_output_tokens: Option<u32>,
     booking: Booking,
-    _permit: OwnedSemaphorePermit,
+    _permit: super::Permits,
 }
 
 impl Picker {
