@@ -74,7 +74,9 @@ impl ResponseStore {
         // In memory first: a segment is only released once every response read from it is
         // known to be kept or evicted.
         for line in replayed {
-            store.keep(line.id, line.messages, Some(line.segment));
+            if let Some(bytes) = store.size(&line.id, &line.messages) {
+                store.keep(line.id, line.messages, bytes, Some(line.segment));
+            }
         }
         store
             .entries
@@ -92,9 +94,9 @@ impl ResponseStore {
     /// is the journal's: the response is kept in memory all the same, but would not outlive a
     /// restart.
     pub fn insert(&mut self, response_id: String, messages: Vec<Message>) -> io::Result<bool> {
-        if Self::too_large(self.max_entries, self.max_bytes, &response_id, &messages) {
+        let Some(bytes) = self.size(&response_id, &messages) else {
             return Ok(false);
-        }
+        };
         let appended = self
             .journal
             .as_mut()
@@ -104,7 +106,7 @@ impl ResponseStore {
             Some(Err(e)) => (None, Some(e)),
             None => (None, None),
         };
-        let evicted = self.keep(response_id, messages, segment);
+        let evicted = self.keep(response_id, messages, bytes, segment);
         if let Some(journal) = &mut self.journal {
             evicted.into_iter().try_for_each(|s| journal.release(s))?;
         }
@@ -112,24 +114,23 @@ impl ResponseStore {
         failed.map_or(Ok(true), Err)
     }
 
-    fn too_large(max_entries: usize, max_bytes: u64, id: &str, messages: &[Message]) -> bool {
-        max_entries == 0 || conversation_bytes(messages) + id.len() as u64 > max_bytes
+    /// The bytes an entry would count, or `None` when it could never be stored.
+    fn size(&self, id: &str, messages: &[Message]) -> Option<u64> {
+        let bytes = conversation_bytes(messages) + id.len() as u64;
+        (self.max_entries > 0 && bytes <= self.max_bytes).then_some(bytes)
     }
 
-    /// The in-memory half of [`ResponseStore::insert`]; returns the journal segments of the
-    /// entries it replaced or evicted.
+    /// The in-memory half of [`ResponseStore::insert`], for an entry of `bytes` (its
+    /// [`ResponseStore::size`]); returns the journal segments of the entries it replaced or
+    /// evicted.
     fn keep(
         &mut self,
         response_id: String,
         messages: Vec<Message>,
+        bytes: u64,
         segment: Option<SegmentId>,
     ) -> Vec<SegmentId> {
         let mut gone: Vec<SegmentId> = self.forget(&response_id).into_iter().collect();
-        if Self::too_large(self.max_entries, self.max_bytes, &response_id, &messages) {
-            gone.extend(segment);
-            return gone;
-        }
-        let bytes = conversation_bytes(&messages) + response_id.len() as u64;
         while self.entries.len() >= self.max_entries || self.bytes + bytes > self.max_bytes {
             let Some((_, oldest)) = self.recency.pop_first() else {
                 break;
