@@ -439,3 +439,66 @@ async fn a_key_beyond_its_in_flight_limit_waits_and_other_keys_do_not() {
         "{metrics}"
     );
 }
+
+/// A key with `tokens_per_minute` is let in until it overdraws; then a 429 with a
+/// `Retry-After` of the seconds its refill needs, in its API's shape, while other keys are
+/// served. What the key used is counted from the prompt and the completion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_past_its_tokens_per_minute_is_told_when_to_come_back() {
+    let engine = MockEngine::start(1.0, 4096);
+    let config = format!(
+        "[server]\napi_keys = [{{ key = \"metered\", tokens_per_minute = 120 }}, {{ key = \"free\" }}]\n{}",
+        Gateway::config_for(&[&engine], "kv-cost")
+    );
+    let gateway = Gateway::start(&config);
+    let url = gateway.url.as_str();
+    let metered = [("authorization", "Bearer metered")];
+    // Well over the 120 tokens the minute allows: let in (the bucket was full), then in debt.
+    let mut big = chat(&"the quick brown fox jumps over the lazy dog ".repeat(40));
+    big["max_tokens"] = json!(8);
+    let (status, body) = post_with(url, "/v1/chat/completions", &big, &metered).await;
+    assert_eq!(status, 200, "{body}");
+    let used = body["usage"]["total_tokens"].as_u64().unwrap();
+    assert!(used > 300, "the prompt is what overdraws: {body}");
+
+    let refused = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .header("authorization", "Bearer metered")
+        .json(&chat("hi"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 429);
+    let retry_after: u64 = refused.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // 2 tokens a second pay back (used - 120) tokens of debt.
+    let debt = used - 120;
+    assert!(
+        (debt / 2..=debt / 2 + 2).contains(&retry_after),
+        "Retry-After {retry_after} for a debt of {debt} tokens at 2/s"
+    );
+    let body: Value = refused.json().await.unwrap();
+    assert_openai_error(&body, "120 tokens per minute");
+    let messages = json!({"model": MODEL, "max_tokens": 4,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let (status, body) =
+        post_with(url, "/v1/messages", &messages, &[("x-api-key", "metered")]).await;
+    assert_eq!(status, 429);
+    assert_eq!(body["error"]["type"], "rate_limit_error", "{body}");
+    let (status, _) = post_with(
+        url,
+        "/v1/chat/completions",
+        &chat("hi"),
+        &[("authorization", "Bearer free")],
+    )
+    .await;
+    assert_eq!(status, 200, "another key is not held back");
+    let metrics = get_text(&format!("{url}/metrics")).await;
+    assert!(
+        metrics.contains("switchyard_rejected_total{reason=\"key_tokens\"} 2"),
+        "{metrics}"
+    );
+}

@@ -268,6 +268,9 @@ pub struct ApiKeyConfig {
     /// `Retry-After`, so one runaway agent cannot take the whole gateway. Default: no limit
     /// but the gateway's own.
     pub max_in_flight: Option<usize>,
+    /// Most tokens (prompt and completion) this key may use per minute; beyond it a 429 with
+    /// `Retry-After` until the minute's refill pays for what it overdrew. Default: no limit.
+    pub tokens_per_minute: Option<u64>,
 }
 
 impl std::fmt::Debug for ApiKeyConfig {
@@ -278,6 +281,7 @@ impl std::fmt::Debug for ApiKeyConfig {
             .field("key_env", &self.key_env)
             .field("key_file", &self.key_file)
             .field("max_in_flight", &self.max_in_flight)
+            .field("tokens_per_minute", &self.tokens_per_minute)
             .finish()
     }
 }

@@ -43,6 +43,17 @@ pub enum GatewayError {
         /// The key's limit.
         limit: usize,
     },
+    /// The client's API key used its `tokens_per_minute`.
+    #[error(
+        "this API key used its {limit} tokens per minute; retry in {}s",
+        whole_secs(*retry_after)
+    )]
+    KeyTokens {
+        /// The key's limit.
+        limit: u64,
+        /// When its budget holds tokens again.
+        retry_after: std::time::Duration,
+    },
     /// The gateway is shutting down and its drain deadline passed.
     #[error("the gateway is shutting down; retry on another replica")]
     Stopping,
@@ -116,9 +127,10 @@ impl GatewayError {
             }
             Self::Unauthorized | Self::InvalidApiKey => StatusCode::UNAUTHORIZED,
             Self::Forbidden(_) => StatusCode::FORBIDDEN,
-            Self::Rejected(_) | Self::Busy { .. } | Self::KeyLimit { .. } => {
-                StatusCode::TOO_MANY_REQUESTS
-            }
+            Self::Rejected(_)
+            | Self::Busy { .. }
+            | Self::KeyLimit { .. }
+            | Self::KeyTokens { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::Upstream(_) => StatusCode::BAD_GATEWAY,
             Self::Stalled { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::Engine { status, .. } => *status,
@@ -146,6 +158,7 @@ impl GatewayError {
             Self::Rejected(_) => "rejected",
             Self::Busy { .. } => "busy",
             Self::KeyLimit { .. } => "key_limit",
+            Self::KeyTokens { .. } => "key_tokens",
             Self::Upstream(_) => "upstream",
             Self::Stalled { .. } => "stalled",
             Self::Engine { .. } => "engine_error",
@@ -168,7 +181,10 @@ impl GatewayError {
             Self::NoHealthyWorker | Self::Overloaded { .. } | Self::Stopping => {
                 ErrorKind::Overloaded
             }
-            Self::Rejected(_) | Self::Busy { .. } | Self::KeyLimit { .. } => ErrorKind::RateLimited,
+            Self::Rejected(_)
+            | Self::Busy { .. }
+            | Self::KeyLimit { .. }
+            | Self::KeyTokens { .. } => ErrorKind::RateLimited,
             Self::Upstream(_) | Self::Stalled { .. } => ErrorKind::Upstream,
             // The engine's own verdict: a 4xx is the request's fault, not the server's.
             Self::Engine { status, .. } => match status.as_u16() {
@@ -237,7 +253,9 @@ impl GatewayError {
             | Self::KeyLimit { .. }
             | Self::Stopping
             | Self::Rejected(_) => Some(1),
-            Self::Busy { retry_after } => Some(retry_after.as_secs().max(1)),
+            Self::Busy { retry_after } | Self::KeyTokens { retry_after, .. } => {
+                Some(whole_secs(*retry_after))
+            }
             _ => None,
         };
         Refusal {
@@ -246,6 +264,11 @@ impl GatewayError {
             body: Bytes::from(api.error_body(&self.to_api_error()).to_string()),
         }
     }
+}
+
+/// `Retry-After` seconds: rounded up, so a client that waits as told is let in, and at least 1.
+fn whole_secs(wait: std::time::Duration) -> u64 {
+    wait.as_secs_f64().ceil().max(1.0) as u64
 }
 
 /// An error answer: status, `Retry-After` seconds, and a JSON body in the client API's shape.

@@ -36,6 +36,7 @@ pub mod events;
 pub mod fleet;
 mod hints;
 pub mod index;
+mod key_tokens;
 pub mod metrics;
 pub mod policies;
 pub mod proxy;

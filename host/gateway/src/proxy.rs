@@ -9,9 +9,10 @@ use crate::agent::AgentContext;
 use crate::config::HintDelivery;
 use crate::error::GatewayError;
 use crate::hints::llama_slots::{self, SlotLease};
+use crate::key_tokens::KeyTokens;
 use crate::metrics::RequestLabels;
 use crate::queue::Routed;
-use crate::server::Shared;
+use crate::server::{KeyPass, Shared};
 use crate::trace::{RequestDraft, RequestFacts, WorkerRef};
 use axum::body::Body;
 use axum::http::HeaderMap;
@@ -60,16 +61,26 @@ pub async fn handle(shared: Arc<Shared>, api: Api, headers: &HeaderMap, body: Bo
     let do_not_queue = do_not_queue(headers);
     // Held until the response body is done (a stream's end), so it bounds streams too.
     let result = match let_in(&shared, headers) {
-        Ok(permit) => proxy(&shared, api, body, (agent, do_not_queue), received)
+        Ok(permits) => {
+            let key_tokens = permits.key.tokens.clone();
+            proxy(
+                &shared,
+                api,
+                body,
+                (agent, do_not_queue),
+                received,
+                key_tokens,
+            )
             .await
             .map(|response| {
                 response.map(|body| {
                     Body::new(body.map_frame(move |frame| {
-                        let _held = &permit;
+                        let _held = &permits;
                         frame
                     }))
                 })
-            }),
+            })
+        }
         Err(overloaded) => Err(overloaded),
     };
     match result {
@@ -94,17 +105,17 @@ pub async fn handle(shared: Arc<Shared>, api: Api, headers: &HeaderMap, body: Bo
     }
 }
 
-/// What a request holds while it lasts: one of the gateway's in-flight permits and, when its
-/// key has `max_in_flight`, one of the key's.
+/// What a request holds while it lasts: one of the gateway's in-flight permits and what its
+/// key lets it hold.
 #[derive(Debug)]
 pub(crate) struct Permits {
     _gateway: OwnedSemaphorePermit,
-    _key: Option<OwnedSemaphorePermit>,
+    key: KeyPass,
 }
 
 /// A client's key checked and the request's permits taken, or why not.
 fn let_in(shared: &Shared, headers: &HeaderMap) -> Result<Permits, GatewayError> {
-    let key = shared.live().key_permit(headers)?;
+    let key = shared.live().key_pass(headers)?;
     let gateway =
         shared
             .in_flight
@@ -115,7 +126,7 @@ fn let_in(shared: &Shared, headers: &HeaderMap) -> Result<Permits, GatewayError>
             })?;
     Ok(Permits {
         _gateway: gateway,
-        _key: key,
+        key,
     })
 }
 
@@ -133,10 +144,15 @@ async fn proxy(
     body: Body,
     (mut agent, do_not_queue): (AgentContext, bool),
     received: Received,
+    key_tokens: Option<Arc<KeyTokens>>,
 ) -> Result<Response, GatewayError> {
     let limit = shared.live().config.server.max_body_bytes;
     let bytes = read_body(body, limit).await?;
     let mut turn = prepare(shared, api, &bytes, &mut agent).await?;
+    // The prompt counts once it is known; the completion when it ends (`Booking`).
+    if let Some(budget) = &key_tokens {
+        budget.charge(turn.tokens.len() as u64, Instant::now());
+    }
     let hashes = shared.hasher.sequence(&turn.tokens);
     let id = RequestId(shared.next_request_id());
     let (release, ticket) = admit(shared, id, &turn, &agent).await;
@@ -175,6 +191,7 @@ async fn proxy(
             received.at,
         );
         booking.session_final = agent.session_final;
+        booking.key_tokens = key_tokens.clone();
         if let Some(ticket) = &ticket {
             ticket.started(decision.rank);
         }

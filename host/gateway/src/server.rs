@@ -8,6 +8,7 @@ use crate::error::GatewayError;
 use crate::events::EventMetrics;
 use crate::fleet::{Fleet, FleetError, Source};
 use crate::index::{IndexReader, spawn_index_writer};
+use crate::key_tokens::KeyTokens;
 use crate::metrics::{Metrics, RequestLabels, worker_label};
 use crate::policies::{PolicyMetrics, PolicyRuntime};
 use crate::proxy::{count_tokens, handle, read_body};
@@ -57,16 +58,26 @@ pub(crate) struct Live {
     api_keys: Vec<ClientKey>,
 }
 
-/// A client API key and, with `max_in_flight`, its requests in flight.
+/// A client API key and, with its limits, its requests in flight and its tokens per minute.
 #[derive(Debug)]
 struct ClientKey {
     secret: String,
     in_flight: Option<(usize, Arc<tokio::sync::Semaphore>)>,
+    tokens: Option<Arc<KeyTokens>>,
+}
+
+/// What a client's key lets a request hold: one of the key's places in flight (`max_in_flight`)
+/// and its token budget to charge (`tokens_per_minute`).
+#[derive(Debug, Default)]
+pub(crate) struct KeyPass {
+    /// Held, never read: dropping it frees the place.
+    _in_flight: Option<OwnedSemaphorePermit>,
+    pub(crate) tokens: Option<Arc<KeyTokens>>,
 }
 
 impl Live {
-    /// What `config` makes; a key that `previous` already had, with the same limit, keeps its
-    /// count of requests in flight across the reload.
+    /// What `config` makes; a key that `previous` already had, with the same limits, keeps its
+    /// count of requests in flight and its token budget across the reload.
     pub(crate) fn new(
         config: Config,
         tokenizer: &ModelTokenizer,
@@ -75,17 +86,29 @@ impl Live {
         let mut api_keys = Vec::new();
         for (i, key) in config.server.api_keys.iter().enumerate() {
             let secret = key.resolve(&format!("server.api_keys[{i}]"))?;
-            let kept = previous
+            let was = previous
                 .into_iter()
                 .flat_map(|p| &p.api_keys)
-                .find(|k| k.secret == secret)
+                .find(|k| k.secret == secret);
+            let in_flight = was
                 .and_then(|k| k.in_flight.clone())
-                .filter(|(limit, _)| Some(*limit) == key.max_in_flight);
-            let in_flight = kept.or_else(|| {
-                key.max_in_flight
-                    .map(|limit| (limit, Arc::new(tokio::sync::Semaphore::new(limit))))
+                .filter(|(limit, _)| Some(*limit) == key.max_in_flight)
+                .or_else(|| {
+                    key.max_in_flight
+                        .map(|limit| (limit, Arc::new(tokio::sync::Semaphore::new(limit))))
+                });
+            let tokens = was
+                .and_then(|k| k.tokens.clone())
+                .filter(|t| Some(t.per_minute()) == key.tokens_per_minute)
+                .or_else(|| {
+                    key.tokens_per_minute
+                        .map(|limit| Arc::new(KeyTokens::new(limit, Instant::now())))
+                });
+            api_keys.push(ClientKey {
+                secret,
+                in_flight,
+                tokens,
             });
-            api_keys.push(ClientKey { secret, in_flight });
         }
         Ok(Live {
             api_keys,
@@ -105,21 +128,34 @@ impl Live {
         self.client_key(headers).map(|_| ())
     }
 
-    /// Like [`Live::admits`], and one of the key's permits when it has `max_in_flight`: held
-    /// while the request (its stream included) lasts.
-    pub(crate) fn key_permit(
-        &self,
-        headers: &HeaderMap,
-    ) -> Result<Option<OwnedSemaphorePermit>, GatewayError> {
-        let Some((limit, in_flight)) = self.client_key(headers)?.and_then(|k| k.in_flight.as_ref())
-        else {
-            return Ok(None);
+    /// Like [`Live::admits`], and within the key's limits: one of its places when it has
+    /// `max_in_flight` (held while the request, its stream included, lasts), tokens left when
+    /// it has `tokens_per_minute`.
+    pub(crate) fn key_pass(&self, headers: &HeaderMap) -> Result<KeyPass, GatewayError> {
+        let Some(key) = self.client_key(headers)? else {
+            return Ok(KeyPass::default());
         };
-        in_flight
-            .clone()
-            .try_acquire_owned()
-            .map(Some)
-            .map_err(|_| GatewayError::KeyLimit { limit: *limit })
+        if let Some(tokens) = &key.tokens {
+            tokens
+                .admit(Instant::now())
+                .map_err(|retry_after| GatewayError::KeyTokens {
+                    limit: tokens.per_minute(),
+                    retry_after,
+                })?;
+        }
+        let in_flight = match &key.in_flight {
+            Some((limit, places)) => Some(
+                places
+                    .clone()
+                    .try_acquire_owned()
+                    .map_err(|_| GatewayError::KeyLimit { limit: *limit })?,
+            ),
+            None => None,
+        };
+        Ok(KeyPass {
+            _in_flight: in_flight,
+            tokens: key.tokens.clone(),
+        })
     }
 
     /// The key the request carries: `None` when the APIs are open, a 401 when it is not one of

@@ -9,6 +9,7 @@ use crate::admission::Ticket;
 use crate::agent::Harness;
 use crate::error::GatewayError;
 use crate::hints::llama_slots::SlotLease;
+use crate::key_tokens::KeyTokens;
 use crate::metrics::{EndpointLabels, RequestLabels, worker_label};
 use crate::server::Shared;
 use crate::sse::{Finish, SseReader, ToolCall, Usage};
@@ -364,6 +365,8 @@ pub(super) struct Booking {
     pub(super) admission: Option<Ticket>,
     /// The llama.cpp slot it runs on (`llama-slots` workers).
     pub(super) slot: Option<SlotLease>,
+    /// The client key's token budget, charged the completion (`tokens_per_minute`).
+    pub(super) key_tokens: Option<Arc<KeyTokens>>,
 }
 
 impl Booking {
@@ -411,6 +414,7 @@ impl Booking {
             trace: None,
             admission: None,
             slot: None,
+            key_tokens: None,
         }
     }
 
@@ -482,6 +486,9 @@ impl Drop for Booking {
         self.shared.finish(self.id);
         // The slot is free again before the hint path hears the turn ended (and may save it).
         drop(self.slot.take());
+        if let (Some(budget), Some(usage)) = (&self.key_tokens, self.usage) {
+            budget.charge(usage.completion_tokens, Instant::now());
+        }
         let end = TurnEnd {
             usage: self.usage.map(|u| ProgramUsage {
                 prompt_tokens: clamp_u32(u.prompt_tokens),
