@@ -235,22 +235,12 @@ pub struct ServerConfig {
     /// Anthropic's `x-api-key: <key>`); a request without one of them gets a 401 in its API's
     /// shape. Empty (the default): the APIs are open. A reload applies a new list at once.
     pub api_keys: Vec<ApiKeyConfig>,
-    /// TLS on the client listener (`[server.tls]`); absent: plain HTTP.
-    pub tls: Option<TlsConfig>,
+    /// TLS on the client listener (`[server.tls]`: `cert_file`, `key_file`, read again when
+    /// either changes on disk, and `client_ca_file` for mTLS); absent: plain HTTP.
+    pub tls: Option<switchyard_tls::ServerTls>,
     /// A PEM file of CA certificates trusted for `https://` engines and pools, beside the
     /// system's roots (engines with certificates of a private CA). Default: the system's only.
     pub upstream_ca_file: Option<PathBuf>,
-}
-
-/// `[server.tls]`: the listener's certificate. Both files are read again when either changes
-/// on disk (a renewed Kubernetes Secret), without a restart.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TlsConfig {
-    /// PEM certificate chain, the server's own certificate first.
-    pub cert_file: PathBuf,
-    /// PEM private key (PKCS#8, PKCS#1 or SEC1).
-    pub key_file: PathBuf,
 }
 
 /// One `[[server.api_keys]]` entry: where a client API key comes from.

@@ -45,7 +45,6 @@ pub mod reload;
 mod secrets;
 pub mod server;
 pub mod sse;
-pub mod tls;
 pub mod trace;
 pub mod upstream;
 

@@ -474,17 +474,12 @@ pub enum StartError {
         /// Why.
         source: std::io::Error,
     },
-    /// The listener's certificate or key could not be used.
-    #[error(transparent)]
-    Tls(#[from] crate::tls::TlsError),
+    /// The listener's certificate, key or client CA could not be used.
+    #[error("server.tls: {0}")]
+    Tls(#[source] switchyard_tls::TlsError),
     /// The upstream CA file could not be read.
-    #[error("server.upstream_ca_file {path}: {reason}")]
-    UpstreamCa {
-        /// The configured file.
-        path: std::path::PathBuf,
-        /// Why.
-        reason: String,
-    },
+    #[error("server.upstream_ca_file {0}")]
+    UpstreamCa(#[source] switchyard_tls::TlsError),
     /// The Responses store's directory could not be used.
     #[error("frontend.response_store_dir {path}: {source}")]
     ResponseStore {
@@ -503,19 +498,7 @@ fn upstream_client(config: &crate::config::ServerConfig) -> Result<reqwest::Clie
         .pool_idle_timeout(Duration::from_secs(90))
         .tcp_nodelay(true);
     if let Some(path) = &config.upstream_ca_file {
-        let failed = |reason: String| StartError::UpstreamCa {
-            path: path.clone(),
-            reason,
-        };
-        let pem = std::fs::read(path).map_err(|e| failed(e.to_string()))?;
-        let certs =
-            reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| failed(e.to_string()))?;
-        if certs.is_empty() {
-            return Err(failed("no PEM certificate in it".into()));
-        }
-        for cert in certs {
-            builder = builder.add_root_certificate(cert);
-        }
+        builder = switchyard_tls::trust_ca_file(builder, path).map_err(StartError::UpstreamCa)?;
     }
     Ok(builder.build()?)
 }
@@ -717,7 +700,8 @@ pub async fn start(
     let app = routes(shared.clone());
     match &tls {
         Some(config) => {
-            let listener = crate::tls::TlsListener::new(listener, config)?;
+            let listener =
+                switchyard_tls::TlsListener::new(listener, config).map_err(StartError::Tls)?;
             tasks.spawn(serve(listener, app, shared, shutdown, background))
         }
         // Token-sized SSE writes must not wait for delayed ACKs (Nagle's algorithm).

@@ -84,9 +84,25 @@ pub const DEFAULT_MAX_BATCH: usize = 64;
 const MAX_EXISTS: usize = 16_384;
 
 impl PoolClient {
-    /// A client of the pool at `base_url` (`http://host:port`) whose blocks are `block_bytes`.
+    /// A client of the pool at `base_url` (`http://host:port`, or `https://` verified against
+    /// the system's roots) whose blocks are `block_bytes`.
     pub fn new(base_url: &str, block_bytes: u32) -> Result<PoolClient, PoolError> {
-        let http = reqwest::Client::builder()
+        PoolClient::trusting(base_url, block_bytes, None)
+    }
+
+    /// Like [`PoolClient::new`], an `https://` pool also verified against the CA certificates
+    /// in `ca_file` (a pool whose certificate a private CA signed).
+    pub fn trusting(
+        base_url: &str,
+        block_bytes: u32,
+        ca_file: Option<&std::path::Path>,
+    ) -> Result<PoolClient, PoolError> {
+        let mut builder = reqwest::Client::builder();
+        if let Some(ca_file) = ca_file {
+            builder = switchyard_tls::trust_ca_file(builder, ca_file)
+                .map_err(|e| PoolError::Protocol(format!("ca_file {e}")))?;
+        }
+        let http = builder
             .build()
             .map_err(|e| PoolError::Protocol(e.to_string()))?;
         Ok(PoolClient {

@@ -43,6 +43,8 @@ pub struct ServiceConfig {
     pub events_endpoint: Option<String>,
     /// The events' replay ROUTER endpoint.
     pub replay_endpoint: Option<String>,
+    /// TLS on the listener (`None`: plain HTTP).
+    pub tls: Option<switchyard_tls::ServerTls>,
 }
 
 /// The service cannot start.
@@ -57,12 +59,16 @@ pub enum ServeError {
     /// The listener cannot be bound.
     #[error("kv pool listener: {0}")]
     Io(#[from] io::Error),
+    /// The listener's certificate, key or client CA cannot be used.
+    #[error("kv pool TLS: {0}")]
+    Tls(#[from] switchyard_tls::TlsError),
 }
 
 /// A running service.
 #[derive(Debug)]
 pub struct PoolService {
     addr: SocketAddr,
+    https: bool,
     events: Option<EventEndpoints>,
     pool: Arc<Pool>,
     server: JoinHandle<io::Result<()>>,
@@ -75,9 +81,10 @@ impl PoolService {
         self.addr
     }
 
-    /// `http://addr`.
+    /// `http://addr`, or `https://addr` with TLS.
     pub fn base_url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.https { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// The event sockets, if publishing.
@@ -126,13 +133,26 @@ pub async fn spawn(
         refusals,
         limits: Limits::of(&config.pool),
     });
-    let server = tokio::spawn(async move {
-        axum::serve(listener, router(state))
-            .with_graceful_shutdown(shutdown.cancelled_owned())
-            .await
-    });
+    let app = router(state);
+    let stopping = shutdown.cancelled_owned();
+    let server = match &config.tls {
+        Some(tls) => {
+            let listener = switchyard_tls::TlsListener::new(listener, tls)?;
+            tokio::spawn(async move {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(stopping)
+                    .await
+            })
+        }
+        None => tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(stopping)
+                .await
+        }),
+    };
     Ok(PoolService {
         addr,
+        https: config.tls.is_some(),
         events: endpoints,
         pool,
         server,

@@ -42,6 +42,16 @@ struct Running {
 }
 
 async fn start(memory: usize, disk: usize, token: Option<&str>, events: bool) -> Running {
+    start_with(memory, disk, token, events, None).await
+}
+
+async fn start_with(
+    memory: usize,
+    disk: usize,
+    token: Option<&str>,
+    events: bool,
+    tls: Option<switchyard_tls::ServerTls>,
+) -> Running {
     let dir = tempfile::tempdir().unwrap();
     let pool = PoolConfig {
         disk: (disk > 0).then(|| DiskConfig {
@@ -58,6 +68,7 @@ async fn start(memory: usize, disk: usize, token: Option<&str>, events: bool) ->
         auth_token: token.map(str::to_owned),
         events_endpoint: events.then(|| "tcp://127.0.0.1:0".to_owned()),
         replay_endpoint: events.then(|| "tcp://127.0.0.1:0".to_owned()),
+        tls,
     };
     let shutdown = CancellationToken::new();
     let service = spawn(config, shutdown.clone()).await.unwrap();
@@ -447,5 +458,45 @@ async fn events_replay_to_exactly_what_the_pool_holds() {
         !pool_now.disk.is_empty() && pool_now.cpu.len() == 4,
         "{pool_now:?}"
     );
+    pool.stop().await;
+}
+
+/// With TLS the pool serves `https://` only: a client that trusts its CA puts and gets; plain
+/// HTTP and a client that does not trust it get nothing (and an engine reads that as
+/// "unavailable": recompute).
+#[tokio::test]
+async fn over_tls_only_a_client_that_trusts_the_pool_reaches_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let made = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).unwrap();
+    let cert = dir.path().join("pool.crt");
+    std::fs::write(&cert, made.cert.pem()).unwrap();
+    let key = dir.path().join("pool.key");
+    std::fs::write(&key, made.signing_key.serialize_pem()).unwrap();
+    let tls = switchyard_tls::ServerTls {
+        cert_file: cert.clone(),
+        key_file: key,
+        client_ca_file: None,
+    };
+    let pool = start_with(16, 0, Some(TOKEN), false, Some(tls)).await;
+    let url = pool.service.base_url();
+    assert!(url.starts_with("https://127.0.0.1:"), "{url}");
+
+    let client = PoolClient::trusting(&url, BLOCK as u32, Some(&cert))
+        .unwrap()
+        .with_token(TOKEN);
+    client.put(&[block(7, None)]).await.unwrap();
+    assert_eq!(client.get(&[7]).await.unwrap(), vec![Some(bytes_of(7))]);
+
+    let plain = url.replacen("https://", "http://", 1);
+    let in_the_clear = PoolClient::new(&plain, BLOCK as u32)
+        .unwrap()
+        .with_token(TOKEN);
+    let error = in_the_clear.exists(&[7]).await.unwrap_err();
+    assert!(error.is_unavailable(), "{error}");
+    let untrusting = PoolClient::new(&url, BLOCK as u32)
+        .unwrap()
+        .with_token(TOKEN);
+    let error = untrusting.exists(&[7]).await.unwrap_err();
+    assert!(error.is_unavailable(), "{error}");
     pool.stop().await;
 }

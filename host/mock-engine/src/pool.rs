@@ -20,6 +20,8 @@ pub struct PoolSettings {
     pub url: String,
     /// Its bearer token, if it has one.
     pub token: Option<String>,
+    /// CA certificates an `https://` pool is also verified against.
+    pub ca_file: Option<std::path::PathBuf>,
     /// Pool-to-device bandwidth the engine model charges a fetch at, in bytes per second.
     pub bandwidth_bytes_per_s: f64,
     /// Longest wait for one pool call; past it the engine recomputes. Default 2 s.
@@ -67,7 +69,8 @@ impl PoolLink {
         shutdown: CancellationToken,
     ) -> Result<PoolLink, PoolError> {
         let mut client =
-            PoolClient::new(&settings.url, block_bytes)?.with_timeout(settings.timeout);
+            PoolClient::trusting(&settings.url, block_bytes, settings.ca_file.as_deref())?
+                .with_timeout(settings.timeout);
         if let Some(token) = &settings.token {
             client = client.with_token(token.clone());
         }

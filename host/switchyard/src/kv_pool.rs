@@ -43,6 +43,15 @@ pub(crate) struct KvPoolArgs {
     /// Bearer token every /v1 call must carry.
     #[arg(long, env = "SWITCHYARD_KV_POOL_TOKEN", hide_env_values = true)]
     auth_token: Option<String>,
+    /// Serve HTTPS with this PEM certificate chain (read again when it changes on disk).
+    #[arg(long, requires = "tls_key_file")]
+    tls_cert_file: Option<PathBuf>,
+    /// The certificate's PEM private key.
+    #[arg(long, requires = "tls_cert_file")]
+    tls_key_file: Option<PathBuf>,
+    /// Require client certificates signed by the CAs in this PEM file (mutual TLS).
+    #[arg(long, requires = "tls_cert_file")]
+    tls_client_ca_file: Option<PathBuf>,
 }
 
 /// Serve until a signal cancels `shutdown`.
@@ -63,6 +72,14 @@ pub(crate) async fn run(args: KvPoolArgs, shutdown: CancellationToken) -> anyhow
         auth_token: args.auth_token,
         events_endpoint: args.events_endpoint,
         replay_endpoint: args.events_replay_endpoint,
+        tls: args
+            .tls_cert_file
+            .zip(args.tls_key_file)
+            .map(|(cert_file, key_file)| switchyard_tls::ServerTls {
+                cert_file,
+                key_file,
+                client_ca_file: args.tls_client_ca_file,
+            }),
     };
     let service = switchyard_kv_pool::spawn(config, shutdown)
         .await

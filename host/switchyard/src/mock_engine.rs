@@ -68,6 +68,9 @@ pub(crate) struct MockEngineArgs {
     /// The pool's bearer token.
     #[arg(long, env = "SWITCHYARD_KV_POOL_TOKEN", hide_env_values = true)]
     kv_pool_token: Option<String>,
+    /// PEM CA certificates an `https://` pool is also verified against (a private CA).
+    #[arg(long, requires = "kv_pool")]
+    kv_pool_ca_file: Option<std::path::PathBuf>,
     /// Pool-to-device bandwidth charged for loading pool blocks, in GB/s.
     #[arg(long, default_value_t = 12.5)]
     pool_gb_per_s: f64,
@@ -97,6 +100,7 @@ pub(crate) async fn run(args: MockEngineArgs, shutdown: CancellationToken) -> an
         disk_gb_per_s,
         kv_pool,
         kv_pool_token,
+        kv_pool_ca_file,
         pool_gb_per_s,
         kv_pool_timeout,
     } = args;
@@ -138,6 +142,7 @@ pub(crate) async fn run(args: MockEngineArgs, shutdown: CancellationToken) -> an
             let settings = PoolSettings {
                 url,
                 token: kv_pool_token,
+                ca_file: kv_pool_ca_file,
                 bandwidth_bytes_per_s: pool_gb_per_s * 1e9,
                 timeout: kv_pool_timeout,
             };

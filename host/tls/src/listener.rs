@@ -1,4 +1,4 @@
-//! TLS on the client listener (`[server.tls]`), with rustls.
+//! A TLS listener for axum.
 //!
 //! Handshakes run in their own tasks (bounded in time), so a client that opens a connection and
 //! never finishes its hello holds nothing but that task; finished connections are handed to
@@ -13,27 +13,22 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use rustls::pki_types::PrivateKeyDer;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
-use crate::config::TlsConfig;
+use crate::{ServerTls, TlsError, pem_certificates};
 
 /// Longest a client may take to finish its TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Handshaken connections waiting for axum to take them.
 const ACCEPTED_BACKLOG: usize = 256;
-
-/// Why the certificate or key could not be used.
-#[derive(Debug, thiserror::Error)]
-#[error("server.tls: {0}")]
-pub struct TlsError(String);
 
 /// A listener whose connections have finished their TLS handshake.
 #[derive(Debug)]
@@ -43,20 +38,33 @@ pub struct TlsListener {
 }
 
 impl TlsListener {
-    /// Serves TLS on `tcp` with the certificate and key `config` names (read now: a bad file
-    /// fails here, at start).
-    pub fn new(tcp: TcpListener, config: &TlsConfig) -> Result<Self, TlsError> {
+    /// Serves TLS on `tcp` with the files `config` names (read now: a bad file fails here, at
+    /// start).
+    pub fn new(tcp: TcpListener, config: &ServerTls) -> Result<Self, TlsError> {
         let local = tcp
             .local_addr()
             .map_err(|e| TlsError(format!("listener: {e}")))?;
         let certs = CertFiles::load(&config.cert_file, &config.key_file)?;
-        let mut server = rustls::ServerConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| TlsError(e.to_string()))?
-        .with_no_client_auth()
-        .with_cert_resolver(Arc::new(certs));
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| TlsError(e.to_string()))?;
+        let builder = match &config.client_ca_file {
+            None => builder.with_no_client_auth(),
+            Some(path) => {
+                let mut roots = rustls::RootCertStore::empty();
+                for cert in pem_certificates(path, "client_ca_file")? {
+                    roots
+                        .add(cert)
+                        .map_err(|e| TlsError(format!("client_ca_file {}: {e}", path.display())))?;
+                }
+                let verifier = WebPkiClientVerifier::builder_with_provider(roots.into(), provider)
+                    .build()
+                    .map_err(|e| TlsError(format!("client_ca_file {}: {e}", path.display())))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+        };
+        let mut server = builder.with_cert_resolver(Arc::new(certs));
         server.alpn_protocols = vec![b"http/1.1".to_vec()];
         let acceptor = TlsAcceptor::from(Arc::new(server));
         let (tx, accepted) = mpsc::channel(ACCEPTED_BACKLOG);
@@ -183,15 +191,7 @@ fn modified(path: &Path) -> Option<SystemTime> {
 /// Reads a PEM certificate chain and its private key (PKCS#8, PKCS#1 or SEC1), and checks
 /// that they belong together.
 fn certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsError> {
-    let chain = CertificateDer::pem_file_iter(cert)
-        .and_then(Iterator::collect::<Result<Vec<_>, _>>)
-        .map_err(|e| TlsError(format!("cert_file {}: {e}", cert.display())))?;
-    if chain.is_empty() {
-        return Err(TlsError(format!(
-            "cert_file {}: no PEM certificate in it",
-            cert.display()
-        )));
-    }
+    let chain = pem_certificates(cert, "cert_file")?;
     let der = PrivateKeyDer::from_pem_file(key)
         .map_err(|e| TlsError(format!("key_file {}: {e}", key.display())))?;
     let provider = rustls::crypto::ring::default_provider();
