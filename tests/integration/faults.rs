@@ -391,3 +391,80 @@ async fn a_flapping_worker_costs_no_request_and_comes_back() {
     assert!(back, "the worker never came back once it was well");
     assert!(released(&gateway, &first).await && released(&gateway, &second).await);
 }
+
+/// What the gateway's index holds for the engine against what the engine says it holds, on
+/// the device: (index, engine).
+async fn index_and_engine(gateway: &Gateway, engine: &MockEngine) -> (f64, f64) {
+    let ours = get_text(&format!("{}/metrics", gateway.url)).await;
+    let theirs = get_text(&format!("{}/metrics", engine.url)).await;
+    (
+        sample(&ours, "switchyard_kv_index_blocks", &["tier=\"device\""]),
+        metric_sum(&theirs, "mock_prefix_cache_blocks"),
+    )
+}
+
+/// An engine that crashes and comes back on the same addresses (an empty cache, its events
+/// numbered from 0 again): the gateway's index, which held the old engine's blocks, ends up
+/// holding exactly what the new engine holds, and no request fails.
+///
+/// Found failing (docs/reliability.md, "Found, not fixed"): the index keeps the dead engine's
+/// blocks (58 against the new engine's 21 here), so it is ignored until the subscriber learns
+/// of a restart whose first events it missed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "known bug: a restart whose first KV events the subscriber missed leaves the old blocks indexed"]
+async fn after_an_engine_restart_the_index_matches_what_the_engine_holds() {
+    let mut engine = MockEngine::start(50.0, 4096);
+    let gateway = Gateway::start(&Gateway::config_for(&[&engine], "kv-cost"));
+    let turn = async |task: &str| {
+        let body = chat(
+            &format!("{task} {}", "with a long shared context ".repeat(60)),
+            false,
+            4,
+        );
+        let response = client()
+            .post(format!("{}/v1/chat/completions", gateway.url))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        response.status().as_u16()
+    };
+    for task in ["first", "second", "third"] {
+        assert_eq!(turn(task).await, 200);
+    }
+    let mut last = (0.0, 0.0);
+    let agreed = eventually(20, async || {
+        last = index_and_engine(&gateway, &engine).await;
+        last.0 == last.1 && last.1 > 0.0
+    })
+    .await;
+    assert!(
+        agreed,
+        "index vs engine blocks before the restart: {last:?}"
+    );
+    let before = last.1;
+
+    engine.restart();
+    // The health check may not have seen the crash: a request to the dead engine is retried
+    // until the new one answers, or meets it already up.
+    let served = eventually(20, async || turn("after the restart").await == 200).await;
+    assert!(served, "no request served after the restart");
+    let agreed = eventually(20, async || {
+        last = index_and_engine(&gateway, &engine).await;
+        last.0 == last.1 && last.1 > 0.0
+    })
+    .await;
+    assert!(
+        agreed,
+        "index vs engine blocks after the restart: {last:?} (before: {before})"
+    );
+    assert!(
+        last.1 < before,
+        "the new engine holds only the turn after the restart: {last:?} vs {before}"
+    );
+    let metrics = get_text(&format!("{}/metrics", gateway.url)).await;
+    assert!(
+        metric_sum(&metrics, "switchyard_kv_events_restarts") >= 1.0,
+        "the restart was seen on the event stream"
+    );
+}

@@ -138,7 +138,9 @@ pub(crate) struct MockEngine {
     pub(crate) url: String,
     pub(crate) kv_events: String,
     pub(crate) replay: String,
-    _proc: Proc,
+    proc: Proc,
+    /// The flags it was started with, but its addresses.
+    flags: Vec<String>,
 }
 
 impl MockEngine {
@@ -149,22 +151,36 @@ impl MockEngine {
 
     /// Like [`MockEngine::start`], with more `mock-engine` flags (a host KV tier, say).
     pub(crate) fn start_with(speedup: f64, num_blocks: u32, extra: &[&str]) -> MockEngine {
-        let speedup = speedup.to_string();
-        let num_blocks = num_blocks.to_string();
+        let mut flags = vec![
+            "--speedup".to_owned(),
+            speedup.to_string(),
+            "--num-blocks".to_owned(),
+            num_blocks.to_string(),
+        ];
+        flags.extend(extra.iter().map(|f| (*f).to_owned()));
+        MockEngine::launch(flags, ("0", "tcp://127.0.0.1:0", "tcp://127.0.0.1:0"))
+    }
+
+    /// The engine killed (SIGKILL) and started again on the same addresses, as a crashed pod
+    /// comes back: an empty cache, and its event stream numbered from 0 again.
+    pub(crate) fn restart(&mut self) {
+        self.proc.kill();
+        let port = self.url.rsplit(':').next().unwrap().to_owned();
+        let (events, replay) = (self.kv_events.clone(), self.replay.clone());
+        *self = MockEngine::launch(std::mem::take(&mut self.flags), (&port, &events, &replay));
+    }
+
+    fn launch(flags: Vec<String>, (port, kv_events, replay): (&str, &str, &str)) -> MockEngine {
         let mut args = vec![
             "mock-engine",
             "--port",
-            "0",
+            port,
             "--kv-events",
-            "tcp://127.0.0.1:0",
+            kv_events,
             "--replay",
-            "tcp://127.0.0.1:0",
-            "--speedup",
-            &speedup,
-            "--num-blocks",
-            &num_blocks,
+            replay,
         ];
-        args.extend_from_slice(extra);
+        args.extend(flags.iter().map(String::as_str));
         let proc = Proc::switchyard(&args);
         let url = proc.wait_for("listening on ");
         let kv_events = proc.wait_for("kv events on ");
@@ -173,7 +189,8 @@ impl MockEngine {
             url,
             kv_events,
             replay,
-            _proc: proc,
+            proc,
+            flags,
         }
     }
 

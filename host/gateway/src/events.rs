@@ -1,4 +1,5 @@
-//! KV-event ingestion health per worker rank, read from the subscribers at scrape time.
+//! KV-event ingestion health per worker rank, read from the subscribers at scrape time, and
+//! what the index holds per rank (to compare with what the engines report they hold).
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -8,7 +9,10 @@ use std::sync::Arc;
 use switchyard_kv_events::subscriber::{SubscriberSnapshot, SubscriberStats};
 
 use crate::fleet::Fleet;
+use crate::index::IndexReader;
 use crate::metrics::{WorkerLabels, worker_label};
+use prometheus_client::encoding::EncodeLabelSet;
+use switchyard_core::worker::Tier;
 
 /// The subscribers' statistics of the fleet's members (and of the shared pool's stream, as
 /// `worker="pool"`), exposed as `switchyard_kv_events_*` metrics.
@@ -18,6 +22,15 @@ pub struct EventMetrics {
     pub fleet: Arc<Fleet>,
     /// The shared KV pool's subscriber, if one is configured.
     pub pool: Option<Arc<SubscriberStats>>,
+    /// The published index.
+    pub index: IndexReader,
+}
+
+/// Labels of one rank's tier in the index.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TierLabels {
+    worker: String,
+    tier: &'static str,
 }
 
 type Field = fn(&SubscriberSnapshot) -> u64;
@@ -99,6 +112,40 @@ impl Collector for EventMetrics {
         for (label, snapshot) in &snapshots {
             ConstGauge::new(i64::from(snapshot.connected))
                 .encode(connected.encode_family(label)?)?;
+        }
+        drop(connected);
+        let ranks: Vec<_> = self
+            .fleet
+            .members()
+            .iter()
+            .flat_map(|m| m.events.iter().map(|(rank, _)| *rank))
+            .collect();
+        let tiers = [
+            (Tier::Device, "device"),
+            (Tier::Host, "host"),
+            (Tier::Disk, "disk"),
+        ];
+        let counts: Vec<_> = self.index.read(|index| {
+            ranks
+                .iter()
+                .flat_map(|rank| tiers.iter().map(move |t| (*rank, *t)))
+                .map(|(rank, (tier, name))| {
+                    let label = TierLabels {
+                        worker: rank.to_string(),
+                        tier: name,
+                    };
+                    (label, index.blocks(rank, tier))
+                })
+                .collect()
+        });
+        let mut blocks = encoder.encode_descriptor(
+            "kv_index_blocks",
+            "Blocks the KV index holds for the rank's tier, from its events",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for (label, count) in &counts {
+            ConstGauge::new(*count as i64).encode(blocks.encode_family(label)?)?;
         }
         Ok(())
     }

@@ -609,6 +609,7 @@ pub async fn start(
     metrics.register_collector(Box::new(EventMetrics {
         fleet: fleet.clone(),
         pool: pool_events,
+        index: index.clone(),
     }));
 
     let client = upstream_client(&config.server)?;

@@ -68,6 +68,13 @@ impl Collector for EngineCollector {
             "KV-cache usage. 1 means 100 percent usage.",
             &ConstGauge::new(stats.kv_usage),
         )?;
+        // Ours (vLLM has no such gauge): what a consistency check compares the router's index
+        // with.
+        put(
+            "mock_prefix_cache_blocks",
+            "Blocks in the device prefix cache (in use or free but reusable): what the KV events describe.",
+            &ConstGauge::new(stats.cached_blocks as i64),
+        )?;
         // Counter names get their `_total` suffix from the encoder.
         let counters = [
             (

@@ -264,6 +264,9 @@ pub struct EngineStats {
     pub waiting: usize,
     /// Fraction of KV blocks in use (`vllm:kv_cache_usage_perc`).
     pub kv_usage: f64,
+    /// Blocks in the device prefix cache (in use or free but reusable): what its KV events
+    /// describe.
+    pub cached_blocks: usize,
     /// Prompt tokens looked up in the prefix cache (`vllm:prefix_cache_queries`).
     pub prefix_queries: u64,
     /// Of those, tokens found (`vllm:prefix_cache_hits`).
@@ -460,6 +463,7 @@ impl EngineModel {
             running: self.running.len(),
             waiting: self.waiting.len(),
             kv_usage: self.cache.usage(),
+            cached_blocks: self.cache.cached_hashes().count(),
             tiers,
             ..self.stats
         }
