@@ -407,11 +407,9 @@ async fn index_and_engine(gateway: &Gateway, engine: &MockEngine) -> (f64, f64) 
 /// numbered from 0 again): the gateway's index, which held the old engine's blocks, ends up
 /// holding exactly what the new engine holds, and no request fails.
 ///
-/// Found failing (docs/reliability.md, "Found, not fixed"): the index keeps the dead engine's
-/// blocks (58 against the new engine's 21 here), so it is ignored until the subscriber learns
-/// of a restart whose first events it missed.
+/// Before the fix the index kept the dead engine's blocks (58 against the new engine's 21):
+/// the new engine's first events went out before the subscriber had reconnected.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known bug: a restart whose first KV events the subscriber missed leaves the old blocks indexed"]
 async fn after_an_engine_restart_the_index_matches_what_the_engine_holds() {
     let mut engine = MockEngine::start(50.0, 4096);
     let gateway = Gateway::start(&Gateway::config_for(&[&engine], "kv-cost"));
@@ -464,7 +462,7 @@ async fn after_an_engine_restart_the_index_matches_what_the_engine_holds() {
     );
     let metrics = get_text(&format!("{}/metrics", gateway.url)).await;
     assert!(
-        metric_sum(&metrics, "switchyard_kv_events_restarts") >= 1.0,
-        "the restart was seen on the event stream"
+        metric_sum(&metrics, "switchyard_kv_events_clears_total") >= 1.0,
+        "the reconnection started the rank over"
     );
 }

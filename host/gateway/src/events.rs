@@ -113,7 +113,6 @@ impl Collector for EventMetrics {
             ConstGauge::new(i64::from(snapshot.connected))
                 .encode(connected.encode_family(label)?)?;
         }
-        drop(connected);
         let ranks: Vec<_> = self
             .fleet
             .members()

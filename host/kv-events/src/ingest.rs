@@ -182,6 +182,10 @@ pub struct Ingestor {
     last_seq: Option<u64>,
     /// Sequence numbers lost on the live stream and not yet replayed.
     missing: Option<Range<u64>>,
+    /// After [`start_over`](Self::start_over): the last sequence number the replay applied.
+    /// Live messages up to it were queued during the replay and are skipped, not read as a
+    /// restart.
+    replayed_through: Option<u64>,
     /// Engine hash -> block, in an open-addressing table (see [`U64Map`]).
     blocks: U64Map<Block>,
     /// The reverse names, when the rank takes KV hints.
@@ -212,6 +216,7 @@ impl Ingestor {
             hasher: BlockHasher::new(block_size as usize),
             last_seq: None,
             missing: None,
+            replayed_through: None,
             blocks: U64Map::new(),
             naming: None,
             stats: IngestStats::default(),
@@ -248,6 +253,12 @@ impl Ingestor {
     /// - A repeat of the last number is ignored.
     pub fn on_message(&mut self, seq: u64, payload: &[u8]) -> Ingested {
         let mut out = Ingested::default();
+        if let Some(through) = self.replayed_through {
+            if seq <= through {
+                return out;
+            }
+            self.replayed_through = None;
+        }
         let expected = match self.last_seq {
             None => seq,
             Some(last) if seq == last => return out,
@@ -298,6 +309,28 @@ impl Ingestor {
     /// Sequence numbers reported lost and not yet replayed.
     pub fn missing(&self) -> Option<Range<u64>> {
         self.missing.clone()
+    }
+
+    /// The publisher came back after a disconnection: it may have restarted (numbering from 0
+    /// again) or sent messages meanwhile that nothing will announce. Forget every block and
+    /// expect the whole stream again from 0 through [`on_replayed`](Self::on_replayed), then
+    /// [`replay_done`](Self::replay_done); returns the clear that says so.
+    pub fn start_over(&mut self) -> IndexOp {
+        let clear = self.reset();
+        self.last_seq = None;
+        self.replayed_through = None;
+        self.missing = Some(0..u64::MAX);
+        clear
+    }
+
+    /// The replay after [`start_over`](Self::start_over) ended: what it applied is the new
+    /// baseline (none: the next live message is). A replay that did not start at 0 applied
+    /// nothing, so the rank stays cleared: the index may miss blocks, never claim lost ones.
+    pub fn replay_done(&mut self) {
+        if let Some(missing) = self.missing.take() {
+            self.last_seq = missing.start.checked_sub(1);
+            self.replayed_through = self.last_seq;
+        }
     }
 
     /// Give up on lost messages: forget every block and return the clear that says so.

@@ -13,8 +13,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use switchyard_core::index::IndexOp;
 use switchyard_core::worker::Rank;
 use tokio::sync::mpsc;
+
+/// A socket's connection events (zeromq's monitor).
+type SocketEvents = futures::channel::mpsc::Receiver<SocketEvent>;
+use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
-use zeromq::{DealerSocket, Socket, SocketOptions, SocketRecv, SocketSend, SubSocket};
+use zeromq::{DealerSocket, Socket, SocketEvent, SocketOptions, SocketRecv, SocketSend, SubSocket};
 
 /// How long one connection attempt may take before the socket is rebuilt.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -137,12 +141,12 @@ pub async fn run_subscriber(
             opened = driver.open() => opened,
         };
         match opened {
-            Ok(mut socket) => {
+            Ok((mut socket, mut monitor)) => {
                 driver.stats.connected.store(true, Ordering::Relaxed);
                 backoff = BACKOFF.0;
                 let keep_going = tokio::select! {
                     () = shutdown.cancelled() => false,
-                    keep_going = driver.receive(&mut socket) => keep_going,
+                    keep_going = driver.receive(&mut socket, &mut monitor) => keep_going,
                 };
                 driver.stats.connected.store(false, Ordering::Relaxed);
                 if !keep_going {
@@ -174,10 +178,12 @@ struct Driver {
 struct SinkClosed;
 
 impl Driver {
-    async fn open(&self) -> Result<SubSocket, Error> {
+    /// The socket, subscribed and connected (or bound), and its connection events.
+    async fn open(&self) -> Result<(SubSocket, SocketEvents), Error> {
         let mut options = SocketOptions::default();
         options.connect_timeout(CONNECT_TIMEOUT);
         let mut socket = SubSocket::with_options(options);
+        let monitor = socket.monitor();
         socket.subscribe(&self.config.topic).await?;
         if self.config.bind {
             socket.bind(&self.config.endpoint).await?;
@@ -185,23 +191,68 @@ impl Driver {
             // Retries (within the timeout) until the engine's PUB socket is up.
             socket.connect(&self.config.endpoint).await?;
         }
-        Ok(socket)
+        Ok((socket, monitor))
     }
 
     /// Handle messages until the socket fails (true: rebuild it) or the sink closes (false).
-    async fn receive(&mut self, socket: &mut SubSocket) -> bool {
+    ///
+    /// The socket reconnects by itself when the publisher goes away and comes back; a
+    /// reconnection after a disconnection starts the stream over ([`Driver::resync`]), since
+    /// the messages published before it were dropped and a restarted publisher's first ones
+    /// may be all there is.
+    async fn receive(&mut self, socket: &mut SubSocket, monitor: &mut SocketEvents) -> bool {
+        let mut peer_lost = false;
         loop {
-            let frames = match socket.recv().await {
-                Ok(message) => message.into_vec(),
-                Err(error) => {
-                    tracing::warn!(rank = %self.config.rank, %error, "KV event stream failed");
-                    return true;
+            let frames = tokio::select! {
+                event = monitor.next() => {
+                    match event {
+                        Some(SocketEvent::Disconnected(_)) => peer_lost = true,
+                        Some(SocketEvent::Connected(..)) if peer_lost => {
+                            peer_lost = false;
+                            if self.resync().await.is_err() {
+                                return false;
+                            }
+                        }
+                        _ => {}
+                    }
+                    continue;
                 }
+                received = socket.recv() => match received {
+                    Ok(message) => message.into_vec(),
+                    Err(error) => {
+                        tracing::warn!(rank = %self.config.rank, %error, "KV event stream failed");
+                        return true;
+                    }
+                },
             };
             if self.handle(&frames).await.is_err() {
                 return false;
             }
         }
+    }
+
+    /// The publisher is back after a disconnection: clear the rank, then apply what its replay
+    /// socket holds from sequence 0 (all of a restarted engine's stream); without a replay
+    /// socket, or if it fails, the rank stays cleared until new events come.
+    async fn resync(&mut self) -> Result<(), SinkClosed> {
+        let rank = self.config.rank;
+        tracing::info!(%rank, "KV event publisher reconnected; resyncing the rank");
+        SubscriberStats::bump(&self.stats.clears);
+        let clear = self.ingestor.start_over();
+        self.send(clear).await?;
+        if let Some(endpoint) = self.config.replay_endpoint.clone() {
+            SubscriberStats::bump(&self.stats.replays);
+            match self.replay(&endpoint, 0).await {
+                Ok(()) => {}
+                Err(ReplayError::Socket(error)) => {
+                    tracing::warn!(%rank, %error, "KV event replay after a reconnection failed");
+                    SubscriberStats::bump(&self.stats.replay_failures);
+                }
+                Err(ReplayError::SinkClosed) => return Err(SinkClosed),
+            }
+        }
+        self.ingestor.replay_done();
+        Ok(())
     }
 
     async fn handle(&mut self, frames: &[Bytes]) -> Result<(), SinkClosed> {

@@ -404,3 +404,39 @@ fn engine_names_follow_every_tier_and_clear_with_the_rank() {
     ingestor.on_message(0, &payload(vec![]));
     assert!(names.is_empty());
 }
+
+#[test]
+fn starting_over_applies_the_replay_from_zero_and_skips_the_live_messages_it_covered() {
+    let mut ingestor = primed();
+    ingestor.on_message(9, &payload(vec![]));
+    // The publisher reconnected (a restart, say): everything is forgotten first.
+    assert_eq!(ingestor.start_over(), IndexOp::Clear { rank: rank() });
+    let first = ingestor.on_replayed(0, &payload(vec![stored(&[50], None, &[1, 2])]));
+    assert_eq!(first.ops, vec![store(Tier::Device, ours(&[1, 2]))]);
+    let second = ingestor.on_replayed(1, &payload(vec![stored(&[51], Some(50), &[3, 4])]));
+    assert_eq!(second.ops.len(), 1);
+    ingestor.replay_done();
+    assert_eq!(ingestor.missing(), None);
+    // Live messages queued during the replay repeat it: skipped, not read as a restart.
+    let repeat = ingestor.on_message(0, &payload(vec![stored(&[50], None, &[1, 2])]));
+    assert!(!repeat.restarted && repeat.ops.is_empty() && repeat.gap.is_none());
+    assert!(ingestor.on_message(1, &payload(vec![])).ops.is_empty());
+    // The next one follows on.
+    let next = ingestor.on_message(2, &payload(vec![removed(&[51], None)]));
+    assert!(next.gap.is_none() && !next.restarted);
+    assert_eq!(next.ops.len(), 1);
+}
+
+#[test]
+fn a_replay_that_does_not_start_at_zero_leaves_the_rank_cleared() {
+    let mut ingestor = primed();
+    ingestor.on_message(9, &payload(vec![]));
+    ingestor.start_over();
+    // The publisher's buffer begins later (it did not restart; old messages fell out).
+    assert!(ingestor.on_replayed(7, &payload(vec![])).ops.is_empty());
+    ingestor.replay_done();
+    // The next live message is the new baseline.
+    let live = ingestor.on_message(12, &payload(vec![stored(&[60], None, &[5, 6])]));
+    assert!(live.gap.is_none() && !live.restarted);
+    assert_eq!(live.ops, vec![store(Tier::Device, ours(&[5, 6]))]);
+}
