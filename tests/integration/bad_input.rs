@@ -367,6 +367,18 @@ async fn client_apis_need_one_of_the_api_keys_and_say_so_in_their_own_shape() {
     );
 }
 
+/// `key` is refused in Anthropic's shape too, while the key `free` is served.
+async fn held_back_alone(url: &str, key: &str) {
+    let messages = json!({"model": MODEL, "max_tokens": 4,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let (status, body) = post_with(url, "/v1/messages", &messages, &[("x-api-key", key)]).await;
+    assert_eq!(status, 429);
+    assert_eq!(body["error"]["type"], "rate_limit_error", "{body}");
+    let free = [("authorization", "Bearer free")];
+    let (status, _) = post_with(url, "/v1/chat/completions", &chat("hi"), &free).await;
+    assert_eq!(status, 200, "another key is not held back");
+}
+
 /// A key with `max_in_flight` gets a 429 with `Retry-After` beyond it, in its API's shape, while
 /// other keys are served; its place frees when its stream ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -406,20 +418,7 @@ async fn a_key_beyond_its_in_flight_limit_waits_and_other_keys_do_not() {
     assert!(refused.headers().contains_key("retry-after"));
     let body: Value = refused.json().await.unwrap();
     assert_openai_error(&body, "limit of 1 requests in flight");
-    let messages = json!({"model": MODEL, "max_tokens": 4,
-        "messages": [{"role": "user", "content": "hi"}]});
-    let (status, body) =
-        post_with(url, "/v1/messages", &messages, &[("x-api-key", "capped")]).await;
-    assert_eq!(status, 429);
-    assert_eq!(body["error"]["type"], "rate_limit_error", "{body}");
-    let (status, _) = post_with(
-        url,
-        "/v1/chat/completions",
-        &chat("hi"),
-        &[("authorization", "Bearer free")],
-    )
-    .await;
-    assert_eq!(status, 200, "another key is not held back");
+    held_back_alone(url, "capped").await;
 
     drop(stream);
     let freed = eventually(20, async || {
@@ -482,20 +481,7 @@ async fn a_key_past_its_tokens_per_minute_is_told_when_to_come_back() {
     );
     let body: Value = refused.json().await.unwrap();
     assert_openai_error(&body, "120 tokens per minute");
-    let messages = json!({"model": MODEL, "max_tokens": 4,
-        "messages": [{"role": "user", "content": "hi"}]});
-    let (status, body) =
-        post_with(url, "/v1/messages", &messages, &[("x-api-key", "metered")]).await;
-    assert_eq!(status, 429);
-    assert_eq!(body["error"]["type"], "rate_limit_error", "{body}");
-    let (status, _) = post_with(
-        url,
-        "/v1/chat/completions",
-        &chat("hi"),
-        &[("authorization", "Bearer free")],
-    )
-    .await;
-    assert_eq!(status, 200, "another key is not held back");
+    held_back_alone(url, "metered").await;
     let metrics = get_text(&format!("{url}/metrics")).await;
     assert!(
         metrics.contains("switchyard_rejected_total{reason=\"key_tokens\"} 2"),

@@ -403,6 +403,17 @@ async fn index_and_engine(gateway: &Gateway, engine: &MockEngine) -> (f64, f64) 
     )
 }
 
+/// The blocks the index and the engine agree on (some), within 20 s; or the last counts seen.
+async fn index_agrees(gateway: &Gateway, engine: &MockEngine) -> Result<f64, (f64, f64)> {
+    let mut last = (0.0, 0.0);
+    let agreed = eventually(20, async || {
+        last = index_and_engine(gateway, engine).await;
+        last.0 == last.1 && last.1 > 0.0
+    })
+    .await;
+    if agreed { Ok(last.1) } else { Err(last) }
+}
+
 /// An engine that crashes and comes back on the same addresses (an empty cache, its events
 /// numbered from 0 again): the gateway's index, which held the old engine's blocks, ends up
 /// holding exactly what the new engine holds, and no request fails.
@@ -430,35 +441,23 @@ async fn after_an_engine_restart_the_index_matches_what_the_engine_holds() {
     for task in ["first", "second", "third"] {
         assert_eq!(turn(task).await, 200);
     }
-    let mut last = (0.0, 0.0);
-    let agreed = eventually(20, async || {
-        last = index_and_engine(&gateway, &engine).await;
-        last.0 == last.1 && last.1 > 0.0
-    })
-    .await;
-    assert!(
-        agreed,
-        "index vs engine blocks before the restart: {last:?}"
-    );
-    let before = last.1;
+    let before = index_agrees(&gateway, &engine)
+        .await
+        .unwrap_or_else(|last| panic!("index vs engine blocks before the restart: {last:?}"));
 
     engine.restart();
     // The health check may not have seen the crash: a request to the dead engine is retried
     // until the new one answers, or meets it already up.
     let served = eventually(20, async || turn("after the restart").await == 200).await;
     assert!(served, "no request served after the restart");
-    let agreed = eventually(20, async || {
-        last = index_and_engine(&gateway, &engine).await;
-        last.0 == last.1 && last.1 > 0.0
-    })
-    .await;
+    let after = index_agrees(&gateway, &engine)
+        .await
+        .unwrap_or_else(|last| {
+            panic!("index vs engine blocks after the restart: {last:?} (before: {before})")
+        });
     assert!(
-        agreed,
-        "index vs engine blocks after the restart: {last:?} (before: {before})"
-    );
-    assert!(
-        last.1 < before,
-        "the new engine holds only the turn after the restart: {last:?} vs {before}"
+        after < before,
+        "the new engine holds only the turn after the restart: {after} vs {before}"
     );
     let metrics = get_text(&format!("{}/metrics", gateway.url)).await;
     assert!(
