@@ -49,7 +49,9 @@ impl KeyTokens {
         }
         // Until the debt is paid and one token more earned.
         let per_second = self.per_minute as f64 / 60.0;
-        Err(Duration::from_secs_f64((1.0 - tokens) / per_second))
+        let wait = (1.0 - tokens) / per_second;
+        // A debt beyond what a `Duration` holds waits "forever", never panics.
+        Err(Duration::try_from_secs_f64(wait).unwrap_or(Duration::MAX))
     }
 
     /// Takes `tokens` the key used (into debt if need be).
@@ -97,6 +99,16 @@ mod tests {
         budget.charge(60, later);
         assert!(budget.admit(later).is_err());
         assert_eq!(budget.admit(later + Duration::from_secs(2)), Ok(()));
+    }
+
+    #[test]
+    fn a_debt_too_large_for_a_duration_is_a_wait_not_a_panic() {
+        let t0 = Instant::now();
+        let budget = KeyTokens::new(1, t0);
+        for _ in 0..4 {
+            budget.charge(u64::MAX, t0);
+        }
+        assert_eq!(budget.admit(t0), Err(Duration::MAX));
     }
 
     #[test]
