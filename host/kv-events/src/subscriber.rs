@@ -7,18 +7,18 @@ use crate::Error;
 use crate::ingest::{EngineNames, Gap, Ingested, Ingestor, WireFormat};
 use crate::publisher::{END_OF_REPLAY, message};
 use bytes::Bytes;
+use futures::StreamExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use switchyard_core::index::IndexOp;
 use switchyard_core::worker::Rank;
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use zeromq::{DealerSocket, Socket, SocketEvent, SocketOptions, SocketRecv, SocketSend, SubSocket};
 
 /// A socket's connection events (zeromq's monitor).
 type SocketEvents = futures::channel::mpsc::Receiver<SocketEvent>;
-use futures::StreamExt;
-use tokio_util::sync::CancellationToken;
-use zeromq::{DealerSocket, Socket, SocketEvent, SocketOptions, SocketRecv, SocketSend, SubSocket};
 
 /// How long one connection attempt may take before the socket is rebuilt.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -207,7 +207,10 @@ impl Driver {
                 event = monitor.next() => {
                     match event {
                         Some(SocketEvent::Disconnected(_)) => peer_lost = true,
-                        Some(SocketEvent::Connected(..)) if peer_lost => {
+                        // `Connected` when we connect, `Accepted` when we bind.
+                        Some(SocketEvent::Connected(..) | SocketEvent::Accepted(..))
+                            if peer_lost =>
+                        {
                             peer_lost = false;
                             if self.resync().await.is_err() {
                                 return false;
@@ -240,19 +243,28 @@ impl Driver {
         SubscriberStats::bump(&self.stats.clears);
         let clear = self.ingestor.start_over();
         self.send(clear).await?;
-        if let Some(endpoint) = self.config.replay_endpoint.clone() {
-            SubscriberStats::bump(&self.stats.replays);
-            match self.replay(&endpoint, 0).await {
-                Ok(()) => {}
-                Err(ReplayError::Socket(error)) => {
-                    tracing::warn!(%rank, %error, "KV event replay after a reconnection failed");
-                    SubscriberStats::bump(&self.stats.replay_failures);
-                }
-                Err(ReplayError::SinkClosed) => return Err(SinkClosed),
-            }
+        if self.replay_from(0).await? == Some(false) {
+            SubscriberStats::bump(&self.stats.replay_failures);
         }
         self.ingestor.replay_done();
         Ok(())
+    }
+
+    /// Replay from `start`, if there is a replay socket (`None`: there is not); whether the
+    /// socket answered to its end (a failure is logged).
+    async fn replay_from(&mut self, start: u64) -> Result<Option<bool>, SinkClosed> {
+        let Some(endpoint) = self.config.replay_endpoint.clone() else {
+            return Ok(None);
+        };
+        SubscriberStats::bump(&self.stats.replays);
+        match self.replay(&endpoint, start).await {
+            Ok(()) => Ok(Some(true)),
+            Err(ReplayError::Socket(error)) => {
+                tracing::warn!(rank = %self.config.rank, start, %error, "KV event replay failed");
+                Ok(Some(false))
+            }
+            Err(ReplayError::SinkClosed) => Err(SinkClosed),
+        }
     }
 
     async fn handle(&mut self, frames: &[Bytes]) -> Result<(), SinkClosed> {
@@ -282,18 +294,8 @@ impl Driver {
     /// Replay the lost messages, or clear the rank if they cannot all be had.
     async fn recover(&mut self, gap: Gap) -> Result<(), SinkClosed> {
         let rank = self.config.rank;
-        if let Some(endpoint) = self.config.replay_endpoint.clone() {
-            SubscriberStats::bump(&self.stats.replays);
-            match self.replay(&endpoint, gap.expected).await {
-                Ok(()) => {}
-                Err(ReplayError::Socket(error)) => {
-                    tracing::warn!(%rank, %error, "KV event replay failed");
-                }
-                Err(ReplayError::SinkClosed) => return Err(SinkClosed),
-            }
-            if self.ingestor.missing().is_some() {
-                SubscriberStats::bump(&self.stats.replay_failures);
-            }
+        if self.replay_from(gap.expected).await?.is_some() && self.ingestor.missing().is_some() {
+            SubscriberStats::bump(&self.stats.replay_failures);
         }
         if let Some(missing) = self.ingestor.missing() {
             tracing::warn!(%rank, ?missing, "KV events lost; clearing the rank");

@@ -136,19 +136,12 @@ pub async fn spawn(
     let app = router(state);
     let stopping = shutdown.cancelled_owned();
     let server = match &config.tls {
-        Some(tls) => {
-            let listener = switchyard_tls::TlsListener::new(listener, tls)?;
-            tokio::spawn(async move {
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(stopping)
-                    .await
-            })
-        }
-        None => tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(stopping)
-                .await
-        }),
+        Some(tls) => serve(
+            switchyard_tls::TlsListener::new(listener, tls)?,
+            app,
+            stopping,
+        ),
+        None => serve(listener, app, stopping),
     };
     Ok(PoolService {
         addr,
@@ -157,6 +150,23 @@ pub async fn spawn(
         pool,
         server,
         events_task,
+    })
+}
+
+/// Serve `app` on `listener` (plain or TLS) until `stopping` resolves.
+fn serve<L>(
+    listener: L,
+    app: axum::Router,
+    stopping: impl std::future::Future<Output = ()> + Send + 'static,
+) -> JoinHandle<io::Result<()>>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(stopping)
+            .await
     })
 }
 

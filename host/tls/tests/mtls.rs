@@ -46,6 +46,16 @@ fn write(dir: &Path, name: &str, contents: &str) -> std::path::PathBuf {
     path
 }
 
+/// A `localhost` certificate `ca` signed, written to `dir`, with `client_ca_file`.
+fn server_files(dir: &Path, ca: &Ca, client_ca_file: Option<std::path::PathBuf>) -> ServerTls {
+    let (cert, key) = ca.sign(&["localhost"], ExtendedKeyUsagePurpose::ServerAuth);
+    ServerTls {
+        cert_file: write(dir, "tls.crt", &cert),
+        key_file: write(dir, "tls.key", &key),
+        client_ca_file,
+    }
+}
+
 /// Serves "ok" over TLS with `config` on 127.0.0.1; the URL to reach it as `localhost`.
 async fn serve(config: &ServerTls) -> (String, std::net::SocketAddr) {
     let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -77,12 +87,8 @@ fn client(
 async fn with_a_client_ca_only_clients_that_ca_signed_are_answered() {
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new("switchyard test CA");
-    let (server_cert, server_key) = ca.sign(&["localhost"], ExtendedKeyUsagePurpose::ServerAuth);
-    let config = ServerTls {
-        cert_file: write(dir.path(), "tls.crt", &server_cert),
-        key_file: write(dir.path(), "tls.key", &server_key),
-        client_ca_file: Some(write(dir.path(), "ca.crt", &ca.0.pem())),
-    };
+    let client_ca = write(dir.path(), "ca.crt", &ca.0.pem());
+    let config = server_files(dir.path(), &ca, Some(client_ca));
     let (url, addr) = serve(&config).await;
     let ca_pem = ca.0.pem();
 
@@ -102,12 +108,7 @@ async fn with_a_client_ca_only_clients_that_ca_signed_are_answered() {
 async fn without_a_client_ca_no_client_certificate_is_asked_for() {
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new("switchyard test CA");
-    let (server_cert, server_key) = ca.sign(&["localhost"], ExtendedKeyUsagePurpose::ServerAuth);
-    let config = ServerTls {
-        cert_file: write(dir.path(), "tls.crt", &server_cert),
-        key_file: write(dir.path(), "tls.key", &server_key),
-        client_ca_file: None,
-    };
+    let config = server_files(dir.path(), &ca, None);
     let (url, addr) = serve(&config).await;
     let answered = client(&ca.0.pem(), addr, None).get(&url).send().await;
     assert_eq!(answered.unwrap().text().await.unwrap(), "ok");
@@ -117,13 +118,8 @@ async fn without_a_client_ca_no_client_certificate_is_asked_for() {
 fn a_client_ca_file_without_certificates_fails_at_start_and_names_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new("switchyard test CA");
-    let (server_cert, server_key) = ca.sign(&["localhost"], ExtendedKeyUsagePurpose::ServerAuth);
     let empty = write(dir.path(), "empty.crt", "not a certificate\n");
-    let config = ServerTls {
-        cert_file: write(dir.path(), "tls.crt", &server_cert),
-        key_file: write(dir.path(), "tls.key", &server_key),
-        client_ca_file: Some(empty.clone()),
-    };
+    let config = server_files(dir.path(), &ca, Some(empty.clone()));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
