@@ -488,3 +488,69 @@ async fn a_key_past_its_tokens_per_minute_is_told_when_to_come_back() {
         "{metrics}"
     );
 }
+
+/// TCP connections established to `port` on this machine, counted from the client's side
+/// (`/proc/net/tcp`: the remote port is `port`, the state `01`, ESTABLISHED).
+fn connections_to(port: u16) -> usize {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let remote = format!(":{port:04X}");
+    table
+        .lines()
+        .skip(1)
+        .filter(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            fields.get(2).is_some_and(|r| r.ends_with(&remote)) && fields.get(3) == Some(&"01")
+        })
+        .count()
+}
+
+/// After a burst of concurrent streams the gateway keeps at most `upstream_max_idle_per_engine`
+/// idle connections to the engine (the others are closed as their answers end), where without the
+/// cap it keeps one per stream of the burst for the idle timeout (90 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_engine_connections_are_capped_after_a_burst() {
+    const BURST: usize = 12;
+    let engine = MockEngine::start(20.0, 4096);
+    let port: u16 = engine.url.rsplit(':').next().unwrap().parse().unwrap();
+    let burst = async |url: &str| {
+        let stream = json!({"model": MODEL, "max_tokens": 32, "stream": true,
+            "messages": [{"role": "user", "content": "Tell me a story."}]});
+        let requests = (0..BURST).map(|_| async {
+            let r = client()
+                .post(format!("{url}/v1/chat/completions"))
+                .json(&stream)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            // Every header is back before any body is read: the streams overlap.
+            r
+        });
+        let open = futures::future::join_all(requests).await;
+        for r in open {
+            assert!(r.text().await.unwrap().contains("[DONE]"));
+        }
+    };
+
+    // Without the cap: the burst's connections stay open, idle (the burst did open many).
+    let uncapped = Gateway::start(&Gateway::config_for(&[&engine], "kv-cost"));
+    burst(&uncapped.url).await;
+    let kept = connections_to(port);
+    assert!(kept > 2, "{kept} connections after a burst of {BURST}");
+    drop(uncapped);
+    assert!(eventually(10, async || connections_to(port) == 0).await);
+
+    let capped = Gateway::start(&format!(
+        "[server]\nupstream_max_idle_per_engine = 2\n{}",
+        Gateway::config_for(&[&engine], "kv-cost")
+    ));
+    burst(&capped.url).await;
+    assert!(
+        eventually(10, async || connections_to(port) <= 2).await,
+        "{} connections kept with a cap of 2",
+        connections_to(port)
+    );
+    // The gateway still serves after closing them.
+    let (status, body, _) = post_raw(&capped.url, chat("Still there?").to_string()).await;
+    assert_eq!(status, 200, "{body}");
+}

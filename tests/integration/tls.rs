@@ -1,11 +1,13 @@
 //! TLS with rustls: the client listener (`[server.tls]`, its certificate renewed on disk without
-//! a restart) and `https://` engines verified against `[server] upstream_ca_file`. Certificates
-//! are made per test with rcgen, for `localhost`.
+//! a restart) and `https://` engines verified against `[server] upstream_ca_file` and shown the
+//! gateway's own certificate (`upstream_identity`, mTLS). Certificates are made per test with
+//! rcgen, for `localhost`.
 
 use crate::support::{Gateway, MockEngine, TempFile, client};
 use serde_json::json;
 use std::net::SocketAddr;
 use std::time::Duration;
+use switchyard_tls::test_util::TestCa;
 
 /// A self-signed certificate for `localhost`, as PEM: (certificate, key).
 fn self_signed() -> (String, String) {
@@ -111,26 +113,40 @@ async fn the_client_listener_speaks_tls_only_and_takes_a_renewed_certificate() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn https_engines_are_verified_against_the_upstream_ca() {
+async fn https_engines_are_verified_against_the_upstream_ca_and_shown_the_gateways_certificate() {
     // The "engine" is a TLS gateway in front of a mock engine: an OpenAI-compatible server
-    // that speaks only HTTPS.
+    // that speaks only HTTPS and, like an engine behind mTLS, answers only clients its CA signed.
     let engine = MockEngine::start(50.0, 4096);
-    let certs = CertFiles::new();
+    let ca = TestCa::new("engines' CA");
+    let ca_file = TempFile::new("ca.crt", &ca.pem());
+    let dir = ca_file.path.parent().unwrap();
+    let tls = ca.server(dir, &["localhost"], Some(ca_file.path.clone()));
     let tls_engine = Gateway::start(&format!(
-        "{}{}",
-        certs.toml(),
+        "[server.tls]\ncert_file = \"{}\"\nkey_file = \"{}\"\nclient_ca_file = \"{}\"\n{}",
+        tls.cert_file.display(),
+        tls.key_file.display(),
+        ca_file.path.display(),
         Gateway::config_for(&[&engine], "kv-cost")
     ));
     let port = addr_of(&tls_engine.url).port();
-    let front = |ca: Option<&std::path::Path>| {
-        let server = ca.map_or(String::new(), |ca| {
-            format!("[server]\nupstream_ca_file = \"{}\"\n", ca.display())
-        });
+    let gateway = ca.client(dir, "gateway");
+    let front = |ca: bool, identity: bool| {
+        let mut server = String::from("[server]\n");
+        if ca {
+            server += &format!("upstream_ca_file = \"{}\"\n", ca_file.path.display());
+        }
+        if identity {
+            server += &format!(
+                "upstream_identity = {{ cert_file = \"{}\", key_file = \"{}\" }}\n",
+                gateway.cert_file.display(),
+                gateway.key_file.display()
+            );
+        }
         Gateway::start(&format!(
             "{server}[[workers]]\nurl = \"https://localhost:{port}\"\nkind = \"openai\"\n"
         ))
     };
-    let trusted = front(Some(&certs.cert.path));
+    let trusted = front(true, true);
     let r = client()
         .post(format!("{}/v1/chat/completions", trusted.url))
         .json(&chat())
@@ -140,18 +156,20 @@ async fn https_engines_are_verified_against_the_upstream_ca() {
     assert_eq!(r.status(), 200);
     assert!(r.text().await.unwrap().contains("\"finish_reason\""));
     // Without the CA the engine's certificate is refused: never a request sent in the clear
-    // or to an unverified server.
-    let untrusting = front(None);
-    let r = client()
-        .post(format!("{}/v1/chat/completions", untrusting.url))
-        .json(&chat())
-        .send()
-        .await
-        .unwrap();
-    assert!(
-        r.status() == 502 || r.status() == 503,
-        "{}: {}",
-        r.status(),
-        r.text().await.unwrap()
-    );
+    // or to an unverified server. Without the gateway's own certificate the engine refuses it.
+    for (ca, identity) in [(false, true), (true, false)] {
+        let refused = front(ca, identity);
+        let r = client()
+            .post(format!("{}/v1/chat/completions", refused.url))
+            .json(&chat())
+            .send()
+            .await
+            .unwrap();
+        let status = r.status();
+        assert!(
+            status == 502 || status == 503,
+            "ca {ca}, identity {identity}: {status}: {}",
+            r.text().await.unwrap()
+        );
+    }
 }

@@ -241,6 +241,15 @@ pub struct ServerConfig {
     /// A PEM file of CA certificates trusted for `https://` engines and pools, beside the
     /// system's roots (engines with certificates of a private CA). Default: the system's only.
     pub upstream_ca_file: Option<PathBuf>,
+    /// The gateway's own certificate and key (PEM), presented to `https://` engines and pools
+    /// that ask for a client certificate (mutual TLS): `[server.upstream_identity]` with
+    /// `cert_file` and `key_file`. Default: none.
+    pub upstream_identity: Option<switchyard_tls::ClientIdentity>,
+    /// Most idle keep-alive connections kept open to one engine; beyond it a connection that
+    /// finishes its answer is closed. After a burst of N concurrent requests the idle pool
+    /// otherwise holds N connections (and file descriptors) per engine for 90 s. Default: 1,024
+    /// (Envoy's default `max_connections` per cluster).
+    pub upstream_max_idle_per_engine: usize,
 }
 
 /// One `[[server.api_keys]]` entry: where a client API key comes from.
@@ -307,6 +316,8 @@ impl Default for ServerConfig {
             api_keys: Vec::new(),
             tls: None,
             upstream_ca_file: None,
+            upstream_identity: None,
+            upstream_max_idle_per_engine: 1024,
         }
     }
 }

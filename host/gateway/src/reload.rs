@@ -140,6 +140,18 @@ fn apply(shared: &Shared, new: Config) -> Result<Reloaded, ConfigError> {
         pending,
     );
     differs(
+        "server.upstream_identity",
+        &old.server.upstream_identity,
+        &new.server.upstream_identity,
+        pending,
+    );
+    differs(
+        "server.upstream_max_idle_per_engine",
+        &old.server.upstream_max_idle_per_engine,
+        &new.server.upstream_max_idle_per_engine,
+        pending,
+    );
+    differs(
         "server.connect_timeout",
         &old.server.connect_timeout,
         &new.server.connect_timeout,

@@ -477,9 +477,9 @@ pub enum StartError {
     /// The listener's certificate, key or client CA could not be used.
     #[error("server.tls: {0}")]
     Tls(#[source] switchyard_tls::TlsError),
-    /// The upstream CA file could not be read.
-    #[error("server.upstream_ca_file {0}")]
-    UpstreamCa(#[source] switchyard_tls::TlsError),
+    /// The upstream CA file or client certificate could not be used.
+    #[error("server.upstream_ca_file / upstream_identity: {0}")]
+    UpstreamTls(#[source] switchyard_tls::TlsError),
     /// The Responses store's directory could not be used.
     #[error("frontend.response_store_dir {path}: {source}")]
     ResponseStore {
@@ -491,16 +491,21 @@ pub enum StartError {
 }
 
 /// The client for engines and pools: `https://` URLs are verified against the system's roots
-/// and `upstream_ca_file`'s certificates.
+/// and `upstream_ca_file`'s certificates, and shown `upstream_identity` when they ask for one.
 fn upstream_client(config: &crate::config::ServerConfig) -> Result<reqwest::Client, StartError> {
-    let mut builder = reqwest::Client::builder()
+    let builder = reqwest::Client::builder()
         .connect_timeout(config.connect_timeout)
         .pool_idle_timeout(Duration::from_secs(90))
+        .pool_max_idle_per_host(config.upstream_max_idle_per_engine)
         .tcp_nodelay(true);
-    if let Some(path) = &config.upstream_ca_file {
-        builder = switchyard_tls::trust_ca_file(builder, path).map_err(StartError::UpstreamCa)?;
-    }
-    Ok(builder.build()?)
+    let tls = switchyard_tls::ClientTls {
+        ca_file: config.upstream_ca_file.clone(),
+        identity: config.upstream_identity.clone(),
+    };
+    Ok(tls
+        .apply(builder)
+        .map_err(StartError::UpstreamTls)?
+        .build()?)
 }
 
 /// The Responses store: in memory, or journaled in `response_store_dir` and read back from it.

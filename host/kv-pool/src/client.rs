@@ -10,6 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use reqwest::StatusCode;
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE};
+use switchyard_tls::ClientTls;
 
 use crate::protocol::{
     ErrorBody, ExistsResponse, FrameError, HashesRequest, OCTET_STREAM, PoolInfo, PutBlock,
@@ -87,21 +88,20 @@ impl PoolClient {
     /// A client of the pool at `base_url` (`http://host:port`, or `https://` verified against
     /// the system's roots) whose blocks are `block_bytes`.
     pub fn new(base_url: &str, block_bytes: u32) -> Result<PoolClient, PoolError> {
-        PoolClient::trusting(base_url, block_bytes, None)
+        PoolClient::with_tls(base_url, block_bytes, &ClientTls::default())
     }
 
-    /// Like [`PoolClient::new`], an `https://` pool also verified against the CA certificates
-    /// in `ca_file` (a pool whose certificate a private CA signed).
-    pub fn trusting(
+    /// Like [`PoolClient::new`], an `https://` pool also verified against `tls.ca_file` (a
+    /// pool whose certificate a private CA signed), presenting `tls.identity` to a pool that
+    /// asks for a client certificate.
+    pub fn with_tls(
         base_url: &str,
         block_bytes: u32,
-        ca_file: Option<&std::path::Path>,
+        tls: &ClientTls,
     ) -> Result<PoolClient, PoolError> {
-        let mut builder = reqwest::Client::builder();
-        if let Some(ca_file) = ca_file {
-            builder = switchyard_tls::trust_ca_file(builder, ca_file)
-                .map_err(|e| PoolError::Protocol(format!("ca_file {e}")))?;
-        }
+        let builder = tls
+            .apply(reqwest::Client::builder())
+            .map_err(|e| PoolError::Protocol(format!("tls: {e}")))?;
         let http = builder
             .build()
             .map_err(|e| PoolError::Protocol(e.to_string()))?;

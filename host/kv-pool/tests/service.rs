@@ -10,8 +10,8 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 use switchyard_kv_events::wire::mooncake::{MooncakeEventType, decode_batch};
 use switchyard_kv_pool::{
-    DiskConfig, PoolClient, PoolConfig, PoolError, PoolService, PoolTier, PutBlock, PutRetention,
-    ServiceConfig, spawn,
+    ClientTls, DiskConfig, PoolClient, PoolConfig, PoolError, PoolService, PoolTier, PutBlock,
+    PutRetention, ServiceConfig, spawn,
 };
 use tokio_util::sync::CancellationToken;
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
@@ -461,31 +461,32 @@ async fn events_replay_to_exactly_what_the_pool_holds() {
     pool.stop().await;
 }
 
-/// With TLS the pool serves `https://` only: a client that trusts its CA puts and gets; plain
-/// HTTP and a client that does not trust it get nothing (and an engine reads that as
-/// "unavailable": recompute).
+/// With TLS the pool serves `https://` only, and with a client CA only to clients that CA signed:
+/// a client that trusts the pool and presents its certificate puts and gets; plain HTTP, a client
+/// that does not trust the pool and one without a certificate get nothing (and an engine reads
+/// that as "unavailable": recompute).
 #[tokio::test]
-async fn over_tls_only_a_client_that_trusts_the_pool_reaches_it() {
+async fn over_mutual_tls_only_a_client_that_trusts_the_pool_and_is_trusted_reaches_it() {
     let dir = tempfile::tempdir().unwrap();
-    let made = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).unwrap();
-    let cert = dir.path().join("pool.crt");
-    std::fs::write(&cert, made.cert.pem()).unwrap();
-    let key = dir.path().join("pool.key");
-    std::fs::write(&key, made.signing_key.serialize_pem()).unwrap();
-    let tls = switchyard_tls::ServerTls {
-        cert_file: cert.clone(),
-        key_file: key,
-        client_ca_file: None,
-    };
+    let ca = switchyard_tls::test_util::TestCa::new("pool CA");
+    let ca_file = ca.write(dir.path(), "ca.crt");
+    let tls = ca.server(dir.path(), &["127.0.0.1"], Some(ca_file.clone()));
     let pool = start_with(16, 0, Some(TOKEN), false, Some(tls)).await;
     let url = pool.service.base_url();
     assert!(url.starts_with("https://127.0.0.1:"), "{url}");
+    let client = |ca_file: Option<&std::path::Path>, identity| {
+        let tls = ClientTls {
+            ca_file: ca_file.map(ToOwned::to_owned),
+            identity,
+        };
+        PoolClient::with_tls(&url, BLOCK as u32, &tls)
+            .unwrap()
+            .with_token(TOKEN)
+    };
 
-    let client = PoolClient::trusting(&url, BLOCK as u32, Some(&cert))
-        .unwrap()
-        .with_token(TOKEN);
-    client.put(&[block(7, None)]).await.unwrap();
-    assert_eq!(client.get(&[7]).await.unwrap(), vec![Some(bytes_of(7))]);
+    let engine = client(Some(&ca_file), Some(ca.client(dir.path(), "engine")));
+    engine.put(&[block(7, None)]).await.unwrap();
+    assert_eq!(engine.get(&[7]).await.unwrap(), vec![Some(bytes_of(7))]);
 
     let plain = url.replacen("https://", "http://", 1);
     let in_the_clear = PoolClient::new(&plain, BLOCK as u32)
@@ -493,10 +494,11 @@ async fn over_tls_only_a_client_that_trusts_the_pool_reaches_it() {
         .with_token(TOKEN);
     let error = in_the_clear.exists(&[7]).await.unwrap_err();
     assert!(error.is_unavailable(), "{error}");
-    let untrusting = PoolClient::new(&url, BLOCK as u32)
-        .unwrap()
-        .with_token(TOKEN);
+    let untrusting = client(None, Some(ca.client(dir.path(), "engine")));
     let error = untrusting.exists(&[7]).await.unwrap_err();
+    assert!(error.is_unavailable(), "{error}");
+    let anonymous = client(Some(&ca_file), None);
+    let error = anonymous.exists(&[7]).await.unwrap_err();
     assert!(error.is_unavailable(), "{error}");
     pool.stop().await;
 }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use switchyard_core::engine::ENGINE_SEED;
 use switchyard_core::hash::BlockHasher;
-use switchyard_kv_pool::{PoolClient, PoolError, PutBlock};
+use switchyard_kv_pool::{ClientTls, PoolClient, PoolError, PutBlock};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -20,8 +20,9 @@ pub struct PoolSettings {
     pub url: String,
     /// Its bearer token, if it has one.
     pub token: Option<String>,
-    /// CA certificates an `https://` pool is also verified against.
-    pub ca_file: Option<std::path::PathBuf>,
+    /// An `https://` pool's private CA, and the engine's client certificate for a pool that
+    /// asks for one.
+    pub tls: ClientTls,
     /// Pool-to-device bandwidth the engine model charges a fetch at, in bytes per second.
     pub bandwidth_bytes_per_s: f64,
     /// Longest wait for one pool call; past it the engine recomputes. Default 2 s.
@@ -68,9 +69,8 @@ impl PoolLink {
         block_bytes: u32,
         shutdown: CancellationToken,
     ) -> Result<PoolLink, PoolError> {
-        let mut client =
-            PoolClient::trusting(&settings.url, block_bytes, settings.ca_file.as_deref())?
-                .with_timeout(settings.timeout);
+        let mut client = PoolClient::with_tls(&settings.url, block_bytes, &settings.tls)?
+            .with_timeout(settings.timeout);
         if let Some(token) = &settings.token {
             client = client.with_token(token.clone());
         }

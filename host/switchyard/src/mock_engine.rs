@@ -3,6 +3,7 @@
 
 use anyhow::Context;
 use switchyard_kv_events::wire::Encoding;
+use switchyard_kv_pool::{ClientIdentity, ClientTls};
 use switchyard_mock_engine::{
     AnswerLength, DiskTierConfig, HostTierConfig, MockEngineConfig, PoolSettings,
 };
@@ -71,6 +72,12 @@ pub(crate) struct MockEngineArgs {
     /// PEM CA certificates an `https://` pool is also verified against (a private CA).
     #[arg(long, requires = "kv_pool")]
     kv_pool_ca_file: Option<std::path::PathBuf>,
+    /// PEM client certificate presented to a pool that asks for one (mutual TLS).
+    #[arg(long, requires_all = ["kv_pool", "kv_pool_key_file"])]
+    kv_pool_cert_file: Option<std::path::PathBuf>,
+    /// The private key of `--kv-pool-cert-file` (PEM).
+    #[arg(long, requires = "kv_pool_cert_file")]
+    kv_pool_key_file: Option<std::path::PathBuf>,
     /// Pool-to-device bandwidth charged for loading pool blocks, in GB/s.
     #[arg(long, default_value_t = 12.5)]
     pool_gb_per_s: f64,
@@ -101,6 +108,8 @@ pub(crate) async fn run(args: MockEngineArgs, shutdown: CancellationToken) -> an
         kv_pool,
         kv_pool_token,
         kv_pool_ca_file,
+        kv_pool_cert_file,
+        kv_pool_key_file,
         pool_gb_per_s,
         kv_pool_timeout,
     } = args;
@@ -142,7 +151,15 @@ pub(crate) async fn run(args: MockEngineArgs, shutdown: CancellationToken) -> an
             let settings = PoolSettings {
                 url,
                 token: kv_pool_token,
-                ca_file: kv_pool_ca_file,
+                tls: ClientTls {
+                    ca_file: kv_pool_ca_file,
+                    identity: kv_pool_cert_file.zip(kv_pool_key_file).map(
+                        |(cert_file, key_file)| ClientIdentity {
+                            cert_file,
+                            key_file,
+                        },
+                    ),
+                },
                 bandwidth_bytes_per_s: pool_gb_per_s * 1e9,
                 timeout: kv_pool_timeout,
             };
