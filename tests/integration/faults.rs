@@ -465,3 +465,90 @@ async fn after_an_engine_restart_the_index_matches_what_the_engine_holds() {
         "the reconnection started the rank over"
     );
 }
+
+/// Flip the engine's KV-event fault switches (`switchyard mock-engine --fault-switches`).
+async fn event_faults(engine: &MockEngine, faults: Value) {
+    let r = client()
+        .post(format!("{}/debug/kv_events", engine.url))
+        .json(&faults)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204, "{}", r.text().await.unwrap());
+}
+
+/// The engine's event stream loses batches while its replay socket answers nothing, under
+/// concurrent traffic and a small cache that evicts (the lost batches hold removals): every
+/// request is answered, the failed replay is counted and clears the rank, so the index never
+/// claims a block the engine evicted, and nothing stays booked. Once the replay socket answers
+/// again, a later loss is recovered by replay without a clear.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_events_with_the_replay_socket_down_under_load_clear_the_rank_and_cost_no_request() {
+    let engine = MockEngine::start_with(50.0, 256, &["--fault-switches"]);
+    let gateway = Gateway::start(&Gateway::config_for(&[&engine], "kv-cost"));
+    let turn = async |task: String| {
+        let body = chat(
+            &format!("{task} {}", "with a long shared context ".repeat(60)),
+            false,
+            4,
+        );
+        let (status, _, body) = post(&gateway.url, "/v1/chat/completions", &body).await;
+        assert_eq!(status, 200, "{task}: {body}");
+    };
+    let counter = async |name: &str| {
+        let metrics = get_text(&format!("{}/metrics", gateway.url)).await;
+        metric_sum(&metrics, name)
+    };
+    for task in ["first", "second"] {
+        turn(task.into()).await;
+    }
+    index_agrees(&gateway, &engine)
+        .await
+        .unwrap_or_else(|last| panic!("index vs engine blocks before the fault: {last:?}"));
+
+    event_faults(&engine, json!({"lose_batches": 6, "replay": "silent"})).await;
+    // 4 clients x 6 turns, each its own prompt of ~20 blocks: ~480 blocks through a 256-block
+    // cache, so the engine evicts while the gateway is not told.
+    let turn = &turn;
+    let clients = (0..4).map(|client| async move {
+        for n in 0..6 {
+            turn(format!("client {client} task {n}")).await;
+        }
+    });
+    futures::future::join_all(clients).await;
+    let (mut index, mut held) = (0.0, 0.0);
+    let settled = eventually(20, async || {
+        (index, held) = index_and_engine(&gateway, &engine).await;
+        counter("switchyard_kv_events_replay_failures_total").await >= 1.0 && index <= held
+    })
+    .await;
+    assert!(
+        settled,
+        "index {index} vs engine {held} blocks; replay failures {}",
+        counter("switchyard_kv_events_replay_failures_total").await
+    );
+    assert!(counter("switchyard_kv_events_gaps_total").await >= 1.0);
+    assert!(counter("switchyard_kv_events_clears_total").await >= 1.0);
+    assert!(released(&gateway, &engine).await, "something stayed booked");
+
+    // The replay socket answers again: the next loss is replayed, nothing more is cleared.
+    let (clears, failures, replays) = (
+        counter("switchyard_kv_events_clears_total").await,
+        counter("switchyard_kv_events_replay_failures_total").await,
+        counter("switchyard_kv_events_replays_total").await,
+    );
+    event_faults(&engine, json!({"lose_batches": 1, "replay": "answering"})).await;
+    for n in 0..3 {
+        turn(format!("after the fault {n}")).await;
+    }
+    let replayed = eventually(20, async || {
+        counter("switchyard_kv_events_replays_total").await > replays
+    })
+    .await;
+    assert!(replayed, "the later loss was never replayed");
+    assert_eq!(
+        counter("switchyard_kv_events_replay_failures_total").await,
+        failures
+    );
+    assert_eq!(counter("switchyard_kv_events_clears_total").await, clears);
+}

@@ -35,7 +35,7 @@ struct TierLabels {
 
 type Field = fn(&SubscriberSnapshot) -> u64;
 
-const COUNTERS: [(&str, &str, Field); 6] = [
+const COUNTERS: [(&str, &str, Field); 7] = [
     ("kv_events_messages", "KV-event batches received", |s| {
         s.messages
     }),
@@ -53,6 +53,11 @@ const COUNTERS: [(&str, &str, Field); 6] = [
         "kv_events_replays",
         "Gaps recovered from the engine's replay socket",
         |s| s.replays,
+    ),
+    (
+        "kv_events_replay_failures",
+        "Gaps the engine's replay socket could not fill (the worker's index entries were cleared)",
+        |s| s.replay_failures,
     ),
     (
         "kv_events_restarts",

@@ -7,7 +7,8 @@ use crate::Error;
 use crate::wire::{Encoding, EventBatch, encode_batch};
 use bytes::Bytes;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
@@ -23,7 +24,36 @@ pub struct Publisher {
     endpoint: String,
     replay_endpoint: Option<String>,
     encoding: Encoding,
-    lose_next: AtomicBool,
+    faults: Arc<PublisherFaults>,
+}
+
+/// Fault switches of a publisher, shared with its socket task so that a test (or the mock
+/// engine's `--fault-switches`) can flip them while it publishes. All off by default.
+#[derive(Debug, Default)]
+pub struct PublisherFaults {
+    lose: AtomicU64,
+    replay_silent: AtomicBool,
+}
+
+impl PublisherFaults {
+    /// The next `batches` batches take sequence numbers and enter the replay buffer but are not
+    /// sent on the stream, as if the network lost them.
+    pub fn lose(&self, batches: u64) {
+        self.lose.fetch_add(batches, Ordering::Relaxed);
+    }
+
+    /// While `silent`, the replay socket reads requests and answers none (a replay socket that
+    /// hangs or is unreachable): a subscriber's replay times out.
+    pub fn silence_replay(&self, silent: bool) {
+        self.replay_silent.store(silent, Ordering::Relaxed);
+    }
+
+    /// Whether the next batch is lost (and one fewer is left to lose).
+    fn take_loss(&self) -> bool {
+        self.lose
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok()
+    }
 }
 
 /// A batch for the socket task; `reply` gets its sequence number.
@@ -57,14 +87,21 @@ impl Publisher {
             None => (None, None),
         };
         let (batches, receiver) = mpsc::channel(64);
-        let task = tokio::spawn(serve(stream, replay, receiver, buffer_steps));
+        let faults = Arc::new(PublisherFaults::default());
+        let task = tokio::spawn(serve(
+            stream,
+            replay,
+            receiver,
+            buffer_steps,
+            faults.clone(),
+        ));
         Ok(Publisher {
             batches,
             task,
             endpoint,
             replay_endpoint,
             encoding,
-            lose_next: AtomicBool::new(false),
+            faults,
         })
     }
 
@@ -93,7 +130,7 @@ impl Publisher {
         let (reply, seq) = oneshot::channel();
         let outgoing = Outgoing {
             payload: payload.into(),
-            lost: self.lose_next.swap(false, Ordering::Relaxed),
+            lost: self.faults.take_loss(),
             reply,
         };
         self.batches
@@ -106,7 +143,12 @@ impl Publisher {
     /// Test hook: the next batch takes a sequence number and enters the replay buffer but is not
     /// sent on the stream, as if the network lost it.
     pub fn skip_sequence(&self) {
-        self.lose_next.store(true, Ordering::Relaxed);
+        self.faults.lose(1);
+    }
+
+    /// This publisher's fault switches.
+    pub fn faults(&self) -> Arc<PublisherFaults> {
+        self.faults.clone()
     }
 
     /// Stop publishing and release the ports (an engine shutting down).
@@ -123,6 +165,7 @@ async fn serve(
     mut replay: Option<RouterSocket>,
     mut batches: mpsc::Receiver<Outgoing>,
     buffer_steps: usize,
+    faults: Arc<PublisherFaults>,
 ) {
     let mut buffer: VecDeque<(u64, Bytes)> = VecDeque::new();
     let mut next_seq = 0u64;
@@ -150,7 +193,9 @@ async fn serve(
                 let _ = reply.send(sent.map(|()| seq));
             }
             request = next_request(&mut replay) => {
+                let silent = faults.replay_silent.load(Ordering::Relaxed);
                 let answered = match (request, replay.as_mut()) {
+                    (Ok(_), Some(_)) if silent => Ok(()),
                     (Ok(request), Some(router)) => answer(router, request, &buffer).await,
                     (Err(error), _) => Err(error.into()),
                     (Ok(_), None) => Ok(()),

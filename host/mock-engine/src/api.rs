@@ -18,6 +18,7 @@ use serde_json::{Map, Value, json};
 use std::sync::Arc;
 use switchyard_core::engine::{HintsError, RequestError};
 use switchyard_core::kv_hints::actions::{KvHintsEnvelope, KvHintsReply, PROTOCOL_VERSION};
+use switchyard_kv_events::publisher::PublisherFaults;
 use switchyard_tokenizer::{ChatTemplateInput, ModelTokenizer, TokenizerError};
 
 /// Largest request body: long agentic conversations, sent as token ids, exceed axum's 2 MB.
@@ -42,6 +43,8 @@ pub(crate) struct AppState {
     pub(crate) answer_length: AnswerLength,
     /// What `GET /v1/kv_hints` advertises.
     pub(crate) hint_capabilities: Capabilities,
+    /// The KV-event publisher's fault switches, when `fault_switches` is on.
+    pub(crate) faults: Option<Arc<PublisherFaults>>,
 }
 
 pub(crate) fn router(state: Arc<AppState>) -> Router {
@@ -53,6 +56,7 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
         .route("/v1/kv_hints", post(kv_hints).get(kv_hint_capabilities))
+        .route("/debug/kv_events", post(kv_event_faults))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }
@@ -436,6 +440,42 @@ async fn kv_hints(
 /// Whether and which KV hints this engine takes.
 async fn kv_hint_capabilities(State(state): State<Arc<AppState>>) -> Response {
     axum::Json(&state.hint_capabilities).into_response()
+}
+
+/// `POST /debug/kv_events`: the fault switches of the KV-event stream.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KvEventFaults {
+    /// Lose this many more of the next batches (numbered, buffered for replay, never sent).
+    #[serde(default)]
+    lose_batches: u64,
+    /// `"silent"`: the replay socket answers no request; `"answering"`: as usual.
+    replay: Option<ReplayMode>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum ReplayMode {
+    Silent,
+    Answering,
+}
+
+/// Test faults on the KV-event stream (`--fault-switches`; a 404 otherwise).
+async fn kv_event_faults(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let Some(faults) = &state.faults else {
+        let message =
+            "fault switches are off (start the engine with --fault-switches and --kv-events)";
+        return (StatusCode::NOT_FOUND, message).into_response();
+    };
+    let request: KvEventFaults = match serde_json::from_slice(&body) {
+        Ok(request) => request,
+        Err(e) => return ApiError::bad_request(format!("invalid faults: {e}")).into_response(),
+    };
+    faults.lose(request.lose_batches);
+    if let Some(mode) = request.replay {
+        faults.silence_replay(matches!(mode, ReplayMode::Silent));
+    }
+    StatusCode::NO_CONTENT.into_response()
 }
 
 /// vLLM's development endpoint: drop the prefix cache (publishes `AllBlocksCleared`).

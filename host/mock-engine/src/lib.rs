@@ -108,6 +108,9 @@ pub struct MockEngineConfig {
     /// are written through to it. Blocks are `block_bytes` each (the host tier's, when there is
     /// one). Default `None`.
     pub pool: Option<(PoolSettings, u64)>,
+    /// Serve `POST /debug/kv_events` (lose event batches, silence the replay socket) for fault
+    /// tests. Default `false`.
+    pub fault_switches: bool,
 }
 
 impl Default for MockEngineConfig {
@@ -133,6 +136,7 @@ impl Default for MockEngineConfig {
             host_tier: None,
             disk_tier: None,
             pool: None,
+            fault_switches: false,
         }
     }
 }
@@ -294,6 +298,10 @@ pub async fn spawn(
     };
     let kv_events_endpoint = sink.as_ref().map(|s| s.publisher.endpoint());
     let replay_endpoint = sink.as_ref().and_then(|s| s.publisher.replay_endpoint());
+    let faults = sink
+        .as_ref()
+        .filter(|_| config.fault_switches)
+        .map(|s| s.publisher.faults());
     let listener = tokio::net::TcpListener::bind((config.host, config.port)).await?;
     let addr = listener.local_addr()?;
 
@@ -329,6 +337,7 @@ pub async fn spawn(
         reasoning_parser: config.reasoning_parser,
         answer_length: config.answer_length,
         hint_capabilities: capabilities,
+        faults,
     }));
     let server = tokio::spawn(async move {
         // Token-sized SSE writes must not wait for delayed ACKs (Nagle's algorithm).

@@ -84,6 +84,10 @@ pub(crate) struct MockEngineArgs {
     /// Longest wait for one pool call before the engine recomputes instead.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     kv_pool_timeout: std::time::Duration,
+    /// Serve `POST /debug/kv_events` (`{"lose_batches": N, "replay": "silent"|"answering"}`):
+    /// KV-event faults for tests. Off by default.
+    #[arg(long, requires = "kv_events")]
+    fault_switches: bool,
 }
 
 /// Run the engine until `shutdown`.
@@ -112,6 +116,7 @@ pub(crate) async fn run(args: MockEngineArgs, shutdown: CancellationToken) -> an
         kv_pool_key_file,
         pool_gb_per_s,
         kv_pool_timeout,
+        fault_switches,
     } = args;
     let tokenizer = ModelTokenizer::embedded_agent_model()?;
     let config = MockEngineConfig {
@@ -165,6 +170,7 @@ pub(crate) async fn run(args: MockEngineArgs, shutdown: CancellationToken) -> an
             };
             (settings, kv_block_bytes)
         }),
+        fault_switches,
         ..MockEngineConfig::default()
     };
     let engine = switchyard_mock_engine::spawn(config, tokenizer, shutdown.clone()).await?;
