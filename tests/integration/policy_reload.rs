@@ -3,8 +3,9 @@
 //! decisions (the `x-switchyard-worker` header) within one debounce window.
 //!
 //! The policies are the host's inline WAT fixtures: `PICK_FIRST` and `PICK_LAST` make decisions
-//! that differ on every request, so a swap is visible at once; the trapping policy passes its
-//! canary and traps on real traffic, so the native fallback must carry it.
+//! that differ on every request, so a swap is visible at once; the trapping and the looping
+//! policies pass their canary and trap or spin on real traffic, so the native fallback must carry
+//! them.
 
 use crate::support::{Gateway, MockEngine, TempFile, client, eventually, get_text, metric_sum};
 use serde_json::{Value, json};
@@ -12,7 +13,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use switchyard_policy_host::test_util::{Router, TRAP, route, unless_canary};
+use switchyard_policy_host::test_util::{Router, SPIN, TRAP, route, unless_canary};
 
 const MODEL: &str = "smollm2-135m-instruct";
 const DEBOUNCE: Duration = Duration::from_millis(200);
@@ -192,6 +193,33 @@ async fn swapping_policies_under_traffic_fails_no_request() {
     assert!(
         active["last_error"].as_str().unwrap().contains("trap"),
         "{listing}"
+    );
+
+    // A policy that loops forever on real traffic: each call is cut off at its deadline and the
+    // native fallback routes; the other lanes' requests keep being served meanwhile.
+    let trapped = active["fallbacks_total"].as_u64().unwrap();
+    install(&dir, &component(unless_canary(SPIN)));
+    let cut_off = eventually(SETTLE.as_secs(), async || {
+        let listing = admin(&url).await;
+        let active = &listing["policies"][0];
+        active["fallbacks_total"].as_u64() > Some(trapped)
+            && active["last_error"]
+                .as_str()
+                .is_some_and(|e| e.contains("deadline"))
+    })
+    .await;
+    assert!(
+        cut_off,
+        "the looping policy was never cut off: {}",
+        admin(&url).await
+    );
+    let served_while_looping = traffic.seen.lock().unwrap().len();
+    assert!(
+        eventually(SETTLE.as_secs(), async || {
+            traffic.seen.lock().unwrap().len() >= served_while_looping + 20
+        })
+        .await,
+        "traffic stalled behind the looping policy"
     );
 
     // Back to a valid policy.
