@@ -75,7 +75,7 @@ pub use ir::{
 pub use render::{to_chat_request, to_completion_request, to_template_messages};
 pub use reply::{FinishReason, Reply, ReplyEvent, ReplyMeta, SseFrame, Usage};
 pub use responses::ResponsesRequest;
-pub use store::{RecoveredResponses, ResponseStore};
+pub use store::{Inserted, JournalWrite, RecoveredResponses, ResponseStore};
 /// The parsed-output event the reply events carry (re-exported from `switchyard-parsers`).
 pub use switchyard_parsers::ParsedEvent;
 pub use upstream::UpstreamChatDecoder;

@@ -3,8 +3,8 @@
 //! A bounded in-memory map from response id to the conversation up to and including that
 //! response (as IR messages), evicting the least recently used entries beyond a count and a byte
 //! budget. Synchronous: the gateway owns one behind a mutex. Memory only by default;
-//! [`ResponseStore::open`] adds a journal on disk (see [`journal`]) so that stored responses
-//! outlive a restart or a crash.
+//! [`ResponseStore::open`] adds a journal on disk (see [`journal`]), written by a thread of its
+//! own, so that stored responses outlive a restart or a crash.
 
 mod journal;
 
@@ -12,8 +12,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::path::Path;
 
-pub use self::journal::RecoveredResponses;
-use self::journal::{Journal, SegmentId};
+use self::journal::{Journal, JournalWriter};
+pub use self::journal::{JournalWrite, RecoveredResponses};
 use crate::error::ApiError;
 use crate::ir::{Block, Message};
 
@@ -31,7 +31,7 @@ pub struct ResponseStore {
     recency: BTreeMap<u64, String>,
     entries: HashMap<String, Entry>,
     next_stamp: u64,
-    journal: Option<Journal>,
+    journal: Option<JournalWriter>,
 }
 
 #[derive(Debug)]
@@ -39,8 +39,16 @@ struct Entry {
     messages: Vec<Message>,
     bytes: u64,
     stamp: u64,
-    /// Where the journal holds it (`None` in memory only).
-    segment: Option<SegmentId>,
+}
+
+/// What [`ResponseStore::insert`] did.
+#[derive(Debug)]
+#[must_use = "a journaled response is only safe from a crash once written"]
+pub struct Inserted {
+    /// Whether the response is stored (`false`: it alone exceeds the byte budget).
+    pub stored: bool,
+    /// Its journal line on the way to disk, when the store has a journal.
+    pub journal: Option<JournalWrite>,
 }
 
 // === impl ResponseStore ===
@@ -72,46 +80,54 @@ impl ResponseStore {
         let (mut journal, replayed, recovered) = Journal::open(dir, segment_bytes, max_disk_bytes)?;
         let mut store = Self::new(max_entries, max_bytes);
         // In memory first: a segment is only released once every response read from it is
-        // known to be kept or evicted.
+        // known to be kept or evicted. A response stored again is in its last line's segment.
+        let mut segment_of = HashMap::new();
         for line in replayed {
             if let Some(bytes) = store.size(&line.id, &line.messages) {
-                store.keep(line.id, line.messages, bytes, Some(line.segment));
+                segment_of.insert(line.id.clone(), line.segment);
+                store.keep(line.id, line.messages, bytes);
             }
         }
-        store
-            .entries
-            .values()
-            .filter_map(|e| e.segment)
-            .for_each(|segment| journal.hold(segment));
+        for id in store.entries.keys() {
+            if let Some(&segment) = segment_of.get(id) {
+                journal.hold(id.clone(), segment);
+            }
+        }
         journal.settle()?;
-        store.journal = Some(journal);
-        store.compact()?;
+        journal.compact()?;
+        store.journal = Some(JournalWriter::spawn(journal)?);
         Ok((store, recovered))
     }
 
     /// Stores the conversation of `response_id`, evicting the least recently used entries to make
-    /// room. Returns `false` (and stores nothing) when it alone exceeds the byte budget. An error
-    /// is the journal's: the response is kept in memory all the same, but would not outlive a
-    /// restart.
-    pub fn insert(&mut self, response_id: String, messages: Vec<Message>) -> io::Result<bool> {
+    /// room; nothing is stored when it alone exceeds the byte budget. With a journal, the line
+    /// is serialised here and written by the journal's thread: await [`Inserted::journal`]
+    /// before the client learns the response is complete, so a crash cannot lose what it may
+    /// name next. A failed write leaves the response in memory, not on disk.
+    pub fn insert(&mut self, response_id: String, messages: Vec<Message>) -> Inserted {
         let Some(bytes) = self.size(&response_id, &messages) else {
-            return Ok(false);
+            return Inserted {
+                stored: false,
+                journal: None,
+            };
         };
-        let appended = self
+        let line = self
             .journal
-            .as_mut()
-            .map(|journal| journal.append(&response_id, &messages));
-        let (segment, failed) = match appended {
-            Some(Ok(segment)) => (Some(segment), None),
-            Some(Err(e)) => (None, Some(e)),
-            None => (None, None),
-        };
-        let evicted = self.keep(response_id, messages, bytes, segment);
-        if let Some(journal) = &mut self.journal {
-            evicted.into_iter().try_for_each(|s| journal.release(s))?;
+            .as_ref()
+            .map(|_| journal::line(&response_id, &messages));
+        let evicted = self.keep(response_id.clone(), messages, bytes);
+        let journal = self
+            .journal
+            .as_ref()
+            .zip(line)
+            .map(|(writer, line)| match line {
+                Ok(line) => writer.store(response_id, line, evicted),
+                Err(e) => JournalWrite::failed(e),
+            });
+        Inserted {
+            stored: true,
+            journal,
         }
-        self.compact()?;
-        failed.map_or(Ok(true), Err)
     }
 
     /// The bytes an entry would count, or `None` when it could never be stored.
@@ -121,23 +137,17 @@ impl ResponseStore {
     }
 
     /// The in-memory half of [`ResponseStore::insert`], for an entry of `bytes` (its
-    /// [`ResponseStore::size`]); returns the journal segments of the entries it replaced or
-    /// evicted.
-    fn keep(
-        &mut self,
-        response_id: String,
-        messages: Vec<Message>,
-        bytes: u64,
-        segment: Option<SegmentId>,
-    ) -> Vec<SegmentId> {
-        let mut gone: Vec<SegmentId> = self.forget(&response_id).into_iter().collect();
+    /// [`ResponseStore::size`]); returns the ids it evicted to make room.
+    fn keep(&mut self, response_id: String, messages: Vec<Message>, bytes: u64) -> Vec<String> {
+        self.forget(&response_id);
+        let mut evicted = Vec::new();
         while self.entries.len() >= self.max_entries || self.bytes + bytes > self.max_bytes {
             let Some((_, oldest)) = self.recency.pop_first() else {
                 break;
             };
             if let Some(entry) = self.entries.remove(&oldest) {
                 self.bytes -= entry.bytes;
-                gone.extend(entry.segment);
+                evicted.push(oldest);
             }
         }
         let stamp = self.stamp();
@@ -149,31 +159,9 @@ impl ResponseStore {
                 messages,
                 bytes,
                 stamp,
-                segment,
             },
         );
-        gone
-    }
-
-    /// Keeps the journal within its disk budget: the oldest segment's live responses are written
-    /// again into the newest, then it is deleted. At most one pass per segment there was, so
-    /// live responses larger than the budget are not rewritten in a loop.
-    fn compact(&mut self) -> io::Result<()> {
-        let Some(journal) = &mut self.journal else {
-            return Ok(());
-        };
-        for _ in 0..journal.segment_count() {
-            let Some(oldest) = journal.over_budget() else {
-                break;
-            };
-            for (id, entry) in &mut self.entries {
-                if entry.segment == Some(oldest) {
-                    entry.segment = Some(journal.append(id, &entry.messages)?);
-                }
-            }
-            journal.drop_segment(oldest)?;
-        }
-        Ok(())
+        evicted
     }
 
     /// The conversation stored under `response_id` (marking it recently used), or a 400
@@ -193,12 +181,12 @@ impl ResponseStore {
         Ok(entry.messages.clone())
     }
 
-    /// Forgets `response_id` in memory; returns its journal segment, if it had one.
-    fn forget(&mut self, response_id: &str) -> Option<SegmentId> {
-        let entry = self.entries.remove(response_id)?;
-        self.recency.remove(&entry.stamp);
-        self.bytes -= entry.bytes;
-        entry.segment
+    /// Forgets `response_id` in memory.
+    fn forget(&mut self, response_id: &str) {
+        if let Some(entry) = self.entries.remove(response_id) {
+            self.recency.remove(&entry.stamp);
+            self.bytes -= entry.bytes;
+        }
     }
 
     /// Number of stored responses.
@@ -218,7 +206,7 @@ impl ResponseStore {
 
     /// Bytes the journal holds on disk (0 in memory only).
     pub fn journal_bytes(&self) -> u64 {
-        self.journal.as_ref().map_or(0, Journal::disk_bytes)
+        self.journal.as_ref().map_or(0, JournalWriter::disk_bytes)
     }
 
     fn stamp(&mut self) -> u64 {
@@ -266,8 +254,13 @@ mod tests {
     use std::io::Write;
 
     impl ResponseStore {
+        /// Stores and waits for the journal's write, as the gateway does.
         fn insert_ok(&mut self, id: String, messages: Vec<Message>) -> bool {
-            self.insert(id, messages).unwrap()
+            let inserted = self.insert(id, messages);
+            if let Some(write) = inserted.journal {
+                write.wait().unwrap();
+            }
+            inserted.stored
         }
     }
 
@@ -318,7 +311,7 @@ mod tests {
         store.insert_ok("a".into(), conversation("two"));
         assert_eq!(store.len(), 1);
         assert_eq!(store.get("a").unwrap(), conversation("two"));
-        assert!(store.forget("a").is_none(), "in memory only");
+        store.forget("a");
         assert!(store.is_empty());
         assert_eq!(store.bytes(), 0);
     }
@@ -521,6 +514,34 @@ mod tests {
             std::fs::write(dir.path().join("responses-0000000000000007.jsonl"), &noise).unwrap();
             let (store, found) = ResponseStore::open(dir.path(), 8, 1 << 20).unwrap();
             proptest::prop_assert!(store.len() <= 8 && store.len() <= found.responses);
+        }
+    }
+
+    /// The store hands lines to the writer thread and moves on: nothing it does waits for the
+    /// disk. Lines not yet waited for are still written, in order (a re-stored response's
+    /// newest line wins), by the time the store is dropped.
+    #[test]
+    fn lines_not_waited_for_are_written_in_order_before_the_store_goes() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (mut store, _) = reopen(dir.path(), 100, 1 << 20);
+            for i in 0..300 {
+                let inserted =
+                    store.insert(format!("resp_{}", i % 120), conversation(&format!("v{i}")));
+                assert!(inserted.stored && inserted.journal.is_some());
+            }
+        }
+        let (mut store, found) = reopen(dir.path(), 100, 1 << 20);
+        assert!(found.responses >= 100, "{found:?}");
+        assert_eq!(store.len(), 100);
+        // The last 100 stored: ids 80..120 of the second pass and 0..60 of the third.
+        for i in 200..300 {
+            let id = format!("resp_{}", i % 120);
+            assert_eq!(
+                store.get(&id).unwrap(),
+                conversation(&format!("v{i}")),
+                "{id}"
+            );
         }
     }
 

@@ -7,14 +7,22 @@
 //! is skipped, said in [`RecoveredResponses`], and cut from the file so that later appends start clean.
 //!
 //! Segments rotate at a size; one whose responses were all evicted is deleted, and when the
-//! segments hold more than their budget the oldest one's live responses are written again into
-//! the newest and the oldest deleted. The disk therefore holds about the in-memory budget, twice
-//! at most.
+//! segments hold more than their budget the oldest one's live lines are copied into the newest
+//! and the oldest deleted. The disk therefore holds about the in-memory budget, twice at most.
+//!
+//! The journal knows which segment holds each live response id, so that all of this is file work
+//! alone: [`JournalWriter`] runs it on a thread of its own, and the store (behind the gateway's
+//! mutex) only hands it lines and the ids it evicted.
 
-use std::collections::BTreeMap;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
 
 use serde::{Deserialize, Serialize};
 
@@ -53,6 +61,8 @@ pub(super) struct Journal {
     /// Every segment on disk (the current one too): its size and how many stored responses
     /// still live in it.
     segments: BTreeMap<SegmentId, Segment>,
+    /// The segment holding each live response's newest line.
+    live: HashMap<String, SegmentId>,
     segment_bytes: u64,
     max_disk_bytes: u64,
     _lock: File,
@@ -76,6 +86,25 @@ struct Line {
     v: u32,
     id: String,
     messages: Vec<Message>,
+}
+
+/// A line's id alone, for compaction (the messages are skipped, not built).
+#[derive(Deserialize)]
+struct LineId<'a> {
+    #[serde(borrow)]
+    id: Cow<'a, str>,
+}
+
+/// One stored response as a journal line (with its newline), ready for [`JournalWriter::store`].
+pub(super) fn line(id: &str, messages: &[Message]) -> io::Result<Vec<u8>> {
+    let mut line = serde_json::to_vec(&LineRef {
+        v: VERSION,
+        id,
+        messages,
+    })
+    .map_err(io::Error::other)?;
+    line.push(b'\n');
+    Ok(line)
 }
 
 /// A journaled response read back, in the order it was written.
@@ -129,6 +158,7 @@ impl Journal {
             current,
             current_id,
             segments,
+            live: HashMap::new(),
             segment_bytes,
             max_disk_bytes,
             _lock: lock,
@@ -136,32 +166,37 @@ impl Journal {
         Ok((journal, replayed, found))
     }
 
-    /// Appends one response; returns the segment it went to.
-    pub(super) fn append(&mut self, id: &str, messages: &[Message]) -> io::Result<SegmentId> {
+    /// Appends the line of response `id` (replacing any earlier one of the same id).
+    fn append(&mut self, id: &str, line: &[u8]) -> io::Result<()> {
         if self.segment(self.current_id).bytes >= self.segment_bytes {
             self.rotate()?;
         }
-        let mut line = serde_json::to_vec(&LineRef {
-            v: VERSION,
-            id,
-            messages,
-        })
-        .map_err(io::Error::other)?;
-        line.push(b'\n');
-        self.current.write_all(&line)?;
+        self.current.write_all(line)?;
         let current = self.segment(self.current_id);
         current.bytes += line.len() as u64;
         current.live += 1;
-        Ok(self.current_id)
+        match self.live.insert(id.to_owned(), self.current_id) {
+            Some(older) => self.release(older),
+            None => Ok(()),
+        }
     }
 
-    /// A response read back at open is kept by the store.
-    pub(super) fn hold(&mut self, segment: SegmentId) {
+    /// A response read back at open is kept by the store; its newest line is in `segment`.
+    pub(super) fn hold(&mut self, id: String, segment: SegmentId) {
         self.segment(segment).live += 1;
+        self.live.insert(id, segment);
     }
 
-    /// A stored response left the store; its segment goes when nothing in it lives.
-    pub(super) fn release(&mut self, segment: SegmentId) -> io::Result<()> {
+    /// Response `id` left the store.
+    fn forget(&mut self, id: &str) -> io::Result<()> {
+        match self.live.remove(id) {
+            Some(segment) => self.release(segment),
+            None => Ok(()),
+        }
+    }
+
+    /// One line of `segment` is no longer live; the segment goes when nothing in it lives.
+    fn release(&mut self, segment: SegmentId) -> io::Result<()> {
         let entry = self.segment(segment);
         entry.live = entry.live.saturating_sub(1);
         if entry.live == 0 && segment != self.current_id {
@@ -181,21 +216,35 @@ impl Journal {
         dead.into_iter().try_for_each(|id| self.drop_segment(id))
     }
 
-    /// The oldest segment, when the journal is over its disk budget and that segment is not the
-    /// one being written: the store writes its live responses again, then [`Journal::drop_segment`]s it.
-    pub(super) fn over_budget(&self) -> Option<SegmentId> {
-        let (&oldest, _) = self.segments.first_key_value()?;
-        (self.disk_bytes() > self.max_disk_bytes && oldest != self.current_id).then_some(oldest)
+    /// Keeps the journal within its disk budget: the oldest segment's live lines are copied into
+    /// the newest, then it is deleted. At most one pass per segment there was, so live lines
+    /// larger than the budget are not copied in a loop.
+    pub(super) fn compact(&mut self) -> io::Result<()> {
+        for _ in 0..self.segments.len() {
+            let Some((&oldest, _)) = self.segments.first_key_value() else {
+                break;
+            };
+            if self.disk_bytes() <= self.max_disk_bytes || oldest == self.current_id {
+                break;
+            }
+            let mut bytes = Vec::new();
+            File::open(segment_path(&self.dir, oldest))?.read_to_end(&mut bytes)?;
+            for line in bytes.split_inclusive(|&b| b == b'\n') {
+                let Ok(LineId { id }) = serde_json::from_slice::<LineId<'_>>(line) else {
+                    continue;
+                };
+                if self.live.get(id.as_ref()) == Some(&oldest) {
+                    self.append(&id, line)?;
+                }
+            }
+            self.drop_segment(oldest)?;
+        }
+        Ok(())
     }
 
     /// Bytes on disk, all segments together.
     pub(super) fn disk_bytes(&self) -> u64 {
         self.segments.values().map(|s| s.bytes).sum()
-    }
-
-    /// Segment files on disk, the current one too.
-    pub(super) fn segment_count(&self) -> usize {
-        self.segments.len()
     }
 
     fn rotate(&mut self) -> io::Result<()> {
@@ -210,8 +259,8 @@ impl Journal {
         Ok(())
     }
 
-    /// Deletes a segment: nothing in it lives, or its live responses were written again.
-    pub(super) fn drop_segment(&mut self, segment: SegmentId) -> io::Result<()> {
+    /// Deletes a segment: nothing in it lives, or its live lines were copied.
+    fn drop_segment(&mut self, segment: SegmentId) -> io::Result<()> {
         self.segments.remove(&segment);
         match std::fs::remove_file(segment_path(&self.dir, segment)) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
@@ -286,4 +335,125 @@ fn read_segment(
             .set_len(whole as u64)?;
     }
     Ok(whole as u64)
+}
+
+/// What the store asks of the writer thread: one op per stored response.
+struct Store {
+    /// Responses that left the store (evicted; not `id`).
+    forget: Vec<String>,
+    id: String,
+    line: Vec<u8>,
+    written: tokio::sync::oneshot::Sender<io::Result<()>>,
+}
+
+/// Lines waiting for the writer thread; beyond that a store waits (the disk is behind).
+const QUEUED_LINES: usize = 1024;
+
+/// The journal on a thread of its own: appends, rotation, compaction and deletion never run
+/// under the store's lock or on a request's task. Dropping it writes what is queued and releases
+/// the directory.
+#[derive(Debug)]
+pub(super) struct JournalWriter {
+    ops: Option<mpsc::SyncSender<Store>>,
+    thread: Option<JoinHandle<()>>,
+    disk_bytes: Arc<AtomicU64>,
+}
+
+/// A stored response's line on its way to disk: [`JournalWrite::written`] resolves once it is in
+/// the kernel (a process kill no longer loses it).
+#[derive(Debug)]
+pub struct JournalWrite(tokio::sync::oneshot::Receiver<io::Result<()>>);
+
+impl JournalWrite {
+    /// Waits until the line is written, or why it could not be.
+    pub async fn written(self) -> io::Result<()> {
+        self.0.await.unwrap_or_else(|_| Err(writer_gone()))
+    }
+
+    /// [`JournalWrite::written`] from a thread outside any async runtime.
+    pub fn wait(self) -> io::Result<()> {
+        self.0
+            .blocking_recv()
+            .unwrap_or_else(|_| Err(writer_gone()))
+    }
+}
+
+impl JournalWrite {
+    /// A write that failed before it was queued (the line could not be serialised).
+    pub(super) fn failed(error: io::Error) -> Self {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let _ = tx.send(Err(error));
+        JournalWrite(rx)
+    }
+}
+
+fn writer_gone() -> io::Error {
+    io::Error::other("the responses journal's writer thread has stopped")
+}
+
+impl JournalWriter {
+    /// Starts the thread that owns `journal`.
+    pub(super) fn spawn(mut journal: Journal) -> io::Result<Self> {
+        let (ops, queue) = mpsc::sync_channel::<Store>(QUEUED_LINES);
+        let disk_bytes = Arc::new(AtomicU64::new(journal.disk_bytes()));
+        let bytes = disk_bytes.clone();
+        let thread = std::thread::Builder::new()
+            .name("responses-journal".into())
+            .spawn(move || {
+                // A failed deletion is reported with the next write's outcome.
+                let mut pending: Option<io::Error> = None;
+                for op in queue {
+                    for id in &op.forget {
+                        if let Err(e) = journal.forget(id) {
+                            pending.get_or_insert(e);
+                        }
+                    }
+                    let mut outcome = journal.append(&op.id, &op.line);
+                    if outcome.is_ok() {
+                        outcome = journal.compact();
+                    }
+                    if let (Ok(()), Some(e)) = (&outcome, pending.take()) {
+                        outcome = Err(e);
+                    }
+                    bytes.store(journal.disk_bytes(), Ordering::Relaxed);
+                    // The caller may have stopped waiting; the line is written either way.
+                    let _ = op.written.send(outcome);
+                }
+            })?;
+        Ok(Self {
+            ops: Some(ops),
+            thread: Some(thread),
+            disk_bytes,
+        })
+    }
+
+    /// Queues `line` for response `id`, and forgets `forget`.
+    pub(super) fn store(&self, id: String, line: Vec<u8>, forget: Vec<String>) -> JournalWrite {
+        let (written, write) = tokio::sync::oneshot::channel();
+        let op = Store {
+            forget,
+            id,
+            line,
+            written,
+        };
+        if let Some(ops) = &self.ops {
+            // Only fails when the thread is gone: `write` then says so.
+            let _ = ops.send(op);
+        }
+        JournalWrite(write)
+    }
+
+    /// Bytes on disk, as of the last line written.
+    pub(super) fn disk_bytes(&self) -> u64 {
+        self.disk_bytes.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for JournalWriter {
+    fn drop(&mut self) {
+        drop(self.ops.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }

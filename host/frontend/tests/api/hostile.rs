@@ -40,9 +40,8 @@ fn prepare(api: Api, bytes: &[u8]) -> Result<(), ApiError> {
         Api::Responses => {
             let mut request = responses::decode(&body)?;
             let mut store = ResponseStore::new(4, 1 << 20);
-            store
-                .insert("resp_known".into(), Vec::new())
-                .expect("a memory-only store has no journal to fail");
+            let inserted = store.insert("resp_known".into(), Vec::new());
+            assert!(inserted.stored && inserted.journal.is_none());
             request.attach_history(&mut store)?;
             render(&request.conversation);
             request.reply_meta("r", 0);

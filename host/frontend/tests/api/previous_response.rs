@@ -36,7 +36,7 @@ fn a_chain_of_responses_renders_like_one_full_request() {
     assert!(
         store
             .insert(first_id.clone(), first.transcript(encoder.reply()))
-            .unwrap()
+            .stored
     );
 
     // Turn 2: the tool's output, continuing turn 1 with new instructions.

@@ -26,8 +26,8 @@ use switchyard_core::programs::{TurnEnd, Usage as ProgramUsage};
 use switchyard_core::router::{Decision, Outcome, RequestId, RouteRequest};
 use switchyard_core::worker::Rank;
 use switchyard_frontend::{
-    Api, ApiError, Block, ErrorKind, Reply, ReplyEvent, ReplyMeta, ResponsesRequest, SseFrame,
-    StreamEncoder,
+    Api, ApiError, Block, ErrorKind, JournalWrite, Reply, ReplyEvent, ReplyMeta, ResponsesRequest,
+    SseFrame, StreamEncoder,
 };
 
 /// Answer the client from the engine's streamed answer.
@@ -70,6 +70,7 @@ pub(super) async fn respond(
         responses,
         speculation,
         response_id: api.object_id(&meta.request_id),
+        journal: None,
         booking,
         ended: false,
     };
@@ -115,6 +116,8 @@ struct Answer {
     /// The next turn to warm once complete.
     speculation: Option<Speculation>,
     response_id: String,
+    /// The stored response's journal line, until it is written.
+    journal: Option<JournalWrite>,
     booking: Booking,
     ended: bool,
 }
@@ -165,6 +168,7 @@ impl Answer {
                         self.complete(&out)?;
                         Ok(out)
                     });
+                    self.journaled().await;
                     if out.is_err() {
                         self.booking.status = StatusCode::BAD_GATEWAY.as_u16();
                     }
@@ -215,16 +219,26 @@ impl Answer {
         }
         if let Some(request) = self.responses.take() {
             let transcript = request.transcript(&self.reply);
-            let shared = &self.booking.shared;
-            let stored = shared
+            let inserted = self
+                .booking
+                .shared
                 .responses()
                 .insert(std::mem::take(&mut self.response_id), transcript);
-            if let Err(e) = stored {
-                shared.metrics.response_journal_errors.inc();
-                tracing::warn!(error = %e, "responses store: journal write failed; kept in memory only");
-            }
+            self.journal = inserted.journal;
         }
         Ok(())
+    }
+
+    /// Waits for the stored response's journal line, if any: the client learns the response is
+    /// complete (and may name it in its next turn) only once a crash can no longer lose it.
+    async fn journaled(&mut self) {
+        let Some(write) = self.journal.take() else {
+            return;
+        };
+        if let Err(e) = write.written().await {
+            self.booking.shared.metrics.response_journal_errors.inc();
+            tracing::warn!(error = %e, "responses store: journal write failed; kept in memory only");
+        }
     }
 }
 
