@@ -8,10 +8,15 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 /// A child process killed on drop, with the lines it printed on stdout (and, when asked, its
-/// log on stderr).
+/// log on stderr). A panic it printed (a task of the gateway's, which does not end the process)
+/// fails the test when the process is dropped: the whole suite runs with zero panics.
 pub(crate) struct Proc {
     child: Child,
     lines: mpsc::Receiver<String>,
+    /// Readers of its output; they end when it exits.
+    readers: Vec<std::thread::JoinHandle<()>>,
+    /// The first panic it printed on stderr.
+    panic: std::sync::Arc<std::sync::Mutex<Option<String>>>,
 }
 
 impl Proc {
@@ -35,30 +40,41 @@ impl Proc {
             .env("RUST_LOG", level)
             .env("NO_COLOR", "1")
             .stdout(Stdio::piped())
-            .stderr(if log.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::inherit()
-            })
+            .stderr(Stdio::piped())
             .spawn()
             .expect("start switchyard");
         let (tx, lines) = mpsc::channel();
-        let stdout: Box<dyn std::io::Read + Send> = Box::new(child.stdout.take().expect("stdout"));
-        let mut outputs = vec![stdout];
-        if let Some(stderr) = child.stderr.take() {
-            outputs.push(Box::new(stderr));
-        }
-        for output in outputs {
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(output).lines().map_while(Result::ok) {
-                    if tx.send(line).is_err() {
-                        break;
-                    }
+        let panic = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let stderr = BufReader::new(child.stderr.take().expect("stderr"));
+        let forward = tx.clone();
+        let mut readers = vec![std::thread::spawn(move || {
+            for line in stdout.lines().map_while(Result::ok) {
+                if forward.send(line).is_err() {
+                    break;
                 }
-            });
+            }
+        })];
+        let (seen, read_log) = (panic.clone(), log.is_some());
+        readers.push(std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                if line.contains("panicked at") {
+                    seen.lock().unwrap().get_or_insert_with(|| line.clone());
+                }
+                if read_log {
+                    // The test reads the log; it may stop reading before the process ends.
+                    let _ = tx.send(line);
+                } else {
+                    eprintln!("{line}");
+                }
+            }
+        }));
+        Proc {
+            child,
+            lines,
+            readers,
+            panic,
         }
-        Proc { child, lines }
     }
 
     /// Wait for a printed line containing `marker`; return the word after it.
@@ -130,6 +146,17 @@ impl Drop for Proc {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // Its output ends with it (bounded, in case something it started holds the pipes).
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while self.readers.iter().any(|r| !r.is_finished()) && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if let Some(line) = self.panic.lock().unwrap().take()
+            && !std::thread::panicking()
+        {
+            panic!("a switchyard process panicked: {line}");
+        }
     }
 }
 
