@@ -392,6 +392,17 @@ async fn a_flapping_worker_costs_no_request_and_comes_back() {
     assert!(released(&gateway, &first).await && released(&gateway, &second).await);
 }
 
+/// A turn of about 20 blocks, its own from the first block on (`task` leads): (status, body).
+async fn context_turn(gateway: &Gateway, task: &str) -> (u16, String) {
+    let body = chat(
+        &format!("{task} {}", "with a long shared context ".repeat(60)),
+        false,
+        4,
+    );
+    let (status, _, body) = post(&gateway.url, "/v1/chat/completions", &body).await;
+    (status, body)
+}
+
 /// What the gateway's index holds for the engine against what the engine says it holds, on
 /// the device: (index, engine).
 async fn index_and_engine(gateway: &Gateway, engine: &MockEngine) -> (f64, f64) {
@@ -424,20 +435,7 @@ async fn index_agrees(gateway: &Gateway, engine: &MockEngine) -> Result<f64, (f6
 async fn after_an_engine_restart_the_index_matches_what_the_engine_holds() {
     let mut engine = MockEngine::start(50.0, 4096);
     let gateway = Gateway::start(&Gateway::config_for(&[&engine], "kv-cost"));
-    let turn = async |task: &str| {
-        let body = chat(
-            &format!("{task} {}", "with a long shared context ".repeat(60)),
-            false,
-            4,
-        );
-        let response = client()
-            .post(format!("{}/v1/chat/completions", gateway.url))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        response.status().as_u16()
-    };
+    let turn = async |task: &str| context_turn(&gateway, task).await.0;
     for task in ["first", "second", "third"] {
         assert_eq!(turn(task).await, 200);
     }
@@ -487,12 +485,7 @@ async fn lost_events_with_the_replay_socket_down_under_load_clear_the_rank_and_c
     let engine = MockEngine::start_with(50.0, 256, &["--fault-switches"]);
     let gateway = Gateway::start(&Gateway::config_for(&[&engine], "kv-cost"));
     let turn = async |task: String| {
-        let body = chat(
-            &format!("{task} {}", "with a long shared context ".repeat(60)),
-            false,
-            4,
-        );
-        let (status, _, body) = post(&gateway.url, "/v1/chat/completions", &body).await;
+        let (status, body) = context_turn(&gateway, &task).await;
         assert_eq!(status, 200, "{task}: {body}");
     };
     let counter = async |name: &str| {
