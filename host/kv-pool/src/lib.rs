@@ -38,8 +38,8 @@ pub mod server;
 pub mod store;
 
 pub use client::{PoolClient, PoolError};
-// The client's TLS settings, so that engines need no TLS crate of their own.
 pub use protocol::{PutBlock, PutResult, PutRetention, PutSummary};
+// The client's TLS settings, so that engines need no TLS crate of their own.
 pub use switchyard_tls::{ClientIdentity, ClientTls};
 
 #[cfg(feature = "server")]

@@ -154,6 +154,13 @@ impl ApiError {
         }
     }
 
+    fn not_found(message: impl ToString) -> Self {
+        Self {
+            status: StatusCode::NOT_FOUND,
+            message: message.to_string(),
+        }
+    }
+
     pub(crate) fn unavailable() -> Self {
         Self {
             status: StatusCode::SERVICE_UNAVAILABLE,
@@ -166,6 +173,7 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let kind = match self.status {
             StatusCode::BAD_REQUEST => "BadRequestError",
+            StatusCode::NOT_FOUND => "NotFoundError",
             StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableError",
             _ => "InternalServerError",
         };
@@ -465,7 +473,7 @@ async fn kv_event_faults(State(state): State<Arc<AppState>>, body: Bytes) -> Res
     let Some(faults) = &state.faults else {
         let message =
             "fault switches are off (start the engine with --fault-switches and --kv-events)";
-        return (StatusCode::NOT_FOUND, message).into_response();
+        return ApiError::not_found(message).into_response();
     };
     let request: KvEventFaults = match serde_json::from_slice(&body) {
         Ok(request) => request,
