@@ -3,8 +3,10 @@
 //! A bounded in-memory map from response id to the conversation up to and including that
 //! response (as IR messages), evicting the least recently used entries beyond a count and a byte
 //! budget. Synchronous: the gateway owns one behind a mutex. Memory only by default;
-//! [`ResponseStore::open`] adds a journal on disk (see [`journal`]), written by a thread of its
-//! own, so that stored responses outlive a restart or a crash.
+//! [`ResponseStore::open`] adds a journal on disk (see [`journal`]) so that stored responses
+//! outlive a restart or a crash. The journal's files belong to a thread of its own: under the
+//! gateway's mutex the store only serialises a line and queues it (never waiting), so a slow disk
+//! or a compaction holds no request's `get` or `insert`. The request awaits its line instead.
 
 mod journal;
 
@@ -75,6 +77,16 @@ impl ResponseStore {
         max_entries: usize,
         max_bytes: u64,
     ) -> io::Result<(Self, RecoveredResponses)> {
+        Self::open_with(dir, max_entries, max_bytes, None)
+    }
+
+    /// [`ResponseStore::open`], with a hook on the writer thread (tests hold the writer there).
+    fn open_with(
+        dir: &Path,
+        max_entries: usize,
+        max_bytes: u64,
+        hook: Option<journal::Hook>,
+    ) -> io::Result<(Self, RecoveredResponses)> {
         let segment_bytes = (max_bytes / 8).clamp(64 << 10, 64 << 20);
         let max_disk_bytes = max_bytes.saturating_mul(2).saturating_add(segment_bytes);
         let (mut journal, replayed, recovered) = Journal::open(dir, segment_bytes, max_disk_bytes)?;
@@ -95,7 +107,8 @@ impl ResponseStore {
         }
         journal.settle()?;
         journal.compact()?;
-        store.journal = Some(JournalWriter::spawn(journal)?);
+        // Lines waiting for the disk hold at most the store's own budget of memory again.
+        store.journal = Some(JournalWriter::spawn(journal, max_bytes, hook)?);
         Ok((store, recovered))
     }
 
@@ -103,7 +116,8 @@ impl ResponseStore {
     /// room; nothing is stored when it alone exceeds the byte budget. With a journal, the line
     /// is serialised here and written by the journal's thread: await [`Inserted::journal`]
     /// before the client learns the response is complete, so a crash cannot lose what it may
-    /// name next. A failed write leaves the response in memory, not on disk.
+    /// name next. A failed write leaves the response in memory, not on disk; so does a line
+    /// refused because the disk is `max_bytes` of lines behind (queueing never waits).
     pub fn insert(&mut self, response_id: String, messages: Vec<Message>) -> Inserted {
         let Some(bytes) = self.size(&response_id, &messages) else {
             return Inserted {
@@ -128,6 +142,13 @@ impl ResponseStore {
             stored: true,
             journal,
         }
+    }
+
+    /// Stops journaling: later stores are kept in memory only. The returned write resolves once
+    /// the lines already queued are written and the directory is released; `None` without a
+    /// journal.
+    pub fn close_journal(&mut self) -> Option<JournalWrite> {
+        self.journal.take().map(JournalWriter::close)
     }
 
     /// The bytes an entry would count, or `None` when it could never be stored.
@@ -543,6 +564,169 @@ mod tests {
                 "{id}"
             );
         }
+    }
+
+    /// The segment files and their sizes.
+    fn disk(dir: &Path) -> Vec<(std::path::PathBuf, u64)> {
+        segments(dir)
+            .into_iter()
+            .map(|p| {
+                let len = std::fs::metadata(&p).unwrap().len();
+                (p, len)
+            })
+            .collect()
+    }
+
+    /// A compaction holds no one: with the writer thread held just before a compaction that
+    /// will copy (a hook, not a clock), the store still answers `get` and takes new lines, and
+    /// nothing on disk changes under it; released, the writer compacts and writes the rest.
+    #[test]
+    fn a_compaction_holds_neither_gets_nor_inserts() {
+        let dir = tempfile::tempdir().unwrap();
+        let budget = 64 << 10;
+        let (events_tx, events) = std::sync::mpsc::channel();
+        let (go_tx, go) = std::sync::mpsc::channel::<()>();
+        let hook: journal::Hook = Box::new(move |over| {
+            let _ = events_tx.send(over);
+            if over {
+                // Until the test lets go (drops `go_tx`).
+                let _ = go.recv();
+            }
+        });
+        let (mut store, _) =
+            ResponseStore::open_with(dir.path(), 1_000, budget, Some(hook)).unwrap();
+        // Declared after the store, dropped before it: a failing assertion lets the writer go
+        // rather than hang in the store's drop.
+        let go_tx = go_tx;
+        let text = "y".repeat(5_000);
+        let mut i = 0;
+        loop {
+            let write = store
+                .insert(format!("resp_{i}"), conversation(&text))
+                .journal
+                .unwrap();
+            // One response kept recent in each of the first segments (about 12 lines each)
+            // keeps every one of them alive: the disk outgrows its budget, compaction must copy.
+            for pinned in (0..=i.min(48)).step_by(12) {
+                assert!(store.get(&format!("resp_{pinned}")).is_ok());
+            }
+            i += 1;
+            // One event per line, after its outcome.
+            let over = events.recv().unwrap();
+            write.wait().unwrap();
+            if over {
+                break;
+            }
+            assert!(i < 1_000, "the journal never went over its budget");
+        }
+        let oldest = segments(dir.path()).remove(0);
+        let before = disk(dir.path());
+
+        // The writer is held: every stored response is still served, new ones are taken.
+        let kept: Vec<String> = store.entries.keys().cloned().collect();
+        for id in &kept {
+            assert!(store.get(id).is_ok(), "{id}");
+        }
+        assert_eq!(store.get("resp_0").unwrap(), conversation(&text));
+        let mut late = store
+            .insert("resp_late".into(), conversation("late"))
+            .journal
+            .unwrap();
+        assert!(
+            late.outcome_now().is_none(),
+            "written while the writer is held"
+        );
+        assert!(store.get("resp_late").is_ok());
+        assert_eq!(disk(dir.path()), before, "the store touched the files");
+
+        drop(go_tx);
+        late.wait().unwrap();
+        assert!(!oldest.exists(), "{} not compacted away", oldest.display());
+        assert!(store.journal_bytes() <= 2 * budget + (64 << 10) + 6_000);
+        drop(store);
+        let (mut store, _) = reopen(dir.path(), 100_000, 1 << 30);
+        assert_eq!(store.get("resp_0").unwrap(), conversation(&text));
+        assert_eq!(store.get("resp_late").unwrap(), conversation("late"));
+    }
+
+    /// A disk that falls behind by the store's budget of lines refuses the next line (kept in
+    /// memory, said by its write) rather than make the store, and so every request, wait.
+    #[test]
+    fn a_journal_too_far_behind_refuses_a_line_rather_than_wait() {
+        let dir = tempfile::tempdir().unwrap();
+        let budget = 64 << 10;
+        let (go_tx, go) = std::sync::mpsc::channel::<()>();
+        // Holds the writer after its first line until the test lets go.
+        let hook: journal::Hook = Box::new(move |_| {
+            let _ = go.recv();
+        });
+        let (mut store, _) =
+            ResponseStore::open_with(dir.path(), 1_000, budget, Some(hook)).unwrap();
+        // Dropped before the store: a failing assertion lets the writer go rather than hang.
+        let go_tx = go_tx;
+        assert!(store.insert_ok("resp_0".into(), conversation("first")));
+        let text = "y".repeat(5_000);
+        let mut queued = Vec::new();
+        let refused = loop {
+            let id = format!("resp_{}", queued.len() + 1);
+            let mut write = store
+                .insert(id.clone(), conversation(&text))
+                .journal
+                .unwrap();
+            match write.outcome_now() {
+                None => queued.push((id, write)),
+                Some(Err(e)) => {
+                    assert_eq!(e.kind(), io::ErrorKind::WouldBlock, "{e}");
+                    break id;
+                }
+                Some(Ok(())) => panic!("{id} written while the writer is held"),
+            }
+            assert!(queued.len() < 100, "never refused");
+        };
+        assert!(!queued.is_empty() && queued.len() as u64 * 5_000 <= budget);
+        assert!(store.get(&refused).is_ok(), "kept in memory");
+
+        drop(go_tx);
+        let ids: Vec<String> = queued.iter().map(|(id, _)| id.clone()).collect();
+        for (id, write) in queued {
+            write.wait().unwrap_or_else(|e| panic!("{id}: {e}"));
+        }
+        assert!(store.insert_ok("resp_after".into(), conversation("after")));
+        drop(store);
+        let (mut store, _) = reopen(dir.path(), 1_000, 1 << 30);
+        for id in ids.iter().chain(["resp_after".to_owned()].iter()) {
+            assert!(store.get(id).is_ok(), "{id}");
+        }
+        assert!(
+            store.get(&refused).is_err(),
+            "a refused line is not on disk"
+        );
+    }
+
+    /// What the gateway does at shutdown: the lines queued (waited for or not) are written, and
+    /// the directory is free once the close resolves; the store goes on in memory.
+    #[test]
+    fn closing_the_journal_writes_what_is_queued_and_frees_the_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut store, _) = reopen(dir.path(), 8, 1 << 20);
+        let writes: Vec<_> = (0..5)
+            .map(|i| {
+                store
+                    .insert(format!("resp_{i}"), conversation("queued"))
+                    .journal
+                    .unwrap()
+            })
+            .collect();
+        store.close_journal().unwrap().wait().unwrap();
+        for write in writes {
+            write.wait().unwrap();
+        }
+        let (_, found) = reopen(dir.path(), 8, 1 << 20);
+        assert_eq!(found.responses, 5);
+        let inserted = store.insert("resp_later".into(), conversation("memory"));
+        assert!(inserted.stored && inserted.journal.is_none());
+        assert!(store.get("resp_later").is_ok());
+        assert!(store.close_journal().is_none());
     }
 
     #[test]

@@ -765,6 +765,15 @@ async fn serve<L>(
     if let Some(Err(e)) = ended {
         tracing::error!(error = %e, "http server stopped");
     }
+    // The Responses journal's queued lines (a client that left before its end did not wait for
+    // its own) reach the disk before the gateway says it stopped; a request still running after
+    // the cut stores in memory only.
+    let closing = draining.responses().close_journal();
+    if let Some(closing) = closing
+        && let Err(e) = closing.written().await
+    {
+        tracing::warn!(error = %e, "responses store: the journal failed as it closed");
+    }
     background.cancel();
 }
 

@@ -12,7 +12,9 @@
 //!
 //! The journal knows which segment holds each live response id, so that all of this is file work
 //! alone: [`JournalWriter`] runs it on a thread of its own, and the store (behind the gateway's
-//! mutex) only hands it lines and the ids it evicted.
+//! mutex) only hands it lines and the ids it evicted, over a channel. Each line's
+//! [`JournalWrite`] resolves once it is written (before any compaction that follows it), so a
+//! request can hold back the end of its response until then without holding anything else.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
@@ -23,6 +25,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
+
+use tokio::sync::oneshot;
 
 use serde::{Deserialize, Serialize};
 
@@ -49,7 +53,7 @@ pub struct RecoveredResponses {
     pub unreadable_lines: usize,
 }
 
-/// One segment id per journaled response, as the store keeps it.
+/// A segment file's number: segments are written in its order.
 pub(super) type SegmentId = u64;
 
 #[derive(Debug)]
@@ -171,7 +175,12 @@ impl Journal {
         if self.segment(self.current_id).bytes >= self.segment_bytes {
             self.rotate()?;
         }
-        self.current.write_all(line)?;
+        if let Err(e) = self.current.write_all(line) {
+            // A line cut short (the disk full) would glue the next one to it: cut it off.
+            let whole = self.segment(self.current_id).bytes;
+            let _ = self.current.set_len(whole);
+            return Err(e);
+        }
         let current = self.segment(self.current_id);
         current.bytes += line.len() as u64;
         current.live += 1;
@@ -224,12 +233,20 @@ impl Journal {
             let Some((&oldest, _)) = self.segments.first_key_value() else {
                 break;
             };
-            if self.disk_bytes() <= self.max_disk_bytes || oldest == self.current_id {
+            if !self.over_budget() {
                 break;
             }
-            let mut bytes = Vec::new();
-            File::open(segment_path(&self.dir, oldest))?.read_to_end(&mut bytes)?;
+            let bytes = match std::fs::read(segment_path(&self.dir, oldest)) {
+                Ok(bytes) => bytes,
+                // Gone already (removed by hand): nothing to copy, only the count to drop.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
+                Err(e) => return Err(e),
+            };
             for line in bytes.split_inclusive(|&b| b == b'\n') {
+                // Only whole lines: copied, a cut one would glue the next append to it.
+                if line.last() != Some(&b'\n') {
+                    continue;
+                }
                 let Ok(LineId { id }) = serde_json::from_slice::<LineId<'_>>(line) else {
                     continue;
                 };
@@ -240,6 +257,12 @@ impl Journal {
             self.drop_segment(oldest)?;
         }
         Ok(())
+    }
+
+    /// Whether [`Journal::compact`] has a segment to copy and delete.
+    pub(super) fn over_budget(&self) -> bool {
+        self.disk_bytes() > self.max_disk_bytes
+            && self.segments.first_key_value().map(|(&id, _)| id) != Some(self.current_id)
     }
 
     /// Bytes on disk, all segments together.
@@ -337,32 +360,44 @@ fn read_segment(
     Ok(whole as u64)
 }
 
-/// What the store asks of the writer thread: one op per stored response.
-struct Store {
-    /// Responses that left the store (evicted; not `id`).
+/// What the store asks of the writer thread, one per stored response.
+struct Op {
+    /// Responses that left the store (evicted, or a line that was not queued).
     forget: Vec<String>,
-    id: String,
-    line: Vec<u8>,
-    written: tokio::sync::oneshot::Sender<io::Result<()>>,
+    /// The stored response's line, unless the queue was full.
+    append: Option<Append>,
 }
 
-/// Lines waiting for the writer thread; beyond that a store waits (the disk is behind).
-const QUEUED_LINES: usize = 1024;
+struct Append {
+    id: String,
+    line: Vec<u8>,
+    written: oneshot::Sender<io::Result<()>>,
+}
+
+/// Called by the writer thread after each line, before compacting, with whether it will copy
+/// anything (tests hold the writer there).
+pub(super) type Hook = Box<dyn FnMut(bool) + Send>;
 
 /// The journal on a thread of its own: appends, rotation, compaction and deletion never run
-/// under the store's lock or on a request's task. Dropping it writes what is queued and releases
-/// the directory.
+/// under the store's lock or on a request's task, and queueing never waits. Dropping it writes
+/// what is queued and releases the directory.
 #[derive(Debug)]
 pub(super) struct JournalWriter {
-    ops: Option<mpsc::SyncSender<Store>>,
+    ops: Option<mpsc::Sender<Op>>,
     thread: Option<JoinHandle<()>>,
+    /// Resolves once the thread has written what was queued and released the directory.
+    closed: Option<oneshot::Receiver<io::Result<()>>>,
+    /// Line bytes queued and not yet written.
+    queued: Arc<AtomicU64>,
+    /// Beyond this many queued bytes a line is not queued (the disk is that far behind).
+    max_queued: u64,
     disk_bytes: Arc<AtomicU64>,
 }
 
 /// A stored response's line on its way to disk: [`JournalWrite::written`] resolves once it is in
 /// the kernel (a process kill no longer loses it).
 #[derive(Debug)]
-pub struct JournalWrite(tokio::sync::oneshot::Receiver<io::Result<()>>);
+pub struct JournalWrite(oneshot::Receiver<io::Result<()>>);
 
 impl JournalWrite {
     /// Waits until the line is written, or why it could not be.
@@ -376,12 +411,20 @@ impl JournalWrite {
             .blocking_recv()
             .unwrap_or_else(|_| Err(writer_gone()))
     }
-}
 
-impl JournalWrite {
-    /// A write that failed before it was queued (the line could not be serialised).
+    /// The outcome if it has come, without waiting.
+    #[cfg(test)]
+    pub(super) fn outcome_now(&mut self) -> Option<io::Result<()>> {
+        match self.0.try_recv() {
+            Ok(outcome) => Some(outcome),
+            Err(oneshot::error::TryRecvError::Empty) => None,
+            Err(oneshot::error::TryRecvError::Closed) => Some(Err(writer_gone())),
+        }
+    }
+
+    /// A write that failed before it was queued.
     pub(super) fn failed(error: io::Error) -> Self {
-        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (tx, rx) = oneshot::channel();
         let _ = tx.send(Err(error));
         JournalWrite(rx)
     }
@@ -391,56 +434,115 @@ fn writer_gone() -> io::Error {
     io::Error::other("the responses journal's writer thread has stopped")
 }
 
+/// A deletion or compaction that failed: said with the next line's outcome, since nothing else
+/// waits on the writer.
+fn upkeep_failed(e: io::Error) -> io::Error {
+    io::Error::new(
+        e.kind(),
+        format!(
+            "responses journal: deleting or compacting segments failed (the disk may stay over its budget): {e}"
+        ),
+    )
+}
+
 impl JournalWriter {
-    /// Starts the thread that owns `journal`.
-    pub(super) fn spawn(mut journal: Journal) -> io::Result<Self> {
-        let (ops, queue) = mpsc::sync_channel::<Store>(QUEUED_LINES);
+    /// Starts the thread that owns `journal`; at most `max_queued` bytes of lines wait for it.
+    pub(super) fn spawn(
+        mut journal: Journal,
+        max_queued: u64,
+        mut hook: Option<Hook>,
+    ) -> io::Result<Self> {
+        let (ops, queue) = mpsc::channel::<Op>();
+        let (done, closed) = oneshot::channel();
         let disk_bytes = Arc::new(AtomicU64::new(journal.disk_bytes()));
-        let bytes = disk_bytes.clone();
+        let queued = Arc::new(AtomicU64::new(0));
+        let (disk, waiting) = (disk_bytes.clone(), queued.clone());
         let thread = std::thread::Builder::new()
             .name("responses-journal".into())
             .spawn(move || {
-                // A failed deletion is reported with the next write's outcome.
                 let mut pending: Option<io::Error> = None;
                 for op in queue {
                     for id in &op.forget {
                         if let Err(e) = journal.forget(id) {
-                            pending.get_or_insert(e);
+                            pending.get_or_insert(upkeep_failed(e));
                         }
                     }
-                    let mut outcome = journal.append(&op.id, &op.line);
-                    if outcome.is_ok() {
-                        outcome = journal.compact();
+                    if let Some(append) = op.append {
+                        let mut outcome = journal.append(&append.id, &append.line);
+                        if let (Ok(()), Some(e)) = (&outcome, pending.take()) {
+                            outcome = Err(e);
+                        }
+                        waiting.fetch_sub(append.line.len() as u64, Ordering::Relaxed);
+                        // Before compacting: a request waits for its own line, nothing more.
+                        // It may have stopped waiting; the line is written either way.
+                        let _ = append.written.send(outcome);
+                        if let Some(hook) = &mut hook {
+                            hook(journal.over_budget());
+                        }
+                        if let Err(e) = journal.compact() {
+                            pending.get_or_insert(upkeep_failed(e));
+                        }
                     }
-                    if let (Ok(()), Some(e)) = (&outcome, pending.take()) {
-                        outcome = Err(e);
-                    }
-                    bytes.store(journal.disk_bytes(), Ordering::Relaxed);
-                    // The caller may have stopped waiting; the line is written either way.
-                    let _ = op.written.send(outcome);
+                    disk.store(journal.disk_bytes(), Ordering::Relaxed);
                 }
+                // The directory is free once the caller hears of it.
+                drop(journal);
+                let _ = done.send(pending.map_or(Ok(()), Err));
             })?;
         Ok(Self {
             ops: Some(ops),
             thread: Some(thread),
+            closed: Some(closed),
+            queued,
+            max_queued,
             disk_bytes,
         })
     }
 
-    /// Queues `line` for response `id`, and forgets `forget`.
-    pub(super) fn store(&self, id: String, line: Vec<u8>, forget: Vec<String>) -> JournalWrite {
-        let (written, write) = tokio::sync::oneshot::channel();
-        let op = Store {
+    /// Queues `line` for response `id`, and forgets `forget`. Never waits: when the queue is
+    /// full the line is refused (the returned write fails) and the journal forgets `id`.
+    pub(super) fn store(&self, id: String, line: Vec<u8>, mut forget: Vec<String>) -> JournalWrite {
+        let len = line.len() as u64;
+        let before = self.queued.fetch_add(len, Ordering::Relaxed);
+        // One line always fits an empty queue, however long.
+        if before > 0 && before + len > self.max_queued {
+            self.queued.fetch_sub(len, Ordering::Relaxed);
+            // An earlier line of `id` on disk is no longer its newest.
+            forget.push(id);
+            self.send(Op {
+                forget,
+                append: None,
+            });
+            return JournalWrite::failed(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!("the responses journal is {before} bytes behind; this line was not queued"),
+            ));
+        }
+        let (written, write) = oneshot::channel();
+        self.send(Op {
             forget,
-            id,
-            line,
-            written,
-        };
+            append: Some(Append { id, line, written }),
+        });
+        JournalWrite(write)
+    }
+
+    /// Only fails when the thread is gone: a write waiting on `op` then says so.
+    fn send(&self, op: Op) {
         if let Some(ops) = &self.ops {
-            // Only fails when the thread is gone: `write` then says so.
             let _ = ops.send(op);
         }
-        JournalWrite(write)
+    }
+
+    /// Stops queueing; the returned write resolves once what was queued is written and the
+    /// directory is released (with the last upkeep error, if any was not yet said).
+    pub(super) fn close(mut self) -> JournalWrite {
+        drop(self.ops.take());
+        // Detached: the thread ends by itself once the queue is drained.
+        drop(self.thread.take());
+        match self.closed.take() {
+            Some(closed) => JournalWrite(closed),
+            None => JournalWrite::failed(writer_gone()),
+        }
     }
 
     /// Bytes on disk, as of the last line written.

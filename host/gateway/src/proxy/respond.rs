@@ -230,14 +230,15 @@ impl Answer {
     }
 
     /// Waits for the stored response's journal line, if any: the client learns the response is
-    /// complete (and may name it in its next turn) only once a crash can no longer lose it.
+    /// complete (and may name it in its next turn) only once a crash can no longer lose it. The
+    /// journal's thread writes it; this task only awaits, holding no lock.
     async fn journaled(&mut self) {
         let Some(write) = self.journal.take() else {
             return;
         };
         if let Err(e) = write.written().await {
             self.booking.shared.metrics.response_journal_errors.inc();
-            tracing::warn!(error = %e, "responses store: journal write failed; kept in memory only");
+            tracing::warn!(error = %e, "responses store: the journal failed; the response is kept in memory");
         }
     }
 }
