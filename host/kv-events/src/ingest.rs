@@ -86,6 +86,9 @@ pub struct IngestStats {
     pub skipped_lora: u64,
     /// Token-less stores and removals of engine hashes we do not hold in that tier.
     pub skipped_unknown_hash: u64,
+    /// Blocks a reset forgot that a later store under them showed the engine still holds (a
+    /// prefix it kept), indexed again (counted in `stored_blocks` too).
+    pub relearned_blocks: u64,
 }
 
 /// How far ahead of the block being applied the engine-hash table is touched, so that the cache
@@ -93,19 +96,43 @@ pub struct IngestStats {
 const PREFETCH: usize = 8;
 
 /// Our name for an engine block and how many copies the engine holds in each tier.
+///
+/// A block no tier holds is a bare name, left by [`Ingestor::reset`]: kept so that a later
+/// store under it (the engine kept the block, so it never stores it again) can be hashed and
+/// can say the block is held again, with its prefix (see `Ingestor::parent`).
 #[derive(Debug, Clone, Copy)]
 struct Block {
     hash: SequenceHash,
     /// Indexed by `Tier as usize`.
     copies: [u32; 3],
+    /// The engine's hash of the block before this one, when `has_parent`.
+    parent: u64,
+    has_parent: bool,
+}
+
+impl Block {
+    fn new(hash: SequenceHash, parent: Option<EngineHash>) -> Block {
+        Block {
+            hash,
+            copies: [0; 3],
+            parent: parent.map_or(0, |p| p.0),
+            has_parent: parent.is_some(),
+        }
+    }
+
+    fn parent(&self) -> Option<u64> {
+        self.has_parent.then_some(self.parent)
+    }
+
+    /// No tier holds it: a name a reset left.
+    fn bare(&self) -> bool {
+        self.copies == [0; 3]
+    }
 }
 
 impl Default for Block {
     fn default() -> Self {
-        Block {
-            hash: SequenceHash(0),
-            copies: [0; 3],
-        }
+        Block::new(SequenceHash(0), None)
     }
 }
 
@@ -333,12 +360,28 @@ impl Ingestor {
         }
     }
 
-    /// Give up on lost messages: forget every block and return the clear that says so.
+    /// Give up on lost messages: forget every block the rank held and return the clear that
+    /// says so.
+    ///
+    /// The blocks' names stay (bare, no tier holding them), so that a later store under a block
+    /// the engine kept can be hashed and brings that block and its prefix back (see
+    /// `Ingestor::parent`): an engine never stores again a block it holds, so a prefix that
+    /// stays hot (a shared system prompt) would otherwise never be indexed again, and a lookup
+    /// stops at its first block. Names still bare from the previous reset go, so at most the
+    /// blocks held at one reset are kept as names.
     pub fn reset(&mut self) -> IndexOp {
         self.missing = None;
-        let op = self.clear();
+        self.blocks.retain(|_, block| {
+            let held = !block.bare();
+            block.copies = [0; 3];
+            held
+        });
+        if let Some(naming) = &mut self.naming {
+            naming.pending.clear();
+            naming.cleared = true;
+        }
         self.flush_names();
-        op
+        IndexOp::Clear { rank: self.rank }
     }
 
     /// What was applied and skipped so far.
@@ -355,17 +398,9 @@ impl Ingestor {
         blocks: &[(EngineHash, LocalBlockHash)],
         tier: Tier,
     ) -> Option<IndexOp> {
-        let mut prev = match parent {
-            None => None,
-            Some(engine) => match self.blocks.get(engine.0) {
-                Some(block) => Some(block.hash),
-                None => {
-                    self.stats.skipped_unknown_parent += 1;
-                    return None;
-                }
-            },
-        };
         let mut stored = Vec::with_capacity(blocks.len());
+        let mut prev = self.parent(parent, tier, &mut stored).ok()?;
+        let mut prev_engine = parent;
         for &(engine, _) in blocks.iter().take(PREFETCH) {
             self.blocks.prefetch(engine.0);
         }
@@ -375,13 +410,10 @@ impl Ingestor {
             }
             let hash = self.hasher.chain(prev, local);
             prev = Some(hash);
-            let block = self.blocks.get_or_insert(
-                engine.0,
-                Block {
-                    hash,
-                    copies: [0; 3],
-                },
-            );
+            let block = self
+                .blocks
+                .get_or_insert(engine.0, Block::new(hash, prev_engine));
+            prev_engine = Some(engine);
             let added = add_copy(block, tier);
             name(&mut self.naming, added, engine);
             stored.extend(added);
@@ -508,36 +540,63 @@ impl Ingestor {
             self.stats.skipped_unaligned += 1;
             return Vec::new();
         }
-        let parent = match parent {
-            None => None,
-            Some(engine) => match self.blocks.get(engine.0) {
-                Some(block) => Some(block.hash),
-                None => {
-                    self.stats.skipped_unknown_parent += 1;
-                    return Vec::new();
-                }
-            },
+        let mut stored = Vec::new();
+        let Ok(parent_hash) = self.parent(parent, tier, &mut stored) else {
+            return stored;
         };
         let hashes = self
             .hasher
-            .sequence_from(parent, &self.hasher.locals(tokens));
-        engine_hashes
-            .iter()
-            .zip(hashes)
-            .filter_map(|(&engine, hash)| {
+            .sequence_from(parent_hash, &self.hasher.locals(tokens));
+        let parents = std::iter::once(parent).chain(engine_hashes.iter().copied().map(Some));
+        stored.extend(engine_hashes.iter().zip(parents).zip(hashes).filter_map(
+            |((&engine, parent), hash)| {
                 // A known engine hash names the same tokens and prefix: keep its first own hash.
-                let block = self.blocks.get_or_insert(
-                    engine.0,
-                    Block {
-                        hash,
-                        copies: [0; 3],
-                    },
-                );
+                let block = self
+                    .blocks
+                    .get_or_insert(engine.0, Block::new(hash, parent));
                 let added = add_copy(block, tier);
                 name(&mut self.naming, added, engine);
                 added
-            })
-            .collect()
+            },
+        ));
+        stored
+    }
+
+    /// Our hash of a store's `parent`, the block before its first one (`Err`: unknown, the store
+    /// is skipped).
+    ///
+    /// An engine computes blocks for a request that holds their whole prefix on the device, so
+    /// a device store under a bare name (a block a reset forgot but the engine kept) says that
+    /// block is held there again, and so is each bare name before it: they are counted and added
+    /// to `stored`. Only bare names: a block that some tier holds follows its own events.
+    fn parent(
+        &mut self,
+        parent: Option<EngineHash>,
+        tier: Tier,
+        stored: &mut Vec<SequenceHash>,
+    ) -> Result<Option<SequenceHash>, ()> {
+        let Some(parent) = parent else {
+            return Ok(None);
+        };
+        let Some(hash) = self.blocks.get(parent.0).map(|block| block.hash) else {
+            self.stats.skipped_unknown_parent += 1;
+            return Err(());
+        };
+        if tier == Tier::Device {
+            // Each step makes a bare name held, so a cycle of parents ends.
+            let mut next = Some(parent.0);
+            while let Some(engine) = next {
+                let Some(block) = self.blocks.get_mut(engine).filter(|b| b.bare()) else {
+                    break;
+                };
+                let added = add_copy(block, tier);
+                name(&mut self.naming, added, EngineHash(engine));
+                stored.extend(added);
+                self.stats.relearned_blocks += 1;
+                next = block.parent();
+            }
+        }
+        Ok(Some(hash))
     }
 
     /// Token-less copies of blocks we already know (offload to host memory or disk); on a
@@ -546,13 +605,9 @@ impl Ingestor {
         let mut stored = Vec::new();
         for engine in engine_hashes {
             if self.format == WireFormat::Mooncake && !self.self_describing {
-                let block = self.blocks.get_or_insert(
-                    engine.0,
-                    Block {
-                        hash: SequenceHash(engine.0),
-                        copies: [0; 3],
-                    },
-                );
+                let block = self
+                    .blocks
+                    .get_or_insert(engine.0, Block::new(SequenceHash(engine.0), None));
                 let added = add_copy(block, tier);
                 name(&mut self.naming, added, *engine);
                 stored.extend(added);
@@ -586,7 +641,8 @@ impl Ingestor {
                 let copies = &mut block.copies[tier as usize];
                 if *copies == 0 {
                     known = false;
-                    return true;
+                    // A bare name the engine dropped is no longer needed.
+                    return !block.bare();
                 }
                 *copies -= 1;
                 if *copies == 0 {

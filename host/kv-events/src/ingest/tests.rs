@@ -68,6 +68,15 @@ fn remove(tier: Tier, blocks: Vec<SequenceHash>) -> IndexOp {
     }
 }
 
+/// Blocks some tier holds (a reset leaves the others as bare names).
+fn held(ingestor: &Ingestor) -> usize {
+    let blocks = &ingestor.blocks;
+    blocks
+        .keys()
+        .filter(|&k| !blocks.get(k).unwrap().bare())
+        .count()
+}
+
 /// An ingestor that has applied seq 0 holding blocks 10, 11 for tokens 1..=4.
 fn primed() -> Ingestor {
     let mut ingestor = Ingestor::new(rank(), BS);
@@ -231,7 +240,7 @@ fn a_replay_with_a_hole_leaves_messages_missing() {
     assert_eq!(ingestor.missing(), Some(1..4));
     assert_eq!(ingestor.reset(), IndexOp::Clear { rank: rank() });
     assert_eq!(ingestor.missing(), None);
-    assert!(ingestor.blocks.is_empty());
+    assert_eq!(held(&ingestor), 0);
 }
 
 #[test]
@@ -255,7 +264,7 @@ fn sequence_reset_is_a_restart() {
         ]
     );
     assert_eq!(ingestor.stats().restarts, 1);
-    assert!(!ingestor.blocks.contains_key(EngineHash(10).0));
+    assert_eq!(held(&ingestor), 1, "only the new engine's block");
 }
 
 #[test]
@@ -439,4 +448,80 @@ fn a_replay_that_does_not_start_at_zero_leaves_the_rank_cleared() {
     let live = ingestor.on_message(12, &payload(vec![stored(&[60], None, &[5, 6])]));
     assert!(live.gap.is_none() && !live.restarted);
     assert_eq!(live.ops, vec![store(Tier::Device, ours(&[5, 6]))]);
+}
+
+#[test]
+fn after_a_reset_a_store_under_a_block_the_engine_kept_indexes_its_prefix_again() {
+    // Blocks 10, 11 (tokens 1..=4) held; messages are lost and cannot be replayed.
+    let mut ingestor = primed();
+    ingestor.on_message(3, &payload(vec![]));
+    assert_eq!(ingestor.reset(), IndexOp::Clear { rank: rank() });
+    assert_eq!(held(&ingestor), 0);
+    // The engine kept 10 and 11 (a hot prefix) and computes a block after them: it never
+    // stores them again, so only this store says they are held.
+    let out = ingestor.on_message(4, &payload(vec![stored(&[12], Some(11), &[5, 6])]));
+    let chain = ours(&[1, 2, 3, 4, 5, 6]);
+    assert_eq!(
+        out.ops,
+        vec![store(Tier::Device, vec![chain[1], chain[0], chain[2]])]
+    );
+    assert_eq!(ingestor.stats().relearned_blocks, 2);
+    assert_eq!(ingestor.stats().skipped_unknown_parent, 0);
+    // They follow their events again: a removal drops the block.
+    let out = ingestor.on_message(5, &payload(vec![removed(&[12, 11], None)]));
+    assert_eq!(
+        out.ops,
+        vec![remove(Tier::Device, vec![chain[2], chain[1]])]
+    );
+}
+
+#[test]
+fn a_reset_keeps_names_not_holdings_and_drops_them_when_they_go() {
+    let mut ingestor = primed();
+    ingestor.on_message(1, &payload(vec![offloaded(&[10], "cpu")]));
+    ingestor.reset();
+    // A bare name is no block: removing it changes nothing and forgets it.
+    let out = ingestor.on_message(2, &payload(vec![removed(&[11], None)]));
+    assert!(out.ops.is_empty());
+    assert!(!ingestor.blocks.contains_key(11));
+    // A host-tier store says nothing of the device: the name stays bare.
+    let host = KvEvent::BlockStored {
+        block_hashes: vec![EngineHash(13)],
+        parent_block_hash: Some(EngineHash(10)),
+        token_ids: vec![7, 8],
+        block_size: BS,
+        lora_id: None,
+        medium: Some("cpu".into()),
+        group_idx: None,
+    };
+    let out = ingestor.on_message(3, &payload(vec![host]));
+    assert_eq!(
+        out.ops,
+        vec![store(Tier::Host, vec![ours(&[1, 2, 7, 8])[1]])]
+    );
+    assert!(ingestor.blocks.get(10).unwrap().bare());
+    // The next reset drops names still bare since the last one; held blocks become names.
+    ingestor.reset();
+    assert!(!ingestor.blocks.contains_key(10));
+    assert!(ingestor.blocks.get(13).unwrap().bare());
+    // A parent a reset dropped is unknown again: its children are skipped, never guessed.
+    let out = ingestor.on_message(4, &payload(vec![stored(&[14], Some(10), &[9, 9])]));
+    assert!(out.ops.is_empty());
+    assert_eq!(ingestor.stats().skipped_unknown_parent, 1);
+}
+
+#[test]
+fn a_cycle_of_bare_parents_ends() {
+    let mut ingestor = Ingestor::new(rank(), BS);
+    // A hostile stream: 21's parent is 20, then 20 goes and comes back under 21.
+    ingestor.on_message(0, &payload(vec![stored(&[20], None, &[1, 2])]));
+    ingestor.on_message(1, &payload(vec![stored(&[21], Some(20), &[3, 4])]));
+    ingestor.on_message(2, &payload(vec![removed(&[20], None)]));
+    ingestor.on_message(3, &payload(vec![stored(&[20], Some(21), &[5, 6])]));
+    ingestor.reset();
+    let out = ingestor.on_message(4, &payload(vec![stored(&[22], Some(20), &[7, 8])]));
+    let [IndexOp::Store { blocks, .. }] = out.ops.as_slice() else {
+        panic!("{:?}", out.ops);
+    };
+    assert_eq!(blocks.len(), 3, "20 and 21 held again, once each, and 22");
 }
