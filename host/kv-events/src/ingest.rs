@@ -376,12 +376,9 @@ impl Ingestor {
             block.copies = [0; 3];
             held
         });
-        if let Some(naming) = &mut self.naming {
-            naming.pending.clear();
-            naming.cleared = true;
-        }
+        let op = self.cleared();
         self.flush_names();
-        IndexOp::Clear { rank: self.rank }
+        op
     }
 
     /// What was applied and skipped so far.
@@ -666,6 +663,11 @@ impl Ingestor {
 
     fn clear(&mut self) -> IndexOp {
         self.blocks.clear();
+        self.cleared()
+    }
+
+    /// The rank holds nothing now: names waiting to be told go, and the clear that says so.
+    fn cleared(&mut self) -> IndexOp {
         if let Some(naming) = &mut self.naming {
             naming.pending.clear();
             naming.cleared = true;
