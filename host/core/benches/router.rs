@@ -8,11 +8,12 @@
 //! - `hash/sequence/32k`: `BlockHasher::sequence` over 32K tokens, the compute-only baseline.
 //! - `index/find_matches/32k-16w`: the index lookup alone, the component a decision is built on.
 //! - `router/route/32k-16w`, `router/route/2k-16w`: `Router::route` then `finish`, policy `KvCost`.
-//! - `predicted/book-expire/32k`: booking 2,048 predicted blocks and expiring them, the part of
-//!   a decision that is neither the index lookup nor the policy.
+//! - `predicted/book-expire/32k`: booking a 2,048-block prompt as predicted and expiring it, the
+//!   part of a decision that is neither the index lookup nor the policy.
 //!
 //! The machine is shared and noisy, so after criterion's absolute numbers a second pass measures
-//! each bench right after the baseline, many times over, and prints the median of the ratios.
+//! each bench right after the baseline, many times over, and prints the median of the ratios. A
+//! third times 32K-token decisions one by one for their tail (the goal is stated as a p99).
 
 use criterion::{Criterion, black_box};
 use rand::rngs::SmallRng;
@@ -34,6 +35,11 @@ const BASELINE: &str = "hash/sequence/32k";
 const RATIO_ROUNDS: usize = 15;
 /// Time per measurement in the ratio pass.
 const RATIO_SLICE: Duration = Duration::from_millis(40);
+/// Rounds of the tail pass, each a baseline slice then `TAIL_CALLS` decisions timed one by one.
+const TAIL_ROUNDS: usize = 5;
+const TAIL_CALLS: usize = 2_000;
+/// The bench whose tail is measured.
+const TAIL_BENCH: &str = "router/route/32k-16w";
 
 /// A prompt with its tokens and precomputed sequence hashes.
 struct Prompt {
@@ -226,6 +232,41 @@ fn print_ratios(cases: &mut [Case<'_>]) {
     println!("{BASELINE:<30} {base:>9.1} us {:>10.3}", 1.0);
 }
 
+/// Time `TAIL_BENCH` call by call and print its p50 and p99 (medians over rounds), and the p99
+/// against the baseline measured just before it.
+fn print_tail(cases: &mut [Case<'_>]) {
+    let (baseline, others) = cases.split_first_mut().expect("the baseline comes first");
+    let (_, f) = others
+        .iter_mut()
+        .find(|(name, _)| *name == TAIL_BENCH)
+        .expect("the tail bench is a case");
+    let (mut p50s, mut p99s, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    let mut times = Vec::with_capacity(TAIL_CALLS);
+    for _ in 0..TAIL_ROUNDS {
+        let base = time_per_call(&mut baseline.1);
+        times.clear();
+        for _ in 0..TAIL_CALLS {
+            let start = Instant::now();
+            black_box(f());
+            times.push(start.elapsed().as_nanos() as f64);
+        }
+        times.sort_by(f64::total_cmp);
+        let p99 = times[TAIL_CALLS * 99 / 100];
+        p50s.push(times[TAIL_CALLS / 2]);
+        p99s.push(p99);
+        ratios.push(p99 / base);
+    }
+    println!(
+        "\n{TAIL_BENCH}, {TAIL_ROUNDS} rounds of {TAIL_CALLS} calls timed one by one (median of rounds):"
+    );
+    println!(
+        "p50 {:.1} us, p99 {:.1} us, p99 {:.3} x baseline",
+        median(&mut p50s) / 1e3,
+        median(&mut p99s) / 1e3,
+        median(&mut ratios)
+    );
+}
+
 fn main() {
     let fixture = Fixture::new();
     println!(
@@ -258,5 +299,6 @@ fn main() {
     // `cargo bench` passes `--bench`; `cargo test --benches` does not and only smoke-tests.
     if std::env::args().any(|arg| arg == "--bench") {
         print_ratios(&mut cases);
+        print_tail(&mut cases);
     }
 }

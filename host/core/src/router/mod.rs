@@ -13,7 +13,7 @@ pub use policy::{
 };
 
 use crate::hash::SequenceHash;
-use crate::index::{KvIndex, Overlap, SHARED_POOL};
+use crate::index::{KvIndex, Matches, Overlap, SHARED_POOL};
 use crate::predicted::PredictedBlocks;
 use crate::worker::Rank;
 use rand::rngs::SmallRng;
@@ -211,8 +211,24 @@ struct Booking {
     prefill_tokens: u64,
     decode_blocks: u64,
     prefill_done: bool,
+    /// The prompt, kept only on approximate ranks (which book it again when it finishes).
     hashes: Vec<SequenceHash>,
 }
+
+/// Buffers a decision reuses, so that once grown routing allocates nothing of its own (the
+/// policy's answer aside).
+#[derive(Debug, Default)]
+struct Scratch {
+    indexed: Matches,
+    predicted: Vec<(Rank, u32)>,
+    slots: Vec<usize>,
+    candidates: Vec<Candidate>,
+    from_events: Vec<Overlap>,
+}
+
+/// Prompt buffers of finished bookings kept for the next ones (larger ones are freed).
+const SPARE_PROMPTS: usize = 64;
+const SPARE_PROMPT_MAX: usize = 1 << 16;
 
 /// The router: ranks, their bookings and the routing policy.
 #[derive(Debug)]
@@ -229,6 +245,8 @@ pub struct Router {
     /// Changes to our own bookings not yet taken, when recording is on.
     journal: Option<Vec<BookingDelta>>,
     rng: SmallRng,
+    scratch: Scratch,
+    spare_prompts: Vec<Vec<SequenceHash>>,
 }
 
 // === impl Router ===
@@ -246,6 +264,8 @@ impl Router {
             peer_bookings: HashMap::new(),
             next_peer_expiry: None,
             journal: None,
+            scratch: Scratch::default(),
+            spare_prompts: Vec::new(),
         }
     }
 
@@ -468,14 +488,36 @@ impl Router {
         index: &KvIndex,
         now: Duration,
     ) -> Result<Decision, RouteError> {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let result = self.route_with(&mut scratch, id, request, index, now);
+        self.scratch = scratch;
+        result
+    }
+
+    fn route_with(
+        &mut self,
+        scratch: &mut Scratch,
+        id: RequestId,
+        request: &RouteRequest<'_>,
+        index: &KvIndex,
+        now: Duration,
+    ) -> Result<Decision, RouteError> {
         self.predicted.expire(now);
         self.expire_peers(now);
-        let indexed = index.find_matches(request.hashes);
+        let Scratch {
+            indexed,
+            predicted,
+            slots,
+            candidates,
+            from_events,
+        } = scratch;
+        index.find_matches_into(request.hashes.iter().copied(), indexed);
         let shared_run = indexed
             .iter()
             .find(|(r, _)| *r == SHARED_POOL)
             .map_or(0, |(_, o)| o.total());
-        let predicted = self.predicted.find_matches(request.hashes, now);
+        self.predicted
+            .find_matches_into(request.hashes, now, predicted);
         let lookup = |rank: Rank| {
             let from_events = indexed
                 .iter()
@@ -492,9 +534,9 @@ impl Router {
             (from_events, combined)
         };
 
-        let mut slots = Vec::new();
-        let mut candidates = Vec::new();
-        let mut from_events = Vec::new();
+        slots.clear();
+        candidates.clear();
+        from_events.clear();
         for (slot, state) in self.ranks.iter().enumerate() {
             if !state.healthy || request.exclude.contains(&state.rank) {
                 continue;
@@ -526,7 +568,7 @@ impl Router {
             .and_then(|rank| candidates.iter().position(|c| c.rank == rank));
         let selection = match pinned {
             Some(i) => Selection::Pick(i),
-            None => self.policy.select(&policy_request, &candidates),
+            None => self.policy.select(&policy_request, candidates),
         };
         let (chosen, cost) = match selection {
             Selection::Pick(i) if i < candidates.len() => (i, None),
@@ -539,7 +581,7 @@ impl Router {
                 if costs.iter().any(|c| !c.is_finite()) {
                     return Err(self.bad_selection("a cost is not finite".into()));
                 }
-                let i = self.sample(&costs, &candidates, temperature);
+                let i = self.sample(&costs, candidates, temperature);
                 (i, Some(costs[i]))
             }
             Selection::Costs(costs) => {
@@ -637,6 +679,13 @@ impl Router {
             self.predicted
                 .insert(rank, &booking.hashes, self.config.approx_ttl, now);
         }
+        if (1..=SPARE_PROMPT_MAX).contains(&booking.hashes.capacity())
+            && self.spare_prompts.len() < SPARE_PROMPTS
+        {
+            let mut spare = booking.hashes;
+            spare.clear();
+            self.spare_prompts.push(spare);
+        }
     }
 
     fn book(
@@ -663,6 +712,12 @@ impl Router {
             self.config.booking_ttl
         };
         self.predicted.insert(state.rank, request.hashes, ttl, now);
+        // Only an approximate rank books the prompt again when it finishes: keep it for that.
+        let mut hashes = Vec::new();
+        if state.approximate {
+            hashes = self.spare_prompts.pop().unwrap_or_default();
+            hashes.extend_from_slice(request.hashes);
+        }
         // A retried request books again: release the earlier booking first.
         if let Some(old) = self.bookings.remove(&id) {
             let old_state = &mut self.ranks[old.slot];
@@ -692,7 +747,7 @@ impl Router {
                 prefill_tokens,
                 decode_blocks,
                 prefill_done: false,
-                hashes: request.hashes.to_vec(),
+                hashes,
             },
         );
     }
@@ -704,34 +759,32 @@ impl Router {
         let max = costs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let spread = max - min;
         if temperature > 0.0 && spread > 0.0 {
-            let weights: Vec<f64> = costs
-                .iter()
-                .map(|c| (-(c - min) / (spread * temperature)).exp())
-                .collect();
-            let mut x = self.rng.random::<f64>() * weights.iter().sum::<f64>();
-            for (i, w) in weights.iter().enumerate() {
-                if x < *w {
+            // Weights computed twice rather than collected: the same values, no allocation.
+            let weight = |c: f64| (-(c - min) / (spread * temperature)).exp();
+            let mut x = self.rng.random::<f64>() * costs.iter().map(|&c| weight(c)).sum::<f64>();
+            for (i, &c) in costs.iter().enumerate() {
+                let w = weight(c);
+                if x < w {
                     return i;
                 }
                 x -= w;
             }
-            return weights.len() - 1;
+            return costs.len() - 1;
         }
         let tolerance = 1e-9 * min.abs().max(1.0);
-        let cheapest = costs
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| **c - min <= tolerance);
-        let fewest = cheapest
-            .clone()
-            .map(|(i, _)| candidates[i].indexed_blocks)
+        let cheapest = |i: &usize| costs[*i] - min <= tolerance;
+        let fewest = (0..costs.len())
+            .filter(cheapest)
+            .map(|i| candidates[i].indexed_blocks)
             .min()
             .unwrap_or(0);
-        let ties: Vec<usize> = cheapest
-            .filter(|(i, _)| candidates[*i].indexed_blocks == fewest)
-            .map(|(i, _)| i)
-            .collect();
-        ties[self.rng.random_range(0..ties.len())]
+        let tie = |i: &usize| cheapest(i) && candidates[*i].indexed_blocks == fewest;
+        let ties = (0..costs.len()).filter(tie).count();
+        let pick = self.rng.random_range(0..ties);
+        (0..costs.len())
+            .filter(tie)
+            .nth(pick)
+            .expect("pick is below the number of ties")
     }
 
     fn bad_selection(&self, detail: String) -> RouteError {
