@@ -80,6 +80,18 @@ impl Default for EngineConfig {
 }
 
 impl EngineConfig {
+    /// For the simulator, where time is virtual: a call's wall-clock time must not change a
+    /// run's results (a call cut off at 5 ms on a loaded machine would answer with the native
+    /// fallback, or no hints, in one run and not the next). The deadlines only stop a guest
+    /// that never returns.
+    pub fn simulation() -> Self {
+        Self {
+            deadline: Duration::from_secs(10),
+            startup_deadline: Duration::from_secs(10),
+            ..Self::default()
+        }
+    }
+
     /// Check the settings once, before the engine is built.
     pub fn validate(&self) -> Result<(), PolicyError> {
         if self.epoch_tick.is_zero() || self.deadline < self.epoch_tick {

@@ -182,7 +182,7 @@ fn subagent_strategies_share_a_parents_prefix_and_reclaim_a_finished_subagent() 
 
 /// A `kv-hints` component through the gateway's policy host.
 fn wasm(name: &str) -> Box<dyn KvHintPolicy> {
-    let engine = PolicyEngine::new(PolicyEngineConfig::default()).expect("a policy engine");
+    let engine = PolicyEngine::new(PolicyEngineConfig::simulation()).expect("a policy engine");
     let bytes = switchyard_policy_artifacts::find(name).expect("a built-in component");
     let component = engine.load_kv_hints(bytes).expect("a kv-hints component");
     Box::new(WasmKvHints::new(

@@ -466,7 +466,7 @@ impl WasmPolicies {
         Ok(match self.engine.get() {
             Some(engine) => engine,
             None => {
-                let engine = PolicyEngine::new(PolicyEngineConfig::default())?;
+                let engine = PolicyEngine::new(PolicyEngineConfig::simulation())?;
                 self.engine.get_or_init(|| engine)
             }
         })
