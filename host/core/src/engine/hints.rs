@@ -9,7 +9,7 @@
 //! | action | what the engine does |
 //! |---|---|
 //! | `demote` (tier host or disk) | drops the device copy of each unreferenced block, keeping one in the target tier (the host has it by write-through; otherwise it is written there); to disk, the host copy moves down too |
-//! | `prefetch` (tier device) | loads the root-aligned run from host or disk into the device now, stopping at the first block in no tier; may evict cold unreferenced device blocks (LRU), never referenced ones, never more than the device's free blocks not promised to running requests |
+//! | `prefetch` (tier device) | loads the root-aligned run from host or disk into the device in the background (queued on the tier's link), stopping at the first block in no tier; may evict cold unreferenced device blocks (LRU), never referenced ones, never more than the device's free blocks not promised to running requests |
 //! | `evict` | drops the blocks from the device (unreferenced ones; referenced ones are evicted first once released), the host and the disk |
 //! | `pin` (ttl_ms) | holds the device blocks until model time + ttl, at most a quarter of the device at once; expiry is lazy, and pins give way when a request could otherwise never be admitted |
 //! | `retain` | evicted last among unpinned device blocks; a high priority in the host and disk tiers |

@@ -231,7 +231,8 @@ pub struct TierStats {
     pub prefetched_blocks: u64,
     /// Bytes of those loads.
     pub prefetched_bytes: u64,
-    /// Transfer time of those loads: the engine's background copy time, charged to no request.
+    /// Transfer time of those loads: the engine's background copy time, added to no step (a
+    /// request that hits a block still copying waits for it).
     pub prefetch_time: Duration,
     /// Blocks demote hints moved down (their device or host copy dropped, a copy kept below).
     pub demoted_blocks: u64,
