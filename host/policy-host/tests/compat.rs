@@ -131,9 +131,10 @@ fn tool_call_scenario() -> (Vec<LifecycleEvent>, IndexState) {
             host_blocks: 0,
             disk_blocks: 0,
         }],
+        // A device short of room (95% used): demote-on-tool-call's usage gate is open.
         usage: vec![RankUsage {
             rank,
-            device_used_blocks: 64,
+            device_used_blocks: 950,
             device_capacity_blocks: 1_000,
             host_used_blocks: 0,
             host_capacity_blocks: 10_000,

@@ -95,7 +95,8 @@ fn run(workload: &Workload, config: SimConfig) -> RunReport {
 #[test]
 fn demote_on_tool_call_demotes_waiting_sessions_and_prefetches_them_back() {
     let workload = agents(16, 6, Duration::from_secs(2), false);
-    let spec = "demote-on-tool-call:demote_threshold=100ms";
+    // The usage gate off: every slow tool call demotes, whatever room the device has.
+    let spec = "demote-on-tool-call:demote_threshold=100ms:demote_above_usage=0";
     let baseline = run(&workload, config(Some("no-hints")));
     let hinted = run(&workload, config(Some(spec)));
     let hints = hinted.kv_hints.clone().expect("a hint report");
@@ -132,6 +133,19 @@ fn demote_on_tool_call_demotes_waiting_sessions_and_prefetches_them_back() {
         before.device_hit_tokens
     );
     assert!(tiers.host_hit_tokens < before.host_hit_tokens);
+    // With the gate (the default 0.9), a tool call is demoted only while a rank holding the
+    // session is that full by the index: fewer demotes, none before the devices fill.
+    let gated = run(
+        &workload,
+        config(Some("demote-on-tool-call:demote_threshold=100ms")),
+    );
+    let gated_demotes = gated.kv_hints.expect("a hint report").total("demote");
+    assert!(
+        gated_demotes.actions < demotes.actions,
+        "{} demotes gated vs {} not",
+        gated_demotes.actions,
+        demotes.actions
+    );
     let table = switchyard_sim::Report {
         schema: switchyard_sim::REPORT_SCHEMA.into(),
         trace: "agents".into(),
@@ -180,7 +194,9 @@ fn subagent_strategies_share_a_parents_prefix_and_reclaim_a_finished_subagent() 
     assert_eq!(report.requests, 8 * 4 + spawned * 2);
 }
 
-/// A `kv-hints` component through the gateway's policy host.
+/// A `kv-hints` component through the gateway's policy host, under the simulator's deadlines
+/// (a call cut off by a busy machine would answer no hints and make the run differ from the
+/// native one).
 fn wasm(name: &str) -> Box<dyn KvHintPolicy> {
     let engine = PolicyEngine::new(PolicyEngineConfig::simulation()).expect("a policy engine");
     let bytes = switchyard_policy_artifacts::find(name).expect("a built-in component");

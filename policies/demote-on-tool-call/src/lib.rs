@@ -45,6 +45,7 @@ impl Builtin for Spec {
             ("unseen_tool_time", param_ms(c.unseen_tool_time)),
             ("ewma_weight", c.ewma_weight.to_string()),
             ("demote_threshold", param_ms(c.demote_threshold)),
+            ("demote_above_usage", c.demote_above_usage.to_string()),
             ("prefetch_lead", param_ms(c.prefetch_lead)),
             (
                 "demote_to",

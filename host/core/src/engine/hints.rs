@@ -9,7 +9,7 @@
 //! | action | what the engine does |
 //! |---|---|
 //! | `demote` (tier host or disk) | drops the device copy of each unreferenced block, keeping one in the target tier (the host has it by write-through; otherwise it is written there); to disk, the host copy moves down too |
-//! | `prefetch` (tier device) | loads the root-aligned run from host or disk into the device now, stopping at the first block in no tier; may evict cold unreferenced device blocks (LRU), never referenced ones, never more than the device's free blocks not promised to running requests |
+//! | `prefetch` (tier device) | loads the root-aligned run from host or disk into the device in the background (queued on the tier's link), stopping at the first block in no tier; may evict cold unreferenced device blocks (LRU), never referenced ones, never more than the device's free blocks not promised to running requests |
 //! | `evict` | drops the blocks from the device (unreferenced ones; referenced ones are evicted first once released), the host and the disk |
 //! | `pin` (ttl_ms) | holds the device blocks until model time + ttl, at most a quarter of the device at once; expiry is lazy, and pins give way when a request could otherwise never be admitted |
 //! | `retain` | evicted last among unpinned device blocks; a high priority in the host and disk tiers |
@@ -17,14 +17,15 @@
 //!
 //! The movement is data, as for every step: a hint's events and [`KvTransfer`]s come out at the
 //! start of the next [`EngineModel::step`] (so [`EngineModel::has_work`] says so), in the order
-//! they happened. A prefetch's load time goes to
-//! [`TierStats::prefetch_time`](super::TierStats::prefetch_time), the engine's background
-//! transfer accounting, not to any step's duration: a request admitted after it finds the
-//! blocks on the device.
+//! they happened. A prefetch loads in the background: its copies queue on the host's (or the
+//! disk's) link into the device behind the loads already there, its time goes to
+//! [`TierStats::prefetch_time`](super::TierStats::prefetch_time) and to no step's duration, and
+//! a request that hits a prefetched block before the copy completes waits for it (as for an
+//! admission's own load; see the engine's module docs).
 //!
-//! Known limits of the model: a prefetch completes at once (a request arriving during the copy
-//! is not delayed); the shared pool (G4) is the driver's, so `evict` and `ephemeral` leave its
-//! copies alone; an outcome is never `deferred`.
+//! Known limits of the model: the device slot of a prefetched block is taken when the hint is
+//! applied, not when its copy lands; the shared pool (G4) is the driver's, so `evict` and
+//! `ephemeral` leave its copies alone; an outcome is never `deferred`.
 
 use super::cache::{BlockTable, CacheEvent, KvCache, Residency};
 use super::tiers::{HostTier, KvTransfer};
@@ -261,12 +262,19 @@ impl EngineModel {
             ));
         }
         let now = self.now();
+        let clock = self.clock;
         let Self {
-            cache, host, hints, ..
+            cache,
+            host,
+            hints,
+            links,
+            loading,
+            ..
         } = self;
         let Some(host) = host.as_mut() else {
             return Err("the engine has no host or disk tier to prefetch from".to_owned());
         };
+        let (mut host_loaded, mut disk_loaded) = (Vec::new(), Vec::new());
         // The prefix's own blocks are never evicted to make room for the rest of it.
         let keep: HashSet<u64> = hashes.iter().copied().collect();
         let (mut from_host, mut from_disk) = (0, 0);
@@ -296,8 +304,14 @@ impl EngineModel {
                 to: (Tier::Device, slot),
             });
             match tier {
-                Tier::Disk => from_disk += 1,
-                _ => from_host += 1,
+                Tier::Disk => {
+                    from_disk += 1;
+                    disk_loaded.push(hash);
+                }
+                _ => {
+                    from_host += 1;
+                    host_loaded.push(hash);
+                }
             }
             tally.done += 1;
         }
@@ -310,7 +324,16 @@ impl EngineModel {
             &mut hints.events,
             &mut hints.transfers,
         );
-        host.charge_prefetch(from_host, from_disk);
+        // The copies run in the background on the tiers' links, behind the loads queued there;
+        // a request that hits a block before it is there waits for it.
+        let (host_time, disk_time) = host.charge_prefetch(from_host, from_disk);
+        let host_ready = links.host(clock, host_time);
+        let disk_ready = links.disk(clock, disk_time);
+        for (blocks, ready) in [(host_loaded, host_ready), (disk_loaded, disk_ready)] {
+            if ready > clock {
+                loading.extend(blocks.into_iter().map(|hash| (hash, ready)));
+            }
+        }
         Ok(tally)
     }
 

@@ -10,10 +10,20 @@
 //! a request can need (prompt and output), so running requests are never preempted; a request that
 //! does not fit waits, first come first served, until finished requests free blocks.
 //!
+//! Loads are asynchronous, as with vLLM's KV connector loading in the background (a request in
+//! `WAITING_FOR_REMOTE_KVS`, LMCache, NIXL): a request whose prefix comes from the host, the disk
+//! or the pool gets its device blocks at admission and is parked until its load completes, while
+//! the others keep stepping. Each tier has one link into the device (PCIe for the host, the
+//! disk's, the NIC for the pool): loads on the same link queue behind each other (a busy-until
+//! clock per link), at the tier's bandwidth. A request that hits device blocks still being
+//! loaded (by another request's load or a prefetch hint) waits for them too. When only parked
+//! requests are left, a step computes nothing and lasts until the first load completes (at most
+//! [`LOAD_POLL`], so that arrivals meanwhile are admitted on time).
+//!
 //! With [`EngineConfig::host_tier`] the device cache gets a host tier behind it (`tiers`, on
 //! `switchyard-kvbm`'s block pool): computed blocks are written through, a prefix the device
-//! lost is loaded back at the tier's bandwidth, and the events carry each tier as vLLM's
-//! `medium`. Without it nothing differs. [`EngineConfig::disk_tier`] puts a disk tier (G3)
+//! lost is loaded back at the tier's bandwidth (asynchronously, see above), and the events
+//! carry each tier as vLLM's `medium`. Without it nothing differs. [`EngineConfig::disk_tier`] puts a disk tier (G3)
 //! behind the host tier: what the host evicts is written to disk, and a prefix found only there
 //! is loaded at the disk's bandwidth.
 //!
@@ -57,10 +67,11 @@
 //!    as [`EngineRequest::pool_prefix_blocks`]. A driver that moves bytes fetches them now (or
 //!    later, before it applies the step's transfers) and keeps them by hash.
 //! 2. **Admission.** Blocks after the device prefix and the host tier's run, up to that count,
-//!    are loaded: they count as `cached_tokens`, the admitting step takes
-//!    `blocks x block_bytes / bandwidth` longer, they become device blocks (a `GPU` store
-//!    event), and the step lists a [`KvTransfer::Fetched`] `{ hash, slot }` per block: write the
-//!    fetched bytes of `hash` into device slot `slot`.
+//!    are loaded: they count as `cached_tokens`, the request waits
+//!    `blocks x block_bytes / bandwidth` on the pool's link (the others keep stepping), they
+//!    become device blocks (a `GPU` store event), and the admitting step lists a
+//!    [`KvTransfer::Fetched`] `{ hash, slot }` per block: write the fetched bytes of `hash`
+//!    into device slot `slot`.
 //! 3. **Write-through.** Every block the device computes is listed, after its
 //!    [`KvTransfer::Computed`], as a [`KvTransfer::Publish`] `{ hash, parent, from, token_ids }`:
 //!    read the block from `from` and put it into the pool (the put is idempotent; it is off the
@@ -86,7 +97,7 @@ pub use timing::StepTiming;
 use switchyard_kvbm::Tick;
 use tiers::{HostTier, PoolTier};
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::time::Duration;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
@@ -298,6 +309,8 @@ struct Running {
     computed: usize,
     /// Seeds the output tokens, so that equal prompts produce equal text.
     seed: u64,
+    /// Model time its loaded prefix is on the device: it computes nothing before.
+    ready_at: Duration,
     table: BlockTable,
     /// Full blocks that may be offloaded ([`EngineRequest::max_offload_tokens`]); the ones after
     /// them are ephemeral.
@@ -320,6 +333,46 @@ pub struct EngineModel {
     clock: Duration,
     /// Pins of KV hints, and what hints did since the last step.
     hints: hints::HintState,
+    /// When each tier's link into the device is free again.
+    links: Links,
+    /// Device blocks being loaded, and the model time each is there (pruned as time passes).
+    loading: HashMap<u64, Duration>,
+}
+
+/// Longest step that computes nothing and only waits for a load: a driver's arrivals meanwhile
+/// are admitted no later than this.
+pub const LOAD_POLL: Duration = Duration::from_millis(5);
+
+/// The links loads take into the device, one per tier: when each is free again (model time).
+/// A load starts when its link is free, so loads on one link queue; different links overlap.
+#[derive(Debug, Default)]
+pub(crate) struct Links {
+    host: Duration,
+    disk: Duration,
+    pool: Duration,
+}
+
+impl Links {
+    /// Queue a transfer of `time` on `link` at `now`; returns when it completes.
+    fn queue(link: &mut Duration, now: Duration, time: Duration) -> Duration {
+        if time.is_zero() {
+            return now;
+        }
+        *link = (*link).max(now) + time;
+        *link
+    }
+
+    pub(crate) fn host(&mut self, now: Duration, time: Duration) -> Duration {
+        Self::queue(&mut self.host, now, time)
+    }
+
+    pub(crate) fn disk(&mut self, now: Duration, time: Duration) -> Duration {
+        Self::queue(&mut self.disk, now, time)
+    }
+
+    fn pool(&mut self, now: Duration, time: Duration) -> Duration {
+        Self::queue(&mut self.pool, now, time)
+    }
 }
 
 // === impl EngineModel ===
@@ -347,6 +400,8 @@ impl EngineModel {
             pool,
             clock: Duration::ZERO,
             hints: hints::HintState::default(),
+            links: Links::default(),
+            loading: HashMap::new(),
         })
     }
 
@@ -442,6 +497,7 @@ impl EngineModel {
         if let Some(host) = &mut self.host {
             host.reset();
         }
+        self.loading.clear();
         true
     }
 
@@ -484,7 +540,13 @@ impl EngineModel {
         let mut outputs = Vec::new();
         let vocab = self.config.output_vocab.clone();
         let now = Tick(self.clock.as_nanos() as u64);
+        let clock = self.clock;
+        self.loading.retain(|_, ready| *ready > clock);
         for seq in &mut self.running {
+            if seq.ready_at > clock {
+                // Still loading: the others step without it.
+                continue;
+            }
             budget -= advance(
                 &mut self.cache,
                 seq,
@@ -514,6 +576,11 @@ impl EngineModel {
                 id: seq.id,
                 cached_tokens: seq.computed,
             });
+            if seq.ready_at > clock {
+                // Parked until its load completes; it holds its blocks and a sequence slot.
+                self.running.push(seq);
+                continue;
+            }
             budget -= advance(
                 &mut self.cache,
                 &mut seq,
@@ -535,12 +602,23 @@ impl EngineModel {
 
         let capacity = (self.config.num_blocks * self.config.block_size) as f64;
         let kv_tokens: usize = self.running.iter().map(|s| s.computed).sum();
-        // Onboarding loads before the forward pass that uses it (vLLM's synchronous load).
-        let duration = self.config.timing.step(
+        let mut duration = self.config.timing.step(
             pass.prefill_tokens,
             pass.decoding,
             kv_tokens as f64 / capacity,
-        ) + pass.onboard_time;
+        );
+        if pass.prefill_tokens == 0 && !pass.decoding {
+            // Nothing to compute: wait for the first load to complete (polling for arrivals).
+            let next_ready = self
+                .running
+                .iter()
+                .map(|s| s.ready_at)
+                .filter(|&ready| ready > clock)
+                .min();
+            if let Some(ready) = next_ready {
+                duration = (ready - clock).min(LOAD_POLL);
+            }
+        }
         self.clock += duration;
 
         self.stats.generation_tokens += outputs.len() as u64;
@@ -584,7 +662,9 @@ impl EngineModel {
 
     /// Move the head of the queue to running if its blocks fit. The part of its prefix that the
     /// device lacks is loaded into it from the host tier, then the disk tier, then the shared
-    /// pool (charged to `pass`), in that order: the nearest copy first.
+    /// pool, in that order (the nearest copy first), each on its tier's link: the request is
+    /// ready once every load it needs, and every device block it hits that is still loading,
+    /// is there.
     fn admit_next(&mut self, pass: &mut Pass, now: Tick) -> Option<Running> {
         let head = self.waiting.front()?;
         let block_size = self.config.block_size;
@@ -594,6 +674,11 @@ impl EngineModel {
             .cache
             .allocate(&head.hashes[..reusable], self.blocks_needed(&head.request))?;
         let device_blocks = table.hashes().len();
+        let mut ready_at = table
+            .hashes()
+            .iter()
+            .filter_map(|hash| self.loading.get(hash))
+            .fold(self.clock, |ready, &at| ready.max(at));
         let onboard = match &self.host {
             Some(host) => host.lookup(&head.hashes[device_blocks..reusable], now),
             None => Vec::new(),
@@ -649,13 +734,23 @@ impl EngineModel {
             // block.
             let stored = self.cache.take_stored();
             pass.events.extend(self.cache.take_events());
+            let clock = self.clock;
             if let Some(host) = &mut self.host {
                 host.write_through(stored, now, &mut pass.events, &mut pass.transfers);
-                pass.onboard_time += host.charge_onboard(onboard.len(), block_size);
-                pass.onboard_time += host.charge_disk_onboard(from_disk.len(), block_size);
+                let time = host.charge_onboard(onboard.len(), block_size);
+                ready_at = ready_at.max(self.links.host(clock, time));
+                let time = host.charge_disk_onboard(from_disk.len(), block_size);
+                ready_at = ready_at.max(self.links.disk(clock, time));
             }
             if let Some(pool) = self.pool.as_mut().filter(|_| fetched > 0) {
-                pass.onboard_time += pool.charge_fetch(fetched, block_size);
+                let time = pool.charge_fetch(fetched, block_size);
+                ready_at = ready_at.max(self.links.pool(clock, time));
+            }
+            if ready_at > clock {
+                // A request admitted before the load completes that hits these waits too.
+                for &hash in &hashes[device_blocks..near + fetched] {
+                    self.loading.insert(hash, ready_at);
+                }
             }
         }
         drop((onboard, from_disk));
@@ -673,6 +768,7 @@ impl EngineModel {
             max_tokens: request.max_tokens as usize,
             computed: cached,
             seed: xxh3_64_with_seed(&prompt_bytes, ENGINE_SEED),
+            ready_at,
             tokens: request.prompt,
             table,
             offload_blocks: request
@@ -688,8 +784,6 @@ impl EngineModel {
 struct Pass {
     prefill_tokens: usize,
     decoding: bool,
-    /// Time loading host and pool blocks into the device.
-    onboard_time: Duration,
     /// Events so far, in order (with a host tier, device and host events interleave).
     events: Vec<CacheEvent>,
     transfers: Vec<KvTransfer>,

@@ -56,8 +56,9 @@ pub struct HostTierConfig {
     /// Bytes of one KV block across layers: what an onboard moves, and what the mock engine's
     /// slabs hold per block. Default [`DEFAULT_BLOCK_BYTES`].
     pub block_bytes: u64,
-    /// Host-to-device bandwidth of onboarding, in bytes per second; the load time of a hit is
-    /// added to the step that admits the request. Default [`DEFAULT_HOST_BANDWIDTH`].
+    /// Host-to-device bandwidth of onboarding, in bytes per second: a request loading a hit
+    /// waits this long (after the loads queued before it on the link) while the others step.
+    /// Default [`DEFAULT_HOST_BANDWIDTH`].
     pub bandwidth_bytes_per_s: f64,
 }
 
@@ -97,8 +98,9 @@ pub struct PoolTierConfig {
     /// Bytes of one KV block across layers: what a fetch moves. Must equal the host tier's
     /// when there is one. Default [`DEFAULT_BLOCK_BYTES`].
     pub block_bytes: u64,
-    /// Pool-to-device bandwidth of a fetch, in bytes per second; the load time of a pool hit is
-    /// added to the step that admits the request. Default [`DEFAULT_POOL_BANDWIDTH`].
+    /// Pool-to-device bandwidth of a fetch, in bytes per second: a request fetching a pool hit
+    /// waits this long (after the fetches queued before it) while the others step. Default
+    /// [`DEFAULT_POOL_BANDWIDTH`].
     pub bandwidth_bytes_per_s: f64,
 }
 
@@ -229,7 +231,8 @@ pub struct TierStats {
     pub prefetched_blocks: u64,
     /// Bytes of those loads.
     pub prefetched_bytes: u64,
-    /// Transfer time of those loads: the engine's background copy time, charged to no request.
+    /// Transfer time of those loads: the engine's background copy time, added to no step (a
+    /// request that hits a block still copying waits for it).
     pub prefetch_time: Duration,
     /// Blocks demote hints moved down (their device or host copy dropped, a copy kept below).
     pub demoted_blocks: u64,
@@ -541,19 +544,23 @@ impl HostTier {
         disk.holds(hash)
     }
 
-    /// Account for a prefetch that loaded `host_blocks` from the host and `disk_blocks` from
-    /// disk, in the background; returns the transfer time.
-    pub(crate) fn charge_prefetch(&mut self, host_blocks: usize, disk_blocks: usize) -> Duration {
+    /// Account for a prefetch that loads `host_blocks` from the host and `disk_blocks` from
+    /// disk, in the background; returns the transfer time on each link: (host, disk).
+    pub(crate) fn charge_prefetch(
+        &mut self,
+        host_blocks: usize,
+        disk_blocks: usize,
+    ) -> (Duration, Duration) {
         let disk_time = self
             .disk
             .as_ref()
             .map_or(Duration::ZERO, |disk| disk.load_time(disk_blocks));
-        let time = self.config.load_time(host_blocks) + disk_time;
+        let host_time = self.config.load_time(host_blocks);
         let blocks = (host_blocks + disk_blocks) as u64;
         self.stats.prefetched_blocks += blocks;
         self.stats.prefetched_bytes += blocks * self.config.block_bytes;
-        self.stats.prefetch_time += time;
-        time
+        self.stats.prefetch_time += host_time + disk_time;
+        (host_time, disk_time)
     }
 
     /// Count a block a demote moved down.

@@ -86,6 +86,15 @@ impl DemoteOnToolCallConfig {
                     })?;
             }
             "demote_threshold" => self.demote_threshold = v.duration()?,
+            "demote_above_usage" => {
+                self.demote_above_usage = Some(v.float()?)
+                    .filter(|u| (0.0..=1.0).contains(u))
+                    .ok_or_else(|| ParamError::BadValue {
+                        key: key.to_owned(),
+                        value: value.to_owned(),
+                        expected: "a number from 0 to 1",
+                    })?;
+            }
             "prefetch_lead" => self.prefetch_lead = v.duration()?,
             "demote_to" => {
                 self.demote_to = match value {
@@ -119,7 +128,9 @@ mod tests {
         let mut config = DemoteOnToolCallConfig::default();
         config.set("demote_threshold", "750ms").unwrap();
         config.set("demote_to", "disk").unwrap();
+        config.set("demote_above_usage", "0.75").unwrap();
         assert_eq!(config.demote_threshold, Duration::from_millis(750));
+        assert_eq!(config.demote_above_usage, 0.75);
         assert_eq!(config.demote_to, HintTier::Disk);
         let joined =
             native_kv_hints_spec("demote-on-tool-call:unseen_tool_time=5s+subagent-reclaim")
@@ -137,6 +148,7 @@ mod tests {
         assert!(err("continuum").contains("unknown KV-hint strategy `continuum`"));
         assert!(err("demote-on-tool-call:speed=2").contains("no parameter `speed`"));
         assert!(err("demote-on-tool-call:ewma_weight=3").contains("from 0 to 1"));
+        assert!(err("demote-on-tool-call:demote_above_usage=1.5").contains("from 0 to 1"));
         assert!(err("demote-on-tool-call:demote_to=gpu").contains("host, disk or shared"));
         assert!(err("subagent-reclaim:max_sessions").contains("not key=value"));
         assert!(err("no-hints:x=1").contains("no parameter `x`"));

@@ -162,6 +162,11 @@ pub struct DemoteOnToolCallConfig {
     /// A session is demoted when its tool is predicted to return more than this after the
     /// call that learns of the tool call. Default: 2 s.
     pub demote_threshold: Duration,
+    /// ... and only when the device is short: a rank holding the session's device blocks uses
+    /// at least this fraction of its device blocks (the index's `usage`). A rank of unknown
+    /// capacity (0) counts as short, as does a session the index holds on no device; 0
+    /// demotes whatever the usage. Default: 0.9.
+    pub demote_above_usage: f64,
     /// The prefetch is hinted this long before the predicted return (the host calls about
     /// every 100 ms while a session waits, so it needs to cover that and the copy). Default:
     /// 500 ms.
@@ -180,6 +185,7 @@ impl Default for DemoteOnToolCallConfig {
             unseen_tool_time: Duration::from_secs(1),
             ewma_weight: 0.3,
             demote_threshold: Duration::from_secs(2),
+            demote_above_usage: 0.9,
             prefetch_lead: Duration::from_millis(500),
             demote_to: HintTier::Host,
             max_tools: 1_024,
@@ -250,7 +256,10 @@ impl ToolTimes {
 /// tool returns, so the device holds the sessions that are running.
 ///
 /// On `TurnEndWithToolCall` at `at`, the tool is predicted to return at `at + predict(tool)`
-/// ([`ToolTimes`]); if that is more than `demote_threshold` after `now`, the session gets
+/// ([`ToolTimes`]); if that is more than `demote_threshold` after `now` and the device is
+/// short (a rank holding the session's device blocks is at least `demote_above_usage` full;
+/// with room, ThunderAgent-style admission keeps it for the running programs and a demote
+/// would only move hits from the device to the host), the session gets
 /// `Demote(demote_to)` and a prefetch is planned `prefetch_lead` before the return. The first
 /// call whose `now` reaches that time hints `Prefetch(Device)` (if the index still holds the
 /// session), unless a `ToolResult` for the session came first: its request brings the blocks
@@ -345,7 +354,9 @@ impl KvHintPolicy for DemoteOnToolCall {
                 LifecycleKind::TurnEndWithToolCall { tool_name, .. } => {
                     self.cancel(session);
                     let returns_at = whole_ms(event.at) + self.tools.predict(tool_name.as_deref());
-                    if returns_at.saturating_sub(now) > self.config.demote_threshold {
+                    if returns_at.saturating_sub(now) > self.config.demote_threshold
+                        && device_short(index, session, self.config.demote_above_usage)
+                    {
                         hints.push(KvHint::new(
                             session,
                             HintKind::Demote(self.config.demote_to),
@@ -403,6 +414,27 @@ impl KvHintPolicy for DemoteOnToolCall {
             }
         }
     }
+}
+
+/// Whether a rank holding `session`'s device blocks uses at least `above` of its device (one
+/// of unknown capacity counts as short); also when the index holds the session on no device
+/// (nothing to weigh: the engines say what they can do).
+fn device_short(index: &IndexState, session: &str, above: f64) -> bool {
+    let mut ranks = index
+        .residency
+        .iter()
+        .filter(|r| r.session_id == session && r.device_blocks > 0)
+        .map(|r| r.rank)
+        .peekable();
+    if ranks.peek().is_none() {
+        return true;
+    }
+    ranks.any(|rank| {
+        index.usage.iter().find(|u| u.rank == rank).is_none_or(|u| {
+            u.device_capacity_blocks == 0
+                || u.device_used_blocks as f64 >= above * u.device_capacity_blocks as f64
+        })
+    })
 }
 
 // === SubagentReclaim ===

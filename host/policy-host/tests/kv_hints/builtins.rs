@@ -41,13 +41,14 @@ fn session(i: usize) -> String {
     }
 }
 
-/// One call: milliseconds since the previous one, the events (empty: a tick), and which
-/// sessions the index holds.
+/// One call: milliseconds since the previous one, the events (empty: a tick), which sessions
+/// the index holds, and the rank's device usage (used, capacity) in blocks.
 #[derive(Debug, Clone)]
 struct Step {
     dt_ms: u64,
     events: Vec<(usize, u64, LifecycleKind)>,
     resident: Vec<bool>,
+    device: (u64, u64),
 }
 
 fn tool() -> impl Strategy<Value = Option<String>> {
@@ -99,11 +100,19 @@ fn step() -> impl Strategy<Value = Step> {
         ],
         events,
         prop::collection::vec(prop::bool::weighted(0.85), SESSIONS),
+        // demote-on-tool-call's usage gate (0.9 by default): at it, on either side, unknown.
+        prop_oneof![
+            2 => Just((900u64, 1_000u64)),
+            2 => (850u64..=1_000).prop_map(|used| (used, 1_000)),
+            2 => (0u64..850).prop_map(|used| (used, 1_000)),
+            1 => Just((0, 0)),
+        ],
     )
-        .prop_map(|(dt_ms, events, resident)| Step {
+        .prop_map(|(dt_ms, events, resident, device)| Step {
             dt_ms,
             events,
             resident,
+            device,
         })
 }
 
@@ -136,8 +145,8 @@ fn inputs(step: &Step, now: Duration) -> (Vec<LifecycleEvent>, IndexState) {
             .collect(),
         usage: vec![RankUsage {
             rank,
-            device_used_blocks: 900,
-            device_capacity_blocks: 1_000,
+            device_used_blocks: step.device.0,
+            device_capacity_blocks: step.device.1,
             host_used_blocks: 100,
             host_capacity_blocks: 10_000,
         }],
@@ -167,7 +176,12 @@ fn component(name: &'static str) -> KvHintsComponent {
 /// every call, or the first call where they differ.
 fn run_both(name: &'static str, steps: &[Step]) -> Result<Vec<Vec<KvHint>>, String> {
     let mut wasm = WasmKvHints::new(component(name), Arc::new(PolicyStats::default()));
-    let mut native = native_kv_hints(crate::compat::native_name(name)).unwrap();
+    let mut native = if name == crate::compat::V1_0_DEMOTE {
+        // The frozen 1.0 build predates the usage gate: the native twin with the gate off.
+        native_kv_hints("demote-on-tool-call:demote_above_usage=0").unwrap()
+    } else {
+        native_kv_hints(crate::compat::native_name(name)).unwrap()
+    };
     let mut now = Duration::ZERO;
     let mut answers = Vec::new();
     for (i, step) in steps.iter().enumerate() {
@@ -210,6 +224,7 @@ fn the_random_scenarios_reach_every_hint_and_tool_results_matter() {
     let mut runner = TestRunner::deterministic();
     let mut seen: BTreeMap<(&str, String), usize> = BTreeMap::new();
     let mut decided_by_tool_results = 0;
+    let mut decided_by_usage = 0;
     for _ in 0..48 {
         let steps = scenario().new_tree(&mut runner).unwrap().current();
         for name in TWINS {
@@ -234,6 +249,7 @@ fn the_random_scenarios_reach_every_hint_and_tool_results_matter() {
             }
         }
         decided_by_tool_results += answers_changed_without_tool_results(&steps);
+        decided_by_usage += answers_changed_by_a_full_device(&steps);
     }
     let expected = [
         ("demote-on-tool-call", "Demote(Host)"),
@@ -254,6 +270,30 @@ fn the_random_scenarios_reach_every_hint_and_tool_results_matter() {
         decided_by_tool_results >= 10,
         "tool results changed only {decided_by_tool_results} answers"
     );
+    assert!(
+        decided_by_usage >= 10,
+        "the device usage changed only {decided_by_usage} answers"
+    );
+}
+
+/// Calls of `steps` where the native demote-on-tool-call answers differently once every rank
+/// is full (its usage gate open on every call).
+fn answers_changed_by_a_full_device(steps: &[Step]) -> usize {
+    let mut as_is = native_kv_hints("demote-on-tool-call").unwrap();
+    let mut full = native_kv_hints("demote-on-tool-call").unwrap();
+    let mut now = Duration::ZERO;
+    let mut changed = 0;
+    for step in steps {
+        now += Duration::from_millis(step.dt_ms);
+        let (events, index) = inputs(step, now);
+        let mut full_index = index.clone();
+        for usage in &mut full_index.usage {
+            usage.device_used_blocks = usage.device_capacity_blocks;
+        }
+        let answer = as_is.on_events(&events, &index, now);
+        changed += usize::from(answer != full.on_events(&events, &full_index, now));
+    }
+    changed
 }
 
 /// Calls of `steps` where the native demote-on-tool-call answers differently once the tool

@@ -247,6 +247,33 @@ fn a_prefetch_after_a_demote_makes_the_next_turn_a_device_hit() {
 }
 
 #[test]
+fn a_request_that_hits_a_prefetch_still_copying_waits_for_it() {
+    let mut engine = engine(Some(32), None);
+    let (prompt, hashes) = first_turn(&mut engine);
+    apply(&mut engine, demote(HintTier::Host, &hashes));
+    let load = engine
+        .config()
+        .host_tier
+        .as_ref()
+        .expect("host")
+        .load_time(4);
+    let at = engine.clock();
+    apply(&mut engine, prefetch(&hashes));
+    // The copy runs in the background; the request arrives at once and waits for it.
+    engine.add_request(request(2, prompt, 1)).expect("accepted");
+    let mut computed_at = None;
+    while engine.has_work() {
+        let start = engine.clock();
+        let step = engine.step();
+        if step.outputs.iter().any(|o| o.id == 2) {
+            computed_at = Some(start);
+        }
+    }
+    assert_eq!(computed_at, Some(at + load));
+    assert_eq!(engine.stats().prefix_hits, 16, "a device hit all the same");
+}
+
+#[test]
 fn a_prefetch_stops_at_the_first_block_in_no_tier() {
     let mut engine = engine(Some(32), None);
     let (_, hashes) = first_turn(&mut engine);

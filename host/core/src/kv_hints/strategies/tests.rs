@@ -1,5 +1,5 @@
 use super::*;
-use crate::kv_hints::SessionResidency;
+use crate::kv_hints::{RankUsage, SessionResidency};
 use crate::worker::Rank;
 
 fn ms(n: u64) -> Duration {
@@ -391,4 +391,65 @@ fn the_lru_drops_the_least_recently_used_entry() {
         (lru.len(), lru.remove("c"), lru.peek("d")),
         (2, Some(3), Some(&5))
     );
+}
+
+/// `holding(&["s1"])` with rank 0.0 using `used` of `capacity` device blocks.
+fn holding_with_usage(used: u64, capacity: u64) -> IndexState {
+    let mut index = holding(&["s1"]);
+    index.usage = vec![RankUsage {
+        rank: Rank::new(0, 0),
+        device_used_blocks: used,
+        device_capacity_blocks: capacity,
+        host_used_blocks: 0,
+        host_capacity_blocks: 0,
+    }];
+    index
+}
+
+#[test]
+fn a_slow_tool_is_demoted_only_when_the_device_is_short() {
+    let demotes = |demoter: &mut DemoteOnToolCall, index: &IndexState, at: u64| {
+        let hints = demoter.on_events(&[tool_call("s1", at, "bash")], index, ms(at));
+        hints.contains(&hint("s1", DEMOTE))
+    };
+    let mut demoter = demoter_that_knows_bash();
+    // Room on the device: the demote would only move hits to the host; no prefetch planned.
+    assert!(!demotes(
+        &mut demoter,
+        &holding_with_usage(500, 1_000),
+        20_000
+    ));
+    assert_eq!(demoter.planned_prefetch("s1"), None);
+    assert!(!demotes(
+        &mut demoter,
+        &holding_with_usage(899, 1_000),
+        40_000
+    ));
+    // Short: at or above the default 0.9.
+    assert!(demotes(
+        &mut demoter,
+        &holding_with_usage(900, 1_000),
+        60_000
+    ));
+    assert!(demoter.planned_prefetch("s1").is_some());
+    // Unknown capacity, or no usage of the rank: as before the gate.
+    assert!(demotes(&mut demoter, &holding_with_usage(0, 0), 80_000));
+    assert!(demotes(&mut demoter, &holding(&["s1"]), 100_000));
+    // A rank that does not hold the session's device blocks does not count.
+    let mut elsewhere = holding_with_usage(500, 1_000);
+    elsewhere.usage.push(RankUsage {
+        rank: Rank::new(1, 0),
+        device_used_blocks: 1_000,
+        device_capacity_blocks: 1_000,
+        host_used_blocks: 0,
+        host_capacity_blocks: 0,
+    });
+    assert!(!demotes(&mut demoter, &elsewhere, 120_000));
+
+    // The threshold is a parameter: 0 demotes whatever the usage.
+    let mut config = DemoteOnToolCallConfig::default();
+    config.set("demote_above_usage", "0").expect("valid");
+    config.set("unseen_tool_time", "10s").expect("valid");
+    let mut eager = DemoteOnToolCall::new(config);
+    assert!(demotes(&mut eager, &holding_with_usage(0, 1_000), 0));
 }
