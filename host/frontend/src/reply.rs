@@ -342,7 +342,26 @@ pub struct SseFrame {
 impl SseFrame {
     /// The frame's bytes on the wire.
     pub fn to_bytes(&self) -> Vec<u8> {
-        self.to_string().into_bytes()
+        let mut out = Vec::with_capacity(self.wire_len());
+        self.write_to(&mut out);
+        out
+    }
+
+    /// Append the frame's bytes on the wire to `out` (a stream's frames go out in one buffer).
+    pub fn write_to(&self, out: &mut Vec<u8>) {
+        if let Some(event) = self.event {
+            out.extend_from_slice(b"event: ");
+            out.extend_from_slice(event.as_bytes());
+            out.push(b'\n');
+        }
+        out.extend_from_slice(b"data: ");
+        out.extend_from_slice(self.data.as_bytes());
+        out.extend_from_slice(b"\n\n");
+    }
+
+    /// The length of [`to_bytes`](Self::to_bytes).
+    pub fn wire_len(&self) -> usize {
+        self.event.map_or(0, |e| "event: \n".len() + e.len()) + "data: \n\n".len() + self.data.len()
     }
 }
 
@@ -446,5 +465,9 @@ mod tests {
             data: "[DONE]".into(),
         };
         assert_eq!(plain.to_string(), "data: [DONE]\n\n");
+        for frame in [&named, &plain] {
+            assert_eq!(frame.to_bytes(), frame.to_string().into_bytes());
+            assert_eq!(frame.wire_len(), frame.to_string().len());
+        }
     }
 }

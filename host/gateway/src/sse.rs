@@ -303,28 +303,64 @@ impl SseReader {
 
 /// The `data` of one event (its `data:` lines joined with newlines), if it has any.
 fn event_data(event: &[u8]) -> Option<String> {
-    let text = String::from_utf8_lossy(event);
-    let lines: Vec<&str> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data:"))
-        .map(|d| d.strip_prefix(' ').unwrap_or(d))
-        .collect();
-    (!lines.is_empty()).then(|| lines.join("\n"))
+    // Valid UTF-8 (every engine's) is checked by the fast validator and borrowed.
+    let text = match std::str::from_utf8(event) {
+        Ok(text) => std::borrow::Cow::Borrowed(text),
+        Err(_) => String::from_utf8_lossy(event),
+    };
+    let mut data: Option<String> = None;
+    for line in text.lines() {
+        let Some(line) = line.strip_prefix("data:") else {
+            continue;
+        };
+        let line = line.strip_prefix(' ').unwrap_or(line);
+        match &mut data {
+            None => data = Some(line.to_owned()),
+            Some(data) => {
+                data.push('\n');
+                data.push_str(line);
+            }
+        }
+    }
+    data
 }
 
-/// Length of the first complete event (including its blank-line terminator), if any.
+/// Length of the first complete event (including its blank-line terminator, `\n\n` or
+/// `\r\n\r\n`), if any: one pass over the line feeds. At a line feed, a CRLF blank line ending
+/// there ends before an LF one starting there, so the first match is the earliest end.
 fn event_end(buf: &[u8]) -> Option<usize> {
-    let lf = buf.windows(2).position(|w| w == b"\n\n").map(|i| i + 2);
-    let crlf = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4);
-    match (lf, crlf) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
+    memchr::memchr_iter(b'\n', buf).find_map(|i| {
+        if i >= 3 && &buf[i - 3..=i] == b"\r\n\r\n" {
+            Some(i + 1)
+        } else if buf.get(i + 1) == Some(&b'\n') {
+            Some(i + 2)
+        } else {
+            None
+        }
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The one-pass search finds the same end as searching for each terminator separately
+        /// and taking the earlier one, on line-ending soup.
+        #[test]
+        fn event_end_is_the_earliest_terminator(
+            buf in proptest::collection::vec(prop_oneof![Just(b'\n'), Just(b'\r'), Just(b'a')], 0..64)
+        ) {
+            let lf = buf.windows(2).position(|w| w == b"\n\n").map(|i| i + 2);
+            let crlf = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4);
+            let expected = match (lf, crlf) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            prop_assert_eq!(event_end(&buf), expected);
+        }
+    }
 
     const STREAM: &str = concat!(
         "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n",

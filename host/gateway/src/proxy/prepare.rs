@@ -109,7 +109,7 @@ pub(crate) async fn prepare(
         }
     };
     normalise(shared, &mut request)?;
-    let tokens = tokenize(shared, &request, agent).await?;
+    let (request, tokens) = tokenize(shared, request, agent).await?;
     let default_max_tokens = room_to_generate(shared, tokens.len())?;
     Ok(Turn {
         api,
@@ -129,7 +129,7 @@ pub(crate) async fn count_tokens(
     let mut request = Request::Chat(messages::decode_count_tokens(&body)?);
     normalise(shared, &mut request)?;
     // Not a turn of the session: leave its incremental state alone.
-    let tokens = tokenize(shared, &request, &AgentContext::default()).await?;
+    let (_, tokens) = tokenize(shared, request, &AgentContext::default()).await?;
     Ok(messages::count_tokens_body(tokens.len() as u64))
 }
 
@@ -183,37 +183,42 @@ fn room_to_generate(shared: &Shared, prompt_tokens: usize) -> Result<u32, Gatewa
 
 /// The prompt's tokens. Chat-shaped requests render the chat template from the canonical
 /// template messages, so one conversation is the same tokens through every API; a session's
-/// next turn only tokenizes what it added (the session cache).
+/// next turn only tokenizes what it added (the session cache). The request travels to the
+/// blocking pool and back rather than being copied.
 async fn tokenize(
     shared: &Arc<Shared>,
-    request: &Request,
+    request: Request,
     agent: &AgentContext,
-) -> Result<Vec<u32>, GatewayError> {
+) -> Result<(Request, Vec<u32>), GatewayError> {
+    if let Request::Completion(Completion {
+        prompt: Prompt::Tokens(ids),
+        ..
+    }) = &request
+    {
+        let tokens = ids.clone();
+        return Ok((request, tokens));
+    }
     let shared = shared.clone();
-    let job: Box<dyn FnOnce() -> Result<Vec<u32>, GatewayError> + Send> = match request {
-        Request::Completion(c) => match &c.prompt {
-            Prompt::Tokens(ids) => return Ok(ids.clone()),
-            Prompt::Text(text) => {
-                let text = text.clone();
-                Box::new(move || {
-                    shared.tokenizer.encode(&text, true).map_err(|e| {
-                        GatewayError::BadRequest(format!("prompt: cannot tokenize: {e}"))
-                    })
-                })
-            }
-        },
-        _ => {
-            let conversation = request.conversation().cloned().unwrap_or_default();
-            let session = agent.session_id.clone();
-            let harness = agent.harness;
-            Box::new(move || {
-                encode_conversation(&shared, &conversation, session.as_deref(), harness)
-            })
-        }
-    };
+    let session = agent.session_id.clone();
+    let harness = agent.harness;
     // Templates and tokenizers of 100K-token prompts take milliseconds: off the reactor.
-    tokio::task::spawn_blocking(job)
-        .await
+    let job = tokio::task::spawn_blocking(move || {
+        let tokens = match &request {
+            Request::Completion(c) => match &c.prompt {
+                Prompt::Text(text) => shared
+                    .tokenizer
+                    .encode(text, true)
+                    .map_err(|e| GatewayError::BadRequest(format!("prompt: cannot tokenize: {e}"))),
+                Prompt::Tokens(ids) => Ok(ids.clone()),
+            },
+            Request::Chat(conversation)
+            | Request::Responses(ResponsesRequest { conversation, .. }) => {
+                encode_conversation(&shared, conversation, session.as_deref(), harness)
+            }
+        };
+        tokens.map(|tokens| (request, tokens))
+    });
+    job.await
         .map_err(|e| GatewayError::Internal(e.to_string()))?
 }
 

@@ -339,8 +339,13 @@ impl Streaming {
     }
 }
 
+/// The frames of one engine read in one buffer: one write to the client.
 fn bytes(frames: Vec<SseFrame>) -> Bytes {
-    frames.iter().flat_map(SseFrame::to_bytes).collect()
+    let mut out = Vec::with_capacity(frames.iter().map(SseFrame::wire_len).sum());
+    for frame in &frames {
+        frame.write_to(&mut out);
+    }
+    Bytes::from(out)
 }
 
 fn api_error(err: &GatewayError) -> ApiError {
