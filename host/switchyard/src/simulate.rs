@@ -768,14 +768,19 @@ mod tests {
             "--host-tier-blocks",
             "256",
             "--kv-hints",
-            "demote-on-tool-call,wasm:demote-on-tool-call",
+            // Demote whatever the device's usage, so that there are hints to compare.
+            "demote-on-tool-call:demote_above_usage=0,wasm:demote-on-tool-call:demote_above_usage=0",
         ])
         .unwrap();
         let configs = configs(&cli.args, &workload).unwrap();
         let outcomes = run_all(&workload, &configs, Some(1), &ProgressBar::hidden()).unwrap();
-        let [native, wasm] = [&outcomes[0], &outcomes[1]].map(Outcome::report);
+        let [native, mut wasm] = [&outcomes[0], &outcomes[1]].map(Outcome::report);
         let hints = native.kv_hints.as_ref().expect("a hint report");
         assert!(hints.total("demote").actions > 0, "{hints:?}");
+        // The component reports the name its metadata gives, without the parameters.
+        let wasm_hints = wasm.kv_hints.as_mut().expect("a hint report");
+        assert_eq!(wasm_hints.policy, "demote-on-tool-call");
+        wasm_hints.policy.clone_from(&hints.policy);
         assert_eq!(wasm, native);
         assert!(
             configs_of(&["--kv-hints", "wasm:no-such-policy"])
