@@ -42,6 +42,12 @@ fn request(id: u64, prompt: Vec<u32>, max_tokens: u32) -> EngineRequest {
 }
 
 /// Step until idle.
+/// Time to load `blocks` from the host tier, at its bandwidth.
+fn host_load(engine: &EngineModel, blocks: usize) -> Duration {
+    let host = engine.config().host_tier.as_ref().expect("a host tier");
+    host.load_time(blocks)
+}
+
 fn drain(engine: &mut EngineModel) -> Vec<Step> {
     let mut steps = Vec::new();
     while engine.has_work() {
@@ -227,12 +233,7 @@ fn a_prefetch_after_a_demote_makes_the_next_turn_a_device_hit() {
         (tiers.prefetched_blocks, tiers.prefetched_bytes),
         (4, 4_000)
     );
-    let load = engine
-        .config()
-        .host_tier
-        .as_ref()
-        .expect("host")
-        .load_time(4);
+    let load = host_load(&engine, 4);
     assert_eq!(tiers.prefetch_time, load);
 
     let again = run(&mut engine, 2, prompt);
@@ -251,12 +252,7 @@ fn a_request_that_hits_a_prefetch_still_copying_waits_for_it() {
     let mut engine = engine(Some(32), None);
     let (prompt, hashes) = first_turn(&mut engine);
     apply(&mut engine, demote(HintTier::Host, &hashes));
-    let load = engine
-        .config()
-        .host_tier
-        .as_ref()
-        .expect("host")
-        .load_time(4);
+    let load = host_load(&engine, 4);
     let at = engine.clock();
     apply(&mut engine, prefetch(&hashes));
     // The copy runs in the background; the request arrives at once and waits for it.

@@ -26,6 +26,22 @@ fn run(engine: &mut EngineModel, id: u64, prompt: Vec<u32>) -> Vec<Step> {
     run_with_pool(engine, id, prompt, 0)
 }
 
+fn request(id: u64, prompt: Vec<u32>, max_tokens: u32) -> EngineRequest {
+    EngineRequest {
+        id,
+        prompt,
+        max_tokens,
+        pool_prefix_blocks: 0,
+        max_offload_tokens: None,
+    }
+}
+
+/// Time to load `blocks` from the host tier, at its bandwidth.
+fn host_load(engine: &EngineModel, blocks: usize) -> Duration {
+    let host = engine.config().host_tier.as_ref().expect("a host tier");
+    host.load_time(blocks)
+}
+
 /// Run one request whose first `pool_prefix_blocks` blocks the driver found in the pool.
 fn run_with_pool(
     engine: &mut EngineModel,
@@ -132,12 +148,7 @@ fn a_prefix_evicted_from_the_device_is_loaded_from_the_host() {
     assert_eq!(stats.onboarded_blocks, 4);
     assert_eq!(stats.onboarded_bytes, 4_000);
     assert_eq!(stats.host_hit_tokens, 16);
-    let load = tiered
-        .config()
-        .host_tier
-        .as_ref()
-        .expect("tiered")
-        .load_time(4);
+    let load = host_load(&tiered, 4);
     assert_eq!(stats.onboard_time, load);
     // vLLM's prefix-cache counters stay the device's.
     assert_eq!(tiered.stats().prefix_hits, 0);
@@ -735,36 +746,17 @@ fn a_request_loading_from_the_host_does_not_delay_the_others() {
     let mut engine = slow_link();
     let prompt = tokens(1, 17);
     only_in_host(&mut engine, 1, &prompt);
-    let load = engine
-        .config()
-        .host_tier
-        .as_ref()
-        .expect("host")
-        .load_time(4);
+    let load = host_load(&engine, 4);
     assert_eq!(load, Duration::from_millis(40));
 
     // A long decode runs; then the session comes back and must load its 4 blocks.
     engine
-        .add_request(EngineRequest {
-            id: 10,
-            prompt: tokens(10, 9),
-            max_tokens: 60,
-            pool_prefix_blocks: 0,
-            max_offload_tokens: None,
-        })
+        .add_request(request(10, tokens(10, 9), 60))
         .expect("accepted");
     let warmup = engine.step();
     assert!(warmup.outputs.iter().any(|o| o.id == 10 && o.first));
     let admitted_at = engine.clock();
-    engine
-        .add_request(EngineRequest {
-            id: 3,
-            prompt,
-            max_tokens: 1,
-            pool_prefix_blocks: 0,
-            max_offload_tokens: None,
-        })
-        .expect("accepted");
+    engine.add_request(request(3, prompt, 1)).expect("accepted");
     let steps = drain_timed(&mut engine);
     let (_, admission) = &steps[0];
     assert_eq!(admission.admitted.len(), 1);
@@ -812,22 +804,11 @@ fn loads_on_the_same_link_queue() {
         assert_eq!(engine.cache().cached_prefix(&hashes), 0);
         assert!(hashes.iter().all(|&h| host.holds(h)));
     }
-    let load = engine
-        .config()
-        .host_tier
-        .as_ref()
-        .expect("host")
-        .load_time(4);
+    let load = host_load(&engine, 4);
     let start = engine.clock();
     for (id, prompt) in [(20, a), (21, b)] {
         engine
-            .add_request(EngineRequest {
-                id,
-                prompt,
-                max_tokens: 1,
-                pool_prefix_blocks: 0,
-                max_offload_tokens: None,
-            })
+            .add_request(request(id, prompt, 1))
             .expect("accepted");
     }
     let steps = drain_timed(&mut engine);
