@@ -1,0 +1,117 @@
+//! Golden runs: small simulations whose whole outcome (every request's times to the nanosecond,
+//! its worker and cached tokens, every KV utilization sample, the tier and hint counters) is
+//! pinned by a digest. An optimisation of the simulator or of the router core must leave these
+//! unchanged; a change of behaviour updates them on purpose, with the reason in its commit.
+
+use std::fmt::Write;
+use std::path::Path;
+use std::time::Duration;
+use switchyard_core::engine::{EngineConfig, HostTierConfig, PoolTierConfig};
+use switchyard_sim::workload::{self, Workload};
+use switchyard_sim::{Outcome, SimConfig, Simulation};
+use xxhash_rust::xxh3::xxh3_64;
+
+fn trace(relative: &str) -> Workload {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples/traces")
+        .join(relative);
+    workload::load(&path, None).expect("the example trace loads")
+}
+
+fn run(workload: &Workload, config: SimConfig) -> Outcome {
+    Simulation::new(workload, config)
+        .expect("valid config")
+        .run(&mut || {})
+}
+
+/// Everything the run recorded, written out exactly (`Duration` and `f64` debug forms are exact).
+fn digest(outcome: &Outcome) -> String {
+    let mut text = String::new();
+    for r in &outcome.records {
+        writeln!(
+            text,
+            "{} {} {:?} {} {:?} {:?} {:?} {:?} {:?} {} {} {}",
+            r.session,
+            r.request,
+            r.worker,
+            r.replica,
+            r.sent,
+            r.released,
+            r.admitted,
+            r.first_token,
+            r.finished,
+            r.input_tokens,
+            r.output_tokens,
+            r.cached_tokens
+        )
+        .unwrap();
+    }
+    writeln!(text, "{:?}", outcome.kv_samples).unwrap();
+    writeln!(text, "{} {:?}", outcome.recomputed_tokens, outcome.tiers).unwrap();
+    writeln!(text, "{:?}", outcome.pool).unwrap();
+    writeln!(text, "{:?}", outcome.kv_hints).unwrap();
+    format!("{:016x}", xxh3_64(text.as_bytes()))
+}
+
+fn assert_digest(outcome: &Outcome, expected: &str) {
+    let report = outcome.report();
+    let got = digest(outcome);
+    assert_eq!(
+        got, expected,
+        "the run's outcome changed: TTFT mean {:.3} ms, prefix hit {:.6}, recomputed {}",
+        report.ttft_ms.mean, report.prefix_hit_ratio, outcome.recomputed_tokens
+    );
+}
+
+/// 500 Mooncake conversations on 8 workers of 16,384 blocks, KV routing: the regime of the
+/// dynamo-mocker comparison (docs/benchmarks.md (n)).
+#[test]
+fn mooncake_kv_routing() {
+    let workload = trace("mooncake/conversation_500.jsonl")
+        .with_block_size(64)
+        .expect("64 divides the trace's blocks");
+    let outcome = run(
+        &workload,
+        SimConfig {
+            workers: 8,
+            engine: EngineConfig {
+                block_size: 64,
+                num_blocks: 16_384,
+                ..EngineConfig::default()
+            },
+            ..SimConfig::default()
+        },
+    );
+    assert_eq!(outcome.records.len(), 500);
+    assert_digest(&outcome, "ddab1c933238acf2");
+}
+
+/// Three Claude Code sessions (up to 2,175 blocks a prompt) overflowing two devices of 2,560
+/// blocks: ThunderAgent admission, a host tier and a shared pool, three KV-hint strategies.
+#[test]
+fn claude_code_admission_tiers_and_hints() {
+    let workload = trace("claude-code");
+    let outcome = run(
+        &workload,
+        SimConfig {
+            workers: 2,
+            engine: EngineConfig {
+                block_size: workload.block_size as usize,
+                num_blocks: 2_560,
+                host_tier: Some(HostTierConfig::blocks(8_192)),
+                pool: Some(PoolTierConfig::default()),
+                ..EngineConfig::default()
+            },
+            pool_blocks: Some(16_384),
+            admission: "thunder-agent".to_owned(),
+            kv_hints: Some(
+                "demote-on-tool-call:demote_above_usage=0+subagent-reclaim+share-to-subagent"
+                    .to_owned(),
+            ),
+            max_gap: Some(Duration::from_secs(30)),
+            ..SimConfig::default()
+        },
+    );
+    assert!(outcome.records.iter().all(|r| r.finished.is_some()));
+    assert_digest(&outcome, "747bdd95895e4a54");
+}
