@@ -279,6 +279,16 @@ impl Ingestor {
     ///   and are reported as a gap from 0.
     /// - A repeat of the last number is ignored.
     pub fn on_message(&mut self, seq: u64, payload: &[u8]) -> Ingested {
+        self.on_live(seq, |this, out| this.apply(payload, out))
+    }
+
+    /// A live message already decoded (an in-process publisher: the simulator's engines), with
+    /// the same sequence tracking as [`on_message`](Self::on_message).
+    pub fn on_batch(&mut self, seq: u64, batch: EventBatch) -> Ingested {
+        self.on_live(seq, |this, out| this.apply_batch(batch, out))
+    }
+
+    fn on_live(&mut self, seq: u64, apply: impl FnOnce(&mut Self, &mut Ingested)) -> Ingested {
         let mut out = Ingested::default();
         if let Some(through) = self.replayed_through {
             if seq <= through {
@@ -308,7 +318,7 @@ impl Ingestor {
                 received: seq,
             });
         } else {
-            self.apply(payload, &mut out);
+            apply(self, &mut out);
         }
         self.flush_names();
         out
@@ -453,6 +463,10 @@ impl Ingestor {
                 return;
             }
         };
+        self.apply_batch(batch, out);
+    }
+
+    fn apply_batch(&mut self, batch: EventBatch, out: &mut Ingested) {
         self.stats.batches += 1;
         self.stats.events += batch.events.len() as u64;
         out.ts = Some(batch.ts);

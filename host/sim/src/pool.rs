@@ -11,7 +11,7 @@
 use std::time::Duration;
 use switchyard_core::index::{IndexOp, SHARED_POOL};
 use switchyard_kv_events::ingest::Ingestor;
-use switchyard_kv_events::wire::{Encoding, EngineHash, EventBatch, KvEvent, encode_batch};
+use switchyard_kv_events::wire::{EngineHash, EventBatch, KvEvent};
 use switchyard_kvbm::pool::BlockPool;
 use switchyard_kvbm::retention::Retention;
 use switchyard_kvbm::{KvbmError, SequenceHash, Tick, Tier};
@@ -111,7 +111,8 @@ impl SharedPool {
     }
 
     /// The router index's changes since the last call: the pool's events as one message on its
-    /// stream, through the gateway's ingestion.
+    /// stream, through the gateway's ingestion (decoded already: the wire format is the
+    /// kv-events crate's to test).
     pub(crate) fn index_ops(&mut self) -> Vec<IndexOp> {
         if self.events.is_empty() {
             return Vec::new();
@@ -121,8 +122,7 @@ impl SharedPool {
             events: std::mem::take(&mut self.events),
             dp_rank: None,
         };
-        let payload = encode_batch(&batch, Encoding::Array);
-        let ops = self.ingestor.on_message(self.seq, &payload).ops;
+        let ops = self.ingestor.on_batch(self.seq, batch).ops;
         self.seq += 1;
         ops
     }

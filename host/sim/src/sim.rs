@@ -27,7 +27,7 @@ use crate::queue::EventQueue;
 use crate::tokens;
 use crate::worker::{Published, SimWorker};
 use crate::workload::{SpawnTree, Workload};
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::str::FromStr;
 use std::time::Duration;
 use switchyard_core::admission::{
@@ -39,6 +39,7 @@ use switchyard_core::engine::{
 };
 use switchyard_core::hash::{BlockHasher, SequenceHash};
 use switchyard_core::index::KvIndex;
+use switchyard_core::index::flat::U64Map;
 use switchyard_core::kv_hints::params::native_kv_hints_spec;
 use switchyard_core::kv_hints::sessions::RoutedTurn;
 use switchyard_core::programs::{TurnEnd, Usage};
@@ -304,8 +305,9 @@ pub struct Simulation<'w> {
     records: Vec<RequestRecord>,
     /// Prompt hashes of requests not admitted yet, for the recompute count.
     unadmitted: HashMap<u64, Vec<SequenceHash>>,
-    /// Every block some worker has computed, to tell recomputation from first computation.
-    computed: HashSet<SequenceHash>,
+    /// Every block some worker has computed, to tell recomputation from first computation
+    /// (millions of keys on a long trace: the index's open-addressing table).
+    computed: U64Map<()>,
     recomputed_tokens: u64,
     kv_samples: Vec<Vec<f64>>,
     next_sample: Duration,
@@ -514,7 +516,7 @@ impl<'w> Simulation<'w> {
             roots_waiting: VecDeque::new(),
             records: Vec::with_capacity(workload.request_count()),
             unadmitted: HashMap::new(),
-            computed: HashSet::new(),
+            computed: U64Map::new(),
             recomputed_tokens: 0,
             next_sample: Duration::ZERO,
         })
@@ -532,7 +534,7 @@ impl<'w> Simulation<'w> {
                 Event::StepEnd(w) => self.end_step(w, now, progress),
                 Event::KvEvents(w, message) => {
                     // Every replica subscribes to every engine: the same ops reach each index.
-                    for op in self.workers[w].ingest(&message) {
+                    for op in self.workers[w].ingest(message) {
                         for replica in &mut self.replicas {
                             replica.index.apply(&op);
                         }
@@ -871,12 +873,14 @@ impl<'w> Simulation<'w> {
             record.cached_tokens = admitted.cached_tokens as u32;
             let hashes = self.unadmitted.remove(&admitted.id).unwrap_or_default();
             let cached_blocks = admitted.cached_tokens / block_size;
-            for hash in hashes.iter().skip(cached_blocks) {
-                if self.computed.contains(hash) {
+            for hash in &hashes[cached_blocks.min(hashes.len())..] {
+                if self.computed.contains_key(hash.0) {
                     self.recomputed_tokens += block_size as u64;
                 }
             }
-            self.computed.extend(hashes);
+            for hash in hashes {
+                self.computed.get_or_insert(hash.0, ());
+            }
         }
         self.queue.push(now + step.duration, Event::StepEnd(w));
         self.workers[w].step = Some((now, step));

@@ -1,21 +1,23 @@
 //! One simulated worker: an engine model and the KV event stream it publishes.
 //!
-//! The engine is the mock engine's [`EngineModel`]; its cache events are encoded exactly as vLLM
-//! publishes them and decoded by the gateway's own [`Ingestor`], so the index the router reads in
-//! the simulation is built by the same code as in production.
+//! The engine is the mock engine's [`EngineModel`]; its cache events become the batches vLLM
+//! publishes and go through the gateway's own [`Ingestor`], so the index the router reads in the
+//! simulation is built by the same code as in production. Only the msgpack bytes are skipped:
+//! encoding and decoding them was half of a simulation's time, and the wire format has its own
+//! tests in the kv-events crate.
 
 use std::time::Duration;
 use switchyard_core::engine::{CacheEvent, EngineModel, Step};
 use switchyard_core::index::IndexOp;
 use switchyard_core::worker::Rank;
 use switchyard_kv_events::ingest::Ingestor;
-use switchyard_kv_events::wire::{Encoding, EventBatch, KvEvent, encode_batch};
+use switchyard_kv_events::wire::{EventBatch, KvEvent};
 
 /// A message on the worker's KV event stream.
 #[derive(Debug)]
 pub(crate) struct Published {
     pub(crate) seq: u64,
-    pub(crate) payload: Vec<u8>,
+    pub(crate) batch: EventBatch,
 }
 
 #[derive(Debug)]
@@ -54,14 +56,11 @@ impl SimWorker {
         };
         let seq = self.next_seq;
         self.next_seq += 1;
-        Published {
-            seq,
-            payload: encode_batch(&batch, Encoding::Array),
-        }
+        Published { seq, batch }
     }
 
     /// What the gateway's subscriber makes of a message.
-    pub(crate) fn ingest(&mut self, message: &Published) -> Vec<IndexOp> {
-        self.ingestor.on_message(message.seq, &message.payload).ops
+    pub(crate) fn ingest(&mut self, message: Published) -> Vec<IndexOp> {
+        self.ingestor.on_batch(message.seq, message.batch).ops
     }
 }

@@ -10,9 +10,9 @@
 //! engine's hashes differ from the gateway's, so consumers of the events must re-hash `token_ids`.
 
 use crate::hash::{BlockHasher, SequenceHash};
+use crate::index::flat::U64Map;
 use crate::worker::Tier;
-use std::collections::hash_map::Entry;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 /// Seed of the engine's block hashes: anything but the router's 1337.
 pub const ENGINE_SEED: u64 = 0x6d6f_636b_5f6b_7663;
@@ -169,7 +169,9 @@ pub struct KvCache {
     free: FreeList,
     /// Unreferenced blocks a retain hint marked: evicted only when `free` is empty.
     retained: FreeList,
-    cached: HashMap<u64, u32>,
+    /// Engine hash -> slot of every cached block (the index's open-addressing table: the
+    /// keys are hashes already).
+    cached: U64Map<u32>,
     /// Blocks promised to admitted sequences, not yet taken; never more than the free list holds.
     reserved: usize,
     events: Vec<CacheEvent>,
@@ -228,7 +230,7 @@ impl KvCache {
             blocks: Vec::with_capacity(num_blocks),
             free: FreeList::EMPTY,
             retained: FreeList::EMPTY,
-            cached: HashMap::new(),
+            cached: U64Map::new(),
             reserved: 0,
             events: Vec::new(),
             stored: None,
@@ -288,13 +290,18 @@ impl KvCache {
     pub fn cached_prefix(&self, hashes: &[u64]) -> usize {
         hashes
             .iter()
-            .take_while(|h| self.cached.contains_key(h))
+            .take_while(|&&h| self.cached.contains_key(h))
             .count()
+    }
+
+    /// Blocks cached.
+    pub fn cached_len(&self) -> usize {
+        self.cached.len()
     }
 
     /// Hashes of every cached block, in no particular order.
     pub fn cached_hashes(&self) -> impl Iterator<Item = u64> + '_ {
-        self.cached.keys().copied()
+        self.cached.keys()
     }
 
     /// Admit a sequence that needs `total_blocks` blocks over its life: reuse the cached leading
@@ -302,7 +309,7 @@ impl KvCache {
     pub fn allocate(&mut self, prefix: &[u64], total_blocks: usize) -> Option<BlockTable> {
         let hits: Vec<u32> = prefix
             .iter()
-            .map_while(|h| self.cached.get(h).copied())
+            .map_while(|&h| self.cached.get(h).copied())
             .take(total_blocks)
             .collect();
         let fresh = total_blocks - hits.len();
@@ -347,28 +354,25 @@ impl KvCache {
             let parent = table.hashes.last().map(|&h| SequenceHash(h));
             let hash = self.hasher.chain(parent, self.hasher.local(block)).0;
             table.hashes.push(hash);
-            match self.cached.entry(hash) {
-                Entry::Vacant(slot) => {
-                    slot.insert(table.blocks[i]);
-                    self.blocks[table.blocks[i] as usize].hash = Some(hash);
-                    if let Some(contents) = &mut self.contents {
-                        contents.record(table.blocks[i], parent.map(|p| p.0), block);
-                    }
-                    if let Some(stored) = &mut self.stored {
-                        stored.push(StoredBlock {
-                            hash,
-                            parent: parent.map(|p| p.0),
-                            slot: table.blocks[i],
-                            token_ids: block.to_vec(),
-                        });
-                    }
-                }
+            if self.cached.contains_key(hash) {
                 // Another block already caches these tokens (two identical prompts prefilled at
                 // once): this copy stays anonymous and is freed without an event.
-                Entry::Occupied(_) => {
-                    self.store_run(table, tokens, run_start..i);
-                    run_start = i + 1;
-                }
+                self.store_run(table, tokens, run_start..i);
+                run_start = i + 1;
+                continue;
+            }
+            self.cached.get_or_insert(hash, table.blocks[i]);
+            self.blocks[table.blocks[i] as usize].hash = Some(hash);
+            if let Some(contents) = &mut self.contents {
+                contents.record(table.blocks[i], parent.map(|p| p.0), block);
+            }
+            if let Some(stored) = &mut self.stored {
+                stored.push(StoredBlock {
+                    hash,
+                    parent: parent.map(|p| p.0),
+                    slot: table.blocks[i],
+                    token_ids: block.to_vec(),
+                });
             }
         }
         self.store_run(table, tokens, run_start..table.hashes.len());
@@ -481,7 +485,7 @@ impl KvCache {
         let block = &mut self.blocks[id as usize];
         block.mark = Mark::Plain;
         if let Some(hash) = block.hash.take() {
-            self.cached.remove(&hash);
+            self.cached.remove(hash);
             match self.events.last_mut() {
                 Some(CacheEvent::Removed { hashes, .. }) => hashes.push(hash),
                 _ => self.events.push(CacheEvent::Removed {
@@ -494,7 +498,7 @@ impl KvCache {
 
     /// Where the block cached under `hash` stands.
     pub(crate) fn residency(&self, hash: u64) -> Residency {
-        match self.cached.get(&hash) {
+        match self.cached.get(hash) {
             None => Residency::Absent,
             Some(&id) if self.blocks[id as usize].refs == 0 => Residency::Free,
             Some(_) => Residency::InUse,
@@ -504,7 +508,7 @@ impl KvCache {
     /// The cached block `hash` as write-through needs it: slot, parent and tokens (only with
     /// the stored log on).
     pub(crate) fn cached_block(&self, hash: u64) -> Option<StoredBlock> {
-        let &slot = self.cached.get(&hash)?;
+        let &slot = self.cached.get(hash)?;
         let contents = self.contents.as_ref()?;
         let start = slot as usize * self.block_size();
         Some(StoredBlock {
@@ -521,7 +525,7 @@ impl KvCache {
         if self.residency(hash) != Residency::Free {
             return false;
         }
-        let Some(&id) = self.cached.get(&hash) else {
+        let Some(&id) = self.cached.get(hash) else {
             return false;
         };
         self.unlink_free(id);
@@ -551,7 +555,7 @@ impl KvCache {
 
     fn remark(&mut self, hash: u64, mark: impl FnOnce(Mark) -> Mark) -> Residency {
         let residency = self.residency(hash);
-        let Some(&id) = self.cached.get(&hash) else {
+        let Some(&id) = self.cached.get(hash) else {
             return residency;
         };
         if residency == Residency::Free {
@@ -580,7 +584,7 @@ impl KvCache {
         token_ids: &[u32],
         keep: &HashSet<u64>,
     ) -> Option<u32> {
-        if self.cached.contains_key(&hash) || self.spare_blocks() == 0 {
+        if self.cached.contains_key(hash) || self.spare_blocks() == 0 {
             return None;
         }
         let victim = self.next_victim()?;
@@ -592,7 +596,7 @@ impl KvCache {
         }
         let id = self.evict_lru()?;
         self.blocks[id as usize].hash = Some(hash);
-        self.cached.insert(hash, id);
+        self.cached.get_or_insert(hash, id);
         self.free.push_back(&mut self.blocks, id);
         if let Some(contents) = &mut self.contents {
             contents.record(id, parent, token_ids);
@@ -629,7 +633,7 @@ impl KvCache {
     /// Hold a reference on the cached block `hash` (a pin): eviction skips it until the table
     /// is released. `None` if it is not cached, or is free and every free block is promised.
     pub(crate) fn hold(&mut self, hash: u64) -> Option<BlockTable> {
-        if !self.cached.contains_key(&hash) {
+        if !self.cached.contains_key(hash) {
             return None;
         }
         self.allocate(&[hash], 1)

@@ -519,7 +519,7 @@ impl EngineModel {
             running: self.running.len(),
             waiting: self.waiting.len(),
             kv_usage: self.cache.usage(),
-            cached_blocks: self.cache.cached_hashes().count(),
+            cached_blocks: self.cache.cached_len(),
             tiers,
             ..self.stats
         }
