@@ -882,7 +882,8 @@ impl<'w> Simulation<'w> {
                 self.computed.get_or_insert(hash.0, ());
             }
         }
-        self.queue.push(now + step.duration, Event::StepEnd(w));
+        self.queue
+            .push_step_end(now + step.duration, w, Event::StepEnd(w));
         self.workers[w].step = Some((now, step));
     }
 
