@@ -25,7 +25,7 @@ use crate::metrics::{Outcome, RequestRecord};
 use crate::pool::SharedPool;
 use crate::queue::EventQueue;
 use crate::tokens;
-use crate::worker::{Published, SimWorker};
+use crate::worker::{Published, QuietRun, SimWorker};
 use crate::workload::{SpawnTree, Workload};
 use std::collections::{HashMap, VecDeque};
 use std::str::FromStr;
@@ -35,7 +35,7 @@ use switchyard_core::admission::{
     ParamError, RankUtilization, Release, native_admission_spec,
 };
 use switchyard_core::engine::{
-    EngineConfig, EngineModel, EngineRequest, KvTransfer, TierStats, TokenOut,
+    EngineConfig, EngineModel, EngineRequest, KvTransfer, Step, TierStats, TokenOut,
 };
 use switchyard_core::hash::{BlockHasher, SequenceHash};
 use switchyard_core::index::KvIndex;
@@ -235,8 +235,9 @@ enum Event {
     Send { session: usize, request: usize },
     /// Worker `w` may start a step.
     Wake(usize),
-    /// Worker `w`'s step in progress ends.
-    StepEnd(usize),
+    /// Worker `w`'s step in progress (or quiet run) ends: the `n`th step end queued for it,
+    /// stale unless it is the last one ([`SimWorker::step_ends`]).
+    StepEnd(usize, u64),
     /// A KV event message reaches the index.
     KvEvents(usize, Published),
     /// Replica `r`'s admission controller's periodic work is due.
@@ -311,6 +312,12 @@ pub struct Simulation<'w> {
     recomputed_tokens: u64,
     kv_samples: Vec<Vec<f64>>,
     next_sample: Duration,
+    /// Whether engines may run quiet steps at once ([`EngineModel::quiet_steps`]): not while
+    /// a router queue or a KV-hint path watches every step end (the hint path counts queued
+    /// events to know when to stop ticking).
+    quiet_runs: bool,
+    /// The worker whose step end is being handled, if that is the event in hand.
+    ending: Option<usize>,
     /// Router hashes -> engine hashes, while a KV-hint path runs.
     translation: Option<hints::HashTranslation>,
     /// `Hints` events in the queue: ticks stop once nothing else is.
@@ -519,19 +526,32 @@ impl<'w> Simulation<'w> {
             computed: U64Map::new(),
             recomputed_tokens: 0,
             next_sample: Duration::ZERO,
+            quiet_runs: false,
+            ending: None,
         })
     }
 
     /// Run to completion; `progress` hears of every request that ends (finished or failed).
     pub fn run(mut self, progress: &mut dyn FnMut()) -> Outcome {
+        self.quiet_runs = self
+            .replicas
+            .iter()
+            .all(|r| r.router_queue.is_none() && r.hints.is_none());
         while let Some((now, event)) = self.queue.pop() {
+            self.ending = match event {
+                Event::StepEnd(w, _) => Some(w),
+                _ => None,
+            };
             self.sample_until(now);
             match event {
                 Event::Arrive(session) => self.arrive(session, now),
                 Event::Send { session, request } => self.send(session, request, now, progress),
-                Event::Wake(w) if self.workers[w].step.is_none() => self.start_step(w, now),
+                Event::Wake(w) if !self.workers[w].busy() => self.start_step(w, now),
                 Event::Wake(_) => {}
-                Event::StepEnd(w) => self.end_step(w, now, progress),
+                Event::StepEnd(w, n) if n == self.workers[w].step_ends => {
+                    self.end_step(w, now, progress);
+                }
+                Event::StepEnd(..) => {}
                 Event::KvEvents(w, message) => {
                     // Every replica subscribes to every engine: the same ops reach each index.
                     for op in self.workers[w].ingest(message) {
@@ -769,6 +789,7 @@ impl<'w> Simulation<'w> {
             pool_prefix_blocks,
             max_offload_tokens: None,
         };
+        self.settle(worker, now);
         if self.workers[worker]
             .engine
             .add_request(engine_request)
@@ -865,6 +886,21 @@ impl<'w> Simulation<'w> {
         if !worker.engine.has_work() {
             return;
         }
+        let steps = if self.quiet_runs {
+            worker.engine.quiet_steps()
+        } else {
+            0
+        };
+        if steps >= 2 {
+            // Nothing to see until the last one ends, unless a request arrives first.
+            let end = worker
+                .engine
+                .quiet_durations(steps)
+                .fold(now, |at, d| at + d);
+            worker.quiet = Some(QuietRun { start: now, steps });
+            self.queue_step_end(w, end);
+            return;
+        }
         let step = worker.engine.step();
         let block_size = self.workload.block_size as usize;
         for admitted in &step.admitted {
@@ -882,12 +918,54 @@ impl<'w> Simulation<'w> {
                 self.computed.get_or_insert(hash.0, ());
             }
         }
-        self.queue
-            .push_step_end(now + step.duration, w, Event::StepEnd(w));
+        self.queue_step_end(w, now + step.duration);
         self.workers[w].step = Some((now, step));
     }
 
+    fn queue_step_end(&mut self, w: usize, at: Duration) {
+        let worker = &mut self.workers[w];
+        worker.step_ends += 1;
+        let event = Event::StepEnd(w, worker.step_ends);
+        self.queue.push_step_end(at, w, event);
+    }
+
+    /// Worker `w`'s engine is about to change at `now`: run the quiet steps begun by then, and
+    /// let the one under way end as a step of its own (so what arrives now waits for it, as it
+    /// would behind any step).
+    fn settle(&mut self, w: usize, now: Duration) {
+        let Some(run) = self.workers[w].quiet.take() else {
+            return;
+        };
+        // Whether a step end at `now` came before this event (`EventQueue`'s same-instant
+        // order: step ends first, by worker).
+        let ended_first = self.ending.is_none_or(|v| w < v);
+        let engine = &mut self.workers[w].engine;
+        let mut durations = engine.quiet_durations(run.steps);
+        let (mut begun, mut start) = (1, run.start);
+        let mut current = durations.next().expect("a quiet run has steps");
+        for next in durations {
+            let end = start + current;
+            if end > now || (end == now && !ended_first) {
+                break;
+            }
+            (begun, start, current) = (begun + 1, end, next);
+        }
+        engine.run_quiet(begun);
+        let step = Step {
+            duration: current,
+            ..Step::default()
+        };
+        self.queue_step_end(w, start + current);
+        self.workers[w].step = Some((start, step));
+    }
+
     fn end_step(&mut self, w: usize, now: Duration, progress: &mut dyn FnMut()) {
+        if let Some(run) = self.workers[w].quiet.take() {
+            // Quiet steps report nothing, and no router queue waits on them (runs are off
+            // with one): on to the next step.
+            self.workers[w].engine.run_quiet(run.steps);
+            return self.start_step(w, now);
+        }
         let Some((_, step)) = self.workers[w].step.take() else {
             return;
         };

@@ -27,8 +27,22 @@ pub(crate) struct SimWorker {
     /// The gateway's subscriber state for this rank.
     ingestor: Ingestor,
     next_seq: u64,
-    /// The step in progress and when it started; `None` while idle.
+    /// The step in progress and when it started; `None` while idle or in a quiet run.
     pub(crate) step: Option<(Duration, Step)>,
+    /// Quiet steps in progress ([`EngineModel::quiet_steps`]), not run yet: only the last
+    /// one's end is queued.
+    pub(crate) quiet: Option<QuietRun>,
+    /// Step ends queued so far: the one queued last carries this number, earlier ones (a quiet
+    /// run's end after the run was cut short) are stale.
+    pub(crate) step_ends: u64,
+}
+
+/// Quiet steps of an engine from `start`, `steps` of them, run once they end or once the
+/// engine has to change (a request arrives), whichever comes first.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct QuietRun {
+    pub(crate) start: Duration,
+    pub(crate) steps: usize,
 }
 
 impl SimWorker {
@@ -40,7 +54,14 @@ impl SimWorker {
             ingestor: Ingestor::new(rank, block_size),
             next_seq: 0,
             step: None,
+            quiet: None,
+            step_ends: 0,
         }
+    }
+
+    /// Whether a step (or a quiet run) is in progress.
+    pub(crate) fn busy(&self) -> bool {
+        self.step.is_some() || self.quiet.is_some()
     }
 
     /// The message vLLM would publish for one step's cache events.

@@ -86,6 +86,53 @@ fn mooncake_kv_routing() {
     assert_digest(&outcome, "ddab1c933238acf2");
 }
 
+/// The same conversations at 4x on devices of 2,048 blocks: queues, evictions and recomputation.
+#[test]
+fn mooncake_kv_routing_overloaded() {
+    let workload = trace("mooncake/conversation_500.jsonl")
+        .with_block_size(64)
+        .expect("64 divides the trace's blocks");
+    let outcome = run(
+        &workload,
+        SimConfig {
+            workers: 8,
+            engine: EngineConfig {
+                block_size: 64,
+                num_blocks: 2_048,
+                ..EngineConfig::default()
+            },
+            speedup: 4.0,
+            ..SimConfig::default()
+        },
+    );
+    assert_digest(&outcome, "ef225b8c5f21ac86");
+}
+
+/// Three Claude Code sessions on two workers with a host tier and a shared pool, under
+/// ThunderAgent admission (its releases place requests while other engines' steps end).
+#[test]
+fn claude_code_admission_and_tiers() {
+    let workload = trace("claude-code");
+    let outcome = run(
+        &workload,
+        SimConfig {
+            workers: 2,
+            engine: EngineConfig {
+                block_size: workload.block_size as usize,
+                num_blocks: 2_560,
+                host_tier: Some(HostTierConfig::blocks(8_192)),
+                pool: Some(PoolTierConfig::default()),
+                ..EngineConfig::default()
+            },
+            pool_blocks: Some(16_384),
+            admission: "thunder-agent".to_owned(),
+            max_gap: Some(Duration::from_secs(30)),
+            ..SimConfig::default()
+        },
+    );
+    assert_digest(&outcome, "d6a1dcb50d911a5b");
+}
+
 /// Three Claude Code sessions (up to 2,175 blocks a prompt) overflowing two devices of 2,560
 /// blocks: ThunderAgent admission, a host tier and a shared pool, three KV-hint strategies.
 #[test]

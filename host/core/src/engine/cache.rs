@@ -133,6 +133,9 @@ pub struct BlockTable {
     hashes: Vec<u64>,
     /// Blocks promised at admission and not taken yet.
     reserved: usize,
+    /// Hashes of the sequence's leading full blocks known before they are written (its prompt's,
+    /// hashed on arrival): [`KvCache::write`] takes them instead of hashing those blocks again.
+    known: Vec<u64>,
 }
 
 impl BlockTable {
@@ -154,6 +157,26 @@ impl BlockTable {
     /// Whether the table holds no block.
     pub fn is_empty(&self) -> bool {
         self.blocks.is_empty()
+    }
+
+    /// Hashes given to [`BlockTable::know`].
+    pub fn known(&self) -> &[u64] {
+        &self.known
+    }
+
+    /// The engine hashes of the sequence's first full blocks, as [`KvCache::hash_blocks`] gave
+    /// them for its tokens (the prompt's), so that writing them hashes nothing again.
+    ///
+    /// # Panics
+    /// If they contradict the blocks the table already holds (a caller's bug).
+    pub fn know(&mut self, hashes: Vec<u64>) {
+        let held = self.hashes.len().min(hashes.len());
+        assert_eq!(
+            self.hashes[..held],
+            hashes[..held],
+            "other tokens than the table's"
+        );
+        self.known = hashes;
     }
 }
 
@@ -332,6 +355,7 @@ impl KvCache {
             hashes: prefix[..hits.len()].to_vec(),
             blocks: hits,
             reserved: fresh,
+            known: Vec::new(),
         })
     }
 
@@ -352,7 +376,10 @@ impl KvCache {
         let mut run_start = first_new;
         for (i, block) in tokens.chunks_exact(block_size).enumerate().skip(first_new) {
             let parent = table.hashes.last().map(|&h| SequenceHash(h));
-            let hash = self.hasher.chain(parent, self.hasher.local(block)).0;
+            let hash = match table.known.get(i) {
+                Some(&hash) => hash,
+                None => self.hasher.chain(parent, self.hasher.local(block)).0,
+            };
             table.hashes.push(hash);
             if self.cached.contains_key(hash) {
                 // Another block already caches these tokens (two identical prompts prefilled at

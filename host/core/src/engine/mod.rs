@@ -100,7 +100,7 @@ use tiers::{HostTier, PoolTier};
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::time::Duration;
-use xxhash_rust::xxh3::xxh3_64_with_seed;
+use xxhash_rust::xxh3::{Xxh3, xxh3_64_with_seed};
 
 /// Engine settings (vLLM's names where vLLM has one).
 #[derive(Debug, Clone, PartialEq)]
@@ -640,6 +640,85 @@ impl EngineModel {
         }
     }
 
+    /// How many of the next steps are *quiet*: each decodes one token of every running request
+    /// and nothing else. Nothing waits, loads, is pinned or has events or transfers to report,
+    /// and no request finishes, fills a block or takes a new one. A quiet step changes nothing
+    /// outside the engine but time and the requests' (uncounted) tokens, so a simulator may
+    /// skip from the first to the last and run them at once ([`EngineModel::run_quiet`]).
+    pub fn quiet_steps(&self) -> usize {
+        if self.running.is_empty()
+            || !self.waiting.is_empty()
+            || self.running.len() > self.config.max_batched_tokens
+            || self.hints.has_pending()
+            || self.hints.pinned_blocks() > 0
+            || self.cache.has_events()
+        {
+            return 0;
+        }
+        let block_size = self.config.block_size;
+        self.running
+            .iter()
+            .map(|seq| {
+                let decoding = seq.computed >= seq.prompt_len && seq.ready_at <= self.clock;
+                if !decoding {
+                    return 0;
+                }
+                let generated = seq.tokens.len() - seq.prompt_len;
+                // Step i writes the KV of `computed + i` tokens and samples token
+                // `generated + i`: quiet while that is not the last, fits the blocks held and
+                // completes none.
+                let before_last = seq.max_tokens.saturating_sub(generated + 1);
+                let held = seq.table.len() * block_size - seq.computed;
+                let unfilled =
+                    ((seq.table.hashes().len() + 1) * block_size).saturating_sub(seq.computed + 1);
+                before_last.min(held).min(unfilled)
+            })
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// How long each of the next `steps` steps takes, all of them quiet
+    /// ([`EngineModel::quiet_steps`]), without running them.
+    pub fn quiet_durations(&self, steps: usize) -> impl Iterator<Item = Duration> + '_ {
+        let kv_tokens: usize = self.running.iter().map(|s| s.computed).sum();
+        let batch = self.running.len();
+        (1..=steps).map(move |i| self.decode_step_duration(kv_tokens + i * batch))
+    }
+
+    /// Run `steps` quiet steps ([`EngineModel::quiet_steps`]): exactly what as many calls of
+    /// [`EngineModel::step`] do, without the outputs nobody needs (no first token, no last).
+    ///
+    /// # Panics
+    /// If `steps` is more than [`EngineModel::quiet_steps`].
+    pub fn run_quiet(&mut self, steps: usize) {
+        assert!(steps <= self.quiet_steps(), "not that many quiet steps");
+        let vocab = self.config.output_vocab.clone();
+        let mut kv_tokens: usize = self.running.iter().map(|s| s.computed).sum();
+        for _ in 0..steps {
+            let clock = self.clock;
+            self.loading.retain(|_, ready| *ready > clock);
+            for seq in &mut self.running {
+                // `advance` of a decode that neither takes nor fills a block: the cache's write
+                // has nothing to do.
+                seq.computed += 1;
+                let generated = seq.tokens.len() - seq.prompt_len;
+                seq.tokens.push(output_token(seq.seed, generated, &vocab));
+            }
+            kv_tokens += self.running.len();
+            self.clock += self.decode_step_duration(kv_tokens);
+            self.stats.generation_tokens += self.running.len() as u64;
+        }
+    }
+
+    /// A step that only decodes, with `kv_tokens` of KV once it is written (as
+    /// [`EngineModel::step`] times it).
+    fn decode_step_duration(&self, kv_tokens: usize) -> Duration {
+        let capacity = (self.config.num_blocks * self.config.block_size) as f64;
+        self.config
+            .timing
+            .step(0, true, kv_tokens as f64 / capacity)
+    }
+
     /// Blocks a request can occupy: the last generated token is never fed back, so its KV is never
     /// written.
     fn blocks_needed(&self, request: &EngineRequest) -> usize {
@@ -698,6 +777,7 @@ impl EngineModel {
             None => 0,
         };
         let Waiting { request, hashes } = self.waiting.pop_front()?;
+        table.know(hashes);
         let device_cached = device_blocks * block_size;
         let cached = (near + fetched) * block_size;
         if cached > device_cached {
@@ -724,7 +804,7 @@ impl EngineModel {
                     });
                 }
             }
-            for (index, &hash) in hashes.iter().enumerate().skip(near).take(fetched) {
+            for (index, &hash) in table.known().iter().enumerate().skip(near).take(fetched) {
                 if let Some(slot) = table.slot(index) {
                     pass.transfers.push(KvTransfer::Fetched { hash, slot });
                 }
@@ -748,7 +828,7 @@ impl EngineModel {
             }
             if ready_at > clock {
                 // A request admitted before the load completes that hits these waits too.
-                for &hash in &hashes[device_blocks..near + fetched] {
+                for &hash in &table.known()[device_blocks..near + fetched] {
                     self.loading.insert(hash, ready_at);
                 }
             }
@@ -757,17 +837,12 @@ impl EngineModel {
         self.stats.prefix_queries += request.prompt.len() as u64;
         self.stats.prefix_hits += device_cached as u64;
         self.stats.prompt_tokens += request.prompt.len() as u64;
-        let prompt_bytes: Vec<u8> = request
-            .prompt
-            .iter()
-            .flat_map(|t| t.to_le_bytes())
-            .collect();
         Some(Running {
             id: request.id,
             prompt_len: request.prompt.len(),
             max_tokens: request.max_tokens as usize,
             computed: cached,
-            seed: xxh3_64_with_seed(&prompt_bytes, ENGINE_SEED),
+            seed: prompt_seed(&request.prompt),
             ready_at,
             tokens: request.prompt,
             table,
@@ -870,6 +945,21 @@ fn advance(
         });
     }
     used
+}
+
+/// The seed of a prompt's output tokens: xxh3 of its tokens' little-endian bytes, streamed
+/// through a small buffer rather than copied whole.
+fn prompt_seed(prompt: &[u32]) -> u64 {
+    let mut hasher = Xxh3::with_seed(ENGINE_SEED);
+    let mut buf = [0u8; 4 * 256];
+    for chunk in prompt.chunks(256) {
+        let bytes = &mut buf[..chunk.len() * 4];
+        for (out, token) in bytes.chunks_exact_mut(4).zip(chunk) {
+            out.copy_from_slice(&token.to_le_bytes());
+        }
+        hasher.update(bytes);
+    }
+    hasher.digest()
 }
 
 /// Deterministic pseudo-text: a function of the prompt and the position only.

@@ -326,3 +326,107 @@ proptest! {
         prop_assert_eq!(engine.cache().used_blocks(), 0);
     }
 }
+
+/// A random schedule: requests (shared prefixes, lengths, outputs) added at random steps.
+fn quiet_workload() -> impl Strategy<Value = Vec<(usize, u32, usize, u32)>> {
+    // (step to add it at, prefix family, prompt length, output tokens)
+    prop::collection::vec((0usize..60, 0u32..3, 1usize..90, 1u32..80), 1..8)
+}
+
+proptest! {
+    /// Quiet runs are exactly the steps they replace: an engine that runs every quiet stretch
+    /// at once (sometimes only part of it) ends each stretch in the same state, and then
+    /// produces the same steps, as one stepped one step at a time.
+    #[test]
+    fn quiet_runs_equal_the_steps_they_replace(
+        workload in quiet_workload(),
+        cut in 1usize..1_000,
+    ) {
+        let prompt = |family: u32, len: usize| -> Vec<u32> {
+            (0..len as u32).map(|t| family * 1_000 + t).collect()
+        };
+        let mut stepped = EngineModel::new(config(8, 48)).expect("valid");
+        let mut skipping = EngineModel::new(config(8, 48)).expect("valid");
+        let mut step = 0;
+        loop {
+            for (id, &(at, family, len, out)) in workload.iter().enumerate() {
+                if at == step {
+                    let req = || request(id as u64, prompt(family, len), out);
+                    prop_assert_eq!(stepped.add_request(req()), skipping.add_request(req()));
+                }
+            }
+            if !stepped.has_work() && workload.iter().all(|w| w.0 <= step) {
+                break;
+            }
+            let quiet = skipping.quiet_steps();
+            prop_assert_eq!(quiet, stepped.quiet_steps());
+            // Never past the next arrival: the schedule adds requests between steps.
+            let next_arrival = workload.iter().map(|w| w.0).filter(|&at| at > step).min();
+            let run = quiet
+                .min(1 + cut % (quiet + 1))
+                .min(next_arrival.map_or(usize::MAX, |at| at - step - 1));
+            if run >= 1 {
+                let durations: Vec<Duration> = skipping.quiet_durations(run).collect();
+                skipping.run_quiet(run);
+                for expected in durations {
+                    let s = stepped.step();
+                    prop_assert_eq!(s.duration, expected);
+                    prop_assert!(s.events.is_empty() && s.admitted.is_empty());
+                    prop_assert!(s.transfers.is_empty());
+                    prop_assert!(s.outputs.iter().all(|o| !o.first && !o.finished));
+                }
+                step += run;
+                prop_assert_eq!(skipping.clock(), stepped.clock());
+                prop_assert_eq!(skipping.stats(), stepped.stats());
+            } else {
+                let (a, b) = (stepped.step(), skipping.step());
+                prop_assert_eq!(a, b);
+                step += 1;
+            }
+            prop_assert!(step < 20_000, "never idle");
+        }
+        prop_assert_eq!(skipping.clock(), stepped.clock());
+        prop_assert_eq!(skipping.stats(), stepped.stats());
+        let cached = |e: &EngineModel| e.cache().cached_hashes().collect::<HashSet<u64>>();
+        prop_assert_eq!(cached(&skipping), cached(&stepped));
+    }
+}
+
+#[test]
+fn a_lone_decode_is_quiet_between_block_boundaries_and_before_its_last_token() {
+    let mut engine = EngineModel::new(config(8, 48)).expect("valid");
+    engine
+        .add_request(request(1, (0..10).collect(), 30))
+        .expect("fits");
+    // The prefill: nothing quiet while a prompt is computed.
+    assert_eq!(engine.quiet_steps(), 0);
+    let first = engine.step();
+    assert!(first.outputs[0].first);
+    // 10 tokens written, 3 of the 2 blocks' 16 free (block 2 fills at 16), then a new block.
+    assert_eq!(engine.quiet_steps(), 5);
+    engine.run_quiet(5);
+    assert_eq!(engine.quiet_steps(), 0);
+    let fill = engine.step();
+    assert_eq!(fill.events.len(), 1, "the second block is full: {fill:?}");
+    assert_eq!(
+        engine.quiet_steps(),
+        0,
+        "the next token takes a third block"
+    );
+    engine.step();
+    assert_eq!(engine.quiet_steps(), 6);
+    // Another request waiting: nothing is quiet.
+    engine
+        .add_request(request(2, (0..10).collect(), 3))
+        .expect("fits");
+    assert_eq!(engine.quiet_steps(), 0);
+}
+
+#[test]
+fn the_streamed_prompt_seed_is_the_one_shot_hash() {
+    for len in [0, 1, 255, 256, 257, 1_000] {
+        let prompt: Vec<u32> = (0..len).map(|t| t * 7_919 + 13).collect();
+        let bytes: Vec<u8> = prompt.iter().flat_map(|t| t.to_le_bytes()).collect();
+        assert_eq!(prompt_seed(&prompt), xxh3_64_with_seed(&bytes, ENGINE_SEED));
+    }
+}
