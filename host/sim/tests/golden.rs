@@ -44,12 +44,13 @@ fn digest(outcome: &Outcome) -> String {
             r.output_tokens,
             r.cached_tokens
         )
-        .unwrap();
+        .expect("a String takes any write");
     }
-    writeln!(text, "{:?}", outcome.kv_samples).unwrap();
-    writeln!(text, "{} {:?}", outcome.recomputed_tokens, outcome.tiers).unwrap();
-    writeln!(text, "{:?}", outcome.pool).unwrap();
-    writeln!(text, "{:?}", outcome.kv_hints).unwrap();
+    writeln!(text, "{:?}", outcome.kv_samples).expect("a String takes any write");
+    writeln!(text, "{} {:?}", outcome.recomputed_tokens, outcome.tiers)
+        .expect("a String takes any write");
+    writeln!(text, "{:?}", outcome.pool).expect("a String takes any write");
+    writeln!(text, "{:?}", outcome.kv_hints).expect("a String takes any write");
     format!("{:016x}", xxh3_64(text.as_bytes()))
 }
 
