@@ -64,10 +64,8 @@ fn assert_digest(outcome: &Outcome, expected: &str) {
     );
 }
 
-/// 500 Mooncake conversations on 8 workers of 16,384 blocks, KV routing: the regime of the
-/// dynamo-mocker comparison (docs/benchmarks.md (n)).
-#[test]
-fn mooncake_kv_routing() {
+/// 500 Mooncake conversations on 8 workers of `num_blocks` blocks, KV routing.
+fn mooncake(num_blocks: usize, speedup: f64) -> Outcome {
     let workload = trace("mooncake/conversation_500.jsonl")
         .with_block_size(64)
         .expect("64 divides the trace's blocks");
@@ -77,67 +75,21 @@ fn mooncake_kv_routing() {
             workers: 8,
             engine: EngineConfig {
                 block_size: 64,
-                num_blocks: 16_384,
+                num_blocks,
                 ..EngineConfig::default()
             },
+            speedup,
             ..SimConfig::default()
         },
     );
     assert_eq!(outcome.records.len(), 500);
-    assert_digest(&outcome, "ddab1c933238acf2");
-}
-
-/// The same conversations at 4x on devices of 2,048 blocks: queues, evictions and recomputation.
-#[test]
-fn mooncake_kv_routing_overloaded() {
-    let workload = trace("mooncake/conversation_500.jsonl")
-        .with_block_size(64)
-        .expect("64 divides the trace's blocks");
-    let outcome = run(
-        &workload,
-        SimConfig {
-            workers: 8,
-            engine: EngineConfig {
-                block_size: 64,
-                num_blocks: 2_048,
-                ..EngineConfig::default()
-            },
-            speedup: 4.0,
-            ..SimConfig::default()
-        },
-    );
-    assert_digest(&outcome, "ef225b8c5f21ac86");
-}
-
-/// Three Claude Code sessions on two workers with a host tier and a shared pool, under
-/// ThunderAgent admission (its releases place requests while other engines' steps end).
-#[test]
-fn claude_code_admission_and_tiers() {
-    let workload = trace("claude-code");
-    let outcome = run(
-        &workload,
-        SimConfig {
-            workers: 2,
-            engine: EngineConfig {
-                block_size: workload.block_size as usize,
-                num_blocks: 2_560,
-                host_tier: Some(HostTierConfig::blocks(8_192)),
-                pool: Some(PoolTierConfig::default()),
-                ..EngineConfig::default()
-            },
-            pool_blocks: Some(16_384),
-            admission: "thunder-agent".to_owned(),
-            max_gap: Some(Duration::from_secs(30)),
-            ..SimConfig::default()
-        },
-    );
-    assert_digest(&outcome, "d6a1dcb50d911a5b");
+    outcome
 }
 
 /// Three Claude Code sessions (up to 2,175 blocks a prompt) overflowing two devices of 2,560
-/// blocks: ThunderAgent admission, a host tier and a shared pool, three KV-hint strategies.
-#[test]
-fn claude_code_admission_tiers_and_hints() {
+/// blocks, with a host tier and a shared pool, under ThunderAgent admission (its releases place
+/// requests while other engines' steps end).
+fn claude_code(kv_hints: Option<&str>) -> Outcome {
     let workload = trace("claude-code");
     let outcome = run(
         &workload,
@@ -152,14 +104,35 @@ fn claude_code_admission_tiers_and_hints() {
             },
             pool_blocks: Some(16_384),
             admission: "thunder-agent".to_owned(),
-            kv_hints: Some(
-                "demote-on-tool-call:demote_above_usage=0+subagent-reclaim+share-to-subagent"
-                    .to_owned(),
-            ),
+            kv_hints: kv_hints.map(str::to_owned),
             max_gap: Some(Duration::from_secs(30)),
             ..SimConfig::default()
         },
     );
     assert!(outcome.records.iter().all(|r| r.finished.is_some()));
-    assert_digest(&outcome, "747bdd95895e4a54");
+    outcome
+}
+
+/// The regime of the dynamo-mocker comparison (docs/benchmarks.md (n)): 16,384 blocks a worker.
+#[test]
+fn mooncake_kv_routing() {
+    assert_digest(&mooncake(16_384, 1.0), "ddab1c933238acf2");
+}
+
+/// At 4x on devices of 2,048 blocks: queues, evictions and recomputation.
+#[test]
+fn mooncake_kv_routing_overloaded() {
+    assert_digest(&mooncake(2_048, 4.0), "ef225b8c5f21ac86");
+}
+
+#[test]
+fn claude_code_admission_and_tiers() {
+    assert_digest(&claude_code(None), "d6a1dcb50d911a5b");
+}
+
+/// With three KV-hint strategies (the hint path runs every step: no quiet runs).
+#[test]
+fn claude_code_admission_tiers_and_hints() {
+    let hints = "demote-on-tool-call:demote_above_usage=0+subagent-reclaim+share-to-subagent";
+    assert_digest(&claude_code(Some(hints)), "747bdd95895e4a54");
 }

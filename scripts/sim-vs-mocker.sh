@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The simulator beside dynamo-mocker (docs/benchmarks.md (n)): the Mooncake conversation trace,
+# 8 workers, 64-token blocks, 16,384 blocks a worker, arrivals at 1x and 4x, KV routing and round
+# robin; each configuration run by Dynamo's `sim_anchor` and by each given switchyard binary in
+# turn, REPS rounds, so that all see the same background load. Prints the CPU seconds of every
+# run and each binary's median ratio to Dynamo's, and leaves the reports in OUT.
+#
+#   scripts/sim-vs-mocker.sh SIM_ANCHOR TRACE NAME=BINARY [NAME=BINARY...]
+#
+# SIM_ANCHOR: the dynamo-anchor harness's `sim_anchor` (built as its README says); TRACE:
+# conversation_trace.jsonl. Builds nothing. REPS (3), SPEEDUPS ("1 4") and OUT
+# (/tmp/sim-vs-mocker) override the defaults.
+set -euo pipefail
+anchor=${1:?usage: sim-vs-mocker.sh SIM_ANCHOR TRACE NAME=BINARY...}
+trace=${2:?usage: sim-vs-mocker.sh SIM_ANCHOR TRACE NAME=BINARY...}
+shift 2
+[ $# -gt 0 ] || { echo "name at least one switchyard binary, NAME=BINARY" >&2; exit 2; }
+out=${OUT:-/tmp/sim-vs-mocker}
+mkdir -p "$out"
+times="$out/times.tsv"
+: > "$times"
+
+# One run: its CPU seconds (user + system) appended to the table.
+measure() {
+  local label=$1 routing=$2 speedup=$3
+  shift 3
+  if ! /usr/bin/time -o "$out/time.txt" -f '%U %S' "$@" > /dev/null 2> "$out/last.err"; then
+    cat "$out/last.err" >&2
+    echo "$label failed" >&2
+    exit 1
+  fi
+  awk -v l="$label" -v r="$routing" -v s="$speedup" '{printf "%s\t%s\tx%s\t%.2f\n", l, r, s, $1 + $2}' \
+    "$out/time.txt" | tee -a "$times"
+}
+
+for rep in $(seq "${REPS:-3}"); do
+  for speedup in ${SPEEDUPS:-1 4}; do
+    for routing in kv rr; do
+      if [ "$routing" = kv ]; then dynamo=kv-router ours=kv-cost; else dynamo=round-robin ours=round-robin; fi
+      measure dynamo-mocker "$routing" "$speedup" "$anchor" "$trace" --num-workers 8 \
+        --router-modes "$dynamo" --arrival-speedup-ratio "$speedup" --engine-type vllm \
+        --block-size 64 --trace-block-size 512 --deterministic --json-out "$out/dynamo.jsonl"
+      for named in "$@"; do
+        measure "${named%%=*}" "$routing" "$speedup" "${named#*=}" simulate --trace "$trace" \
+          --block-size 64 --workers 8 --policies "$ours" --speedup "$speedup" \
+          --report "$out/${named%%=*}-$routing-x$speedup.json"
+      done
+    done
+  done
+done
+
+python3 - "$times" <<'PY'
+import statistics, sys
+from collections import defaultdict
+runs = defaultdict(list)
+for line in open(sys.argv[1]):
+    label, routing, speedup, cpu = line.split("\t")
+    runs[(label, routing, speedup)].append(float(cpu))
+configs = sorted({(r, s) for _, r, s in runs})
+labels = [l for l in dict.fromkeys(l for l, _, _ in runs) if l != "dynamo-mocker"]
+print("| routing | arrivals | dynamo-mocker CPU s | " + " | ".join(f"{l} CPU s | vs mocker" for l in labels) + " |")
+print("|---|---|---:|" + "---:|---:|" * len(labels))
+for routing, speedup in configs:
+    base = statistics.median(runs[("dynamo-mocker", routing, speedup)])
+    cells = []
+    for l in labels:
+        ours = statistics.median(runs[(l, routing, speedup)])
+        cells += [f"{ours:.2f}", f"{base / ours:.2f}x faster"]
+    print(f"| {routing} | {speedup} | {base:.2f} | " + " | ".join(cells) + " |")
+PY
