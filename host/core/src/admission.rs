@@ -209,6 +209,12 @@ pub trait AdmissionPolicy: Send + std::fmt::Debug {
     ) -> Option<Rank> {
         None
     }
+
+    /// Whether the policy looks at the [`AdmissionView`] at all. A view lists every program, so
+    /// the controller builds it for each arrival only for policies that read it. Default: yes.
+    fn reads_view(&self) -> bool {
+        true
+    }
 }
 
 /// Request-level admission (configured as `none`): every request goes straight to the router,
@@ -219,6 +225,10 @@ pub struct AdmitAll;
 impl AdmissionPolicy for AdmitAll {
     fn name(&self) -> &str {
         "admit-all"
+    }
+
+    fn reads_view(&self) -> bool {
+        false
     }
 
     fn tick(&mut self, _view: &AdmissionView, _now: Duration) -> Vec<AdmissionAction> {

@@ -235,6 +235,18 @@ impl AdmissionController {
         }
     }
 
+    /// The view handed to the policy: empty for a policy that does not read it.
+    fn policy_view(&self, workers: &[RankUtilization], now: Duration) -> AdmissionView {
+        if self.policy.reads_view() {
+            self.view(workers, now)
+        } else {
+            AdmissionView {
+                sessions: Vec::new(),
+                workers: Vec::new(),
+            }
+        }
+    }
+
     /// Counters, with program states and paused time as of `now`.
     pub fn metrics(&self, now: Duration) -> AdmissionMetrics {
         let open: Duration = self
@@ -305,7 +317,7 @@ impl AdmissionController {
             osl: r.osl,
             since: now,
         });
-        let view = self.view(workers, now);
+        let view = self.policy_view(workers, now);
         let arrival = Arrival {
             request: *r,
             waited: Duration::ZERO,
@@ -339,7 +351,7 @@ impl AdmissionController {
                     self.metrics.paused_time += now.saturating_sub(program.paused_since);
                 }
             }
-            let view = self.view(workers, now);
+            let view = self.policy_view(workers, now);
             let actions = self.policy.tick(&view, now);
             let effects = self.apply(actions, now);
             out.extend(self.settle(&effects, None, workers, now));
@@ -456,7 +468,7 @@ impl AdmissionController {
         if self.programs.get(&held.session).is_none_or(|p| p.paused) {
             return Vec::new();
         }
-        let view = self.view(workers, now);
+        let view = self.policy_view(workers, now);
         let arrival = Arrival {
             request: held.request(),
             waited: now.saturating_sub(held.since),
@@ -584,7 +596,7 @@ impl AdmissionController {
             self.programs.admit(&held.session);
         }
         // Placement sees the programs as they are after the answer was applied.
-        let view = self.view(workers, now);
+        let view = self.policy_view(workers, now);
         leaving
             .into_iter()
             .map(|held| {

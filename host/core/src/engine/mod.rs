@@ -837,14 +837,17 @@ impl EngineModel {
         self.stats.prefix_queries += request.prompt.len() as u64;
         self.stats.prefix_hits += device_cached as u64;
         self.stats.prompt_tokens += request.prompt.len() as u64;
+        // The outputs go after the prompt: room for them now, not a copy of the prompt later.
+        let mut tokens = request.prompt;
+        tokens.reserve_exact(request.max_tokens as usize);
         Some(Running {
             id: request.id,
-            prompt_len: request.prompt.len(),
+            prompt_len: tokens.len(),
             max_tokens: request.max_tokens as usize,
             computed: cached,
-            seed: prompt_seed(&request.prompt),
+            seed: prompt_seed(&tokens),
             ready_at,
-            tokens: request.prompt,
+            tokens,
             table,
             offload_blocks: request
                 .max_offload_tokens
