@@ -131,6 +131,16 @@ impl AdmissionPolicy for RegistryAdmission {
             .load_full()
             .and_then(|active| active.call(|p| p.placement(view, session_id, now)))
     }
+
+    /// The active policy's answer, so that `none` spares the gateway a view of every program
+    /// on each arrival.
+    fn reads_view(&self) -> bool {
+        self.registry
+            .admission
+            .current
+            .load_full()
+            .is_none_or(|active| active.ask(|p| p.reads_view()))
+    }
 }
 
 /// The registry as the gateway's KV-hint policy: each call goes to the active KV-hint policy

@@ -130,6 +130,11 @@ impl<K: Kind> Active<K> {
         result
     }
 
+    /// Ask the policy something that is not a decision (no call counted).
+    pub(crate) fn ask<R>(&self, f: impl FnOnce(&K::Policy) -> R) -> R {
+        f(&**lock(&self.policy))
+    }
+
     fn matches(&self, name: &str) -> bool {
         self.name == name || self.source.to_string() == name
     }
