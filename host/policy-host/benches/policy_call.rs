@@ -12,7 +12,7 @@ use std::sync::Arc;
 use switchyard_core::index::Overlap;
 use switchyard_core::router::{Candidate, KvCost, PolicyRequest, RoutingPolicy};
 use switchyard_core::worker::Rank;
-use switchyard_policy_host::test_util::Router;
+use switchyard_policy_host::test_util::{BareRoute, Router, noop_component};
 use switchyard_policy_host::{EngineConfig, PolicyEngine, PolicyStats, WasmRouter};
 
 const SIZES: [u32; 3] = [16, 64, 256];
@@ -81,6 +81,21 @@ fn decision(c: &mut Criterion) {
     };
     let mut group = c.benchmark_group("policy-host/select");
     let req = request();
+    // The floor: wasmtime's own cost of calling a component export that takes and returns
+    // nothing (a default engine, a reused store).
+    group.bench_function("wasmtime-noop-call", |b| {
+        let engine = wasmtime::Engine::default();
+        let component = wasmtime::component::Component::new(&engine, noop_component())
+            .unwrap_or_else(|e| panic!("noop component: {e}"));
+        let mut store = wasmtime::Store::new(&engine, ());
+        let instance = wasmtime::component::Linker::new(&engine)
+            .instantiate(&mut store, &component)
+            .unwrap_or_else(|e| panic!("noop instance: {e}"));
+        let noop = instance
+            .get_typed_func::<(), ()>(&mut store, "noop")
+            .unwrap_or_else(|e| panic!("noop export: {e}"));
+        b.iter(|| noop.call(&mut store, ()).is_ok());
+    });
     for n in SIZES {
         let workers = candidates(n);
         group.bench_with_input(BenchmarkId::new("native-kv-cost", n), &workers, |b, w| {
@@ -92,6 +107,15 @@ fn decision(c: &mut Criterion) {
                 Ok(component) => component,
                 Err(e) => panic!("{label}: {e}"),
             };
+            if label == "wat-pick-first" {
+                // The same guest and arguments through wasmtime's bindings alone: what the host
+                // adds is the difference to `reused-store`.
+                let mut bare = BareRoute::new(&component, &req, &workers)
+                    .unwrap_or_else(|e| panic!("{label}: {e}"));
+                group.bench_function(BenchmarkId::new(format!("{label}/bare-route"), n), |b| {
+                    b.iter(|| black_box(bare.call()));
+                });
+            }
             let mut reused = WasmRouter::new(component.clone(), Arc::new(PolicyStats::default()));
             group.bench_with_input(
                 BenchmarkId::new(format!("{label}/reused-store"), n),

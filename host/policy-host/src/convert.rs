@@ -78,50 +78,36 @@ pub(crate) fn empty_workers() -> Workers {
 }
 
 /// Write `candidates` into `w` as columns. The core does not know capacity, usage or queue depth
-/// yet: those columns carry their documented "unknown" value.
+/// yet: those columns carry their documented "unknown" value. One column at a time, each a
+/// tight loop over the candidates into a buffer kept from the last call.
 pub(crate) fn fill_workers(w: &mut Workers, candidates: &[Candidate]) {
+    fn column<T>(column: &mut Vec<T>, candidates: &[Candidate], field: impl Fn(&Candidate) -> T) {
+        column.clear();
+        column.extend(candidates.iter().map(field));
+    }
+    fn constant<T: Clone>(column: &mut Vec<T>, n: usize, value: T) {
+        column.clear();
+        column.resize(n, value);
+    }
     let n = candidates.len();
-    let columns_u32 = [
-        &mut w.worker_ids,
-        &mut w.dp_ranks,
-        &mut w.device_blocks,
-        &mut w.host_blocks,
-        &mut w.disk_blocks,
-        &mut w.shared_blocks,
-        &mut w.active_requests,
-        &mut w.queue_depth,
-    ];
-    for column in columns_u32 {
-        column.clear();
-        column.reserve(n);
-    }
-    for column in [
-        &mut w.indexed_blocks,
-        &mut w.active_prefill_tokens,
-        &mut w.active_decode_blocks,
-        &mut w.kv_capacity_blocks,
-    ] {
-        column.clear();
-        column.reserve(n);
-    }
-    w.kv_usage.clear();
-    w.healthy.clear();
-    for c in candidates {
-        w.worker_ids.push(c.rank.worker.0);
-        w.dp_ranks.push(c.rank.dp_rank);
-        w.device_blocks.push(c.overlap.device);
-        w.host_blocks.push(c.overlap.host);
-        w.disk_blocks.push(c.overlap.disk);
-        w.shared_blocks.push(c.shared_blocks);
-        w.indexed_blocks.push(c.indexed_blocks);
-        w.active_prefill_tokens.push(c.active_prefill_tokens);
-        w.active_decode_blocks.push(c.active_decode_blocks);
-        w.active_requests.push(c.active_requests);
-        w.kv_capacity_blocks.push(0);
-        w.kv_usage.push(0.0);
-        w.queue_depth.push(0);
-        w.healthy.push(true);
-    }
+    column(&mut w.worker_ids, candidates, |c| c.rank.worker.0);
+    column(&mut w.dp_ranks, candidates, |c| c.rank.dp_rank);
+    column(&mut w.device_blocks, candidates, |c| c.overlap.device);
+    column(&mut w.host_blocks, candidates, |c| c.overlap.host);
+    column(&mut w.disk_blocks, candidates, |c| c.overlap.disk);
+    column(&mut w.shared_blocks, candidates, |c| c.shared_blocks);
+    column(&mut w.indexed_blocks, candidates, |c| c.indexed_blocks);
+    column(&mut w.active_prefill_tokens, candidates, |c| {
+        c.active_prefill_tokens
+    });
+    column(&mut w.active_decode_blocks, candidates, |c| {
+        c.active_decode_blocks
+    });
+    column(&mut w.active_requests, candidates, |c| c.active_requests);
+    constant(&mut w.kv_capacity_blocks, n, 0);
+    constant(&mut w.kv_usage, n, 0.0);
+    constant(&mut w.queue_depth, n, 0);
+    constant(&mut w.healthy, n, true);
 }
 
 pub(crate) fn outcome(o: &router::Outcome) -> Outcome {

@@ -230,6 +230,67 @@ pub fn admission_component() -> Vec<u8> {
     )
 }
 
+/// A component whose one export `noop: func()` does nothing: the floor of a component call in
+/// wasmtime (entering and leaving the guest), for the call benchmark.
+pub fn noop_component() -> Vec<u8> {
+    parse(
+        r#"(component
+  (core module $m (func (export "noop")))
+  (core instance $i (instantiate $m))
+  (func (export "noop") (canon lift (core func $i "noop")))
+)"#,
+    )
+}
+
+/// `route` on a live instance through wasmtime's generated bindings alone: the request and the
+/// columns are converted once, outside the call, and there is no deadline to arm, no counter
+/// and no check of the answer. Against [`crate::WasmRouter`]'s `select` on the same guest it
+/// tells wasmtime's share of a call (entering the guest, lowering the request and each column
+/// through the guest's `realloc`, lifting the decision) from the host's own.
+#[doc(hidden)]
+pub struct BareRoute {
+    store: wasmtime::Store<crate::engine::HostState>,
+    instance: crate::component::RouterInstance,
+    request: crate::bindings::Request,
+    columns: crate::bindings::Workers,
+}
+
+impl std::fmt::Debug for BareRoute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BareRoute").finish_non_exhaustive()
+    }
+}
+
+impl BareRoute {
+    /// A started instance of `component` and the converted arguments.
+    pub fn new(
+        component: &crate::RouterComponent,
+        request: &switchyard_core::router::PolicyRequest<'_>,
+        candidates: &[switchyard_core::router::Candidate],
+    ) -> Result<Self, crate::PolicyError> {
+        use crate::component::ComponentHandle;
+        let (mut store, instance) = component.loaded().instantiate(false)?;
+        // A deadline no benchmark reaches, set once.
+        store.set_epoch_deadline(u64::MAX / 2);
+        let mut columns = crate::convert::empty_workers();
+        crate::convert::fill_workers(&mut columns, candidates);
+        Ok(Self {
+            store,
+            instance,
+            request: crate::convert::route_request(request, "", candidates),
+            columns,
+        })
+    }
+
+    /// One `route` call; whether the guest answered.
+    pub fn call(&mut self) -> bool {
+        self.instance
+            .core
+            .call_route(&mut self.store, &self.request, &self.columns)
+            .is_ok()
+    }
+}
+
 pub mod wasi;
 pub mod worlds;
 
