@@ -403,6 +403,28 @@ fn admission_names_resolve_like_router_names() {
     assert!(registry.load_named(Role::Router, "thunder-agent").is_err());
 }
 
+/// The registry's handle asks for the admission view only when the active policy reads it:
+/// admitting everything (`none`) spares the gateway a view of every program per arrival.
+#[test]
+fn the_handle_wants_the_view_only_when_the_active_policy_reads_it() {
+    let registry = PolicyRegistry::new(
+        crate::patient_engine(),
+        None,
+        switchyard_policy_artifacts::builtin(),
+        "m",
+    );
+    let handle = registry.admission();
+    for (spec, reads) in [
+        ("none", false),
+        ("thunder-agent", true),
+        ("native:thunder-agent", true),
+        ("continuum", true),
+    ] {
+        let info = registry.load_named(Role::Admission, spec).unwrap();
+        assert_eq!(handle.reads_view(), reads, "{spec} ({})", info.source);
+    }
+}
+
 /// Through the registry's handle, the component (WIT 1.1 `placement`) keeps a program on its
 /// worker as `native:thunder-agent` does; configured `sticky=false`, neither does.
 #[test]
