@@ -600,13 +600,8 @@ impl EngineModel {
             self.running.push(seq);
         }
 
-        let capacity = (self.config.num_blocks * self.config.block_size) as f64;
         let kv_tokens: usize = self.running.iter().map(|s| s.computed).sum();
-        let mut duration = self.config.timing.step(
-            pass.prefill_tokens,
-            pass.decoding,
-            kv_tokens as f64 / capacity,
-        );
+        let mut duration = self.step_duration(pass.prefill_tokens, pass.decoding, kv_tokens);
         if pass.prefill_tokens == 0 && !pass.decoding {
             // Nothing to compute: wait for the first load to complete (polling for arrivals).
             let next_ready = self
@@ -682,7 +677,7 @@ impl EngineModel {
     pub fn quiet_durations(&self, steps: usize) -> impl Iterator<Item = Duration> + '_ {
         let kv_tokens: usize = self.running.iter().map(|s| s.computed).sum();
         let batch = self.running.len();
-        (1..=steps).map(move |i| self.decode_step_duration(kv_tokens + i * batch))
+        (1..=steps).map(move |i| self.step_duration(0, true, kv_tokens + i * batch))
     }
 
     /// Run `steps` quiet steps ([`EngineModel::quiet_steps`]): exactly what as many calls of
@@ -705,18 +700,18 @@ impl EngineModel {
                 seq.tokens.push(output_token(seq.seed, generated, &vocab));
             }
             kv_tokens += self.running.len();
-            self.clock += self.decode_step_duration(kv_tokens);
+            self.clock += self.step_duration(0, true, kv_tokens);
             self.stats.generation_tokens += self.running.len() as u64;
         }
     }
 
-    /// A step that only decodes, with `kv_tokens` of KV once it is written (as
-    /// [`EngineModel::step`] times it).
-    fn decode_step_duration(&self, kv_tokens: usize) -> Duration {
+    /// How long a step takes that prefills `prefill_tokens`, decodes or not, and holds
+    /// `kv_tokens` of KV once it is written: [`EngineModel::step`] and quiet runs alike.
+    fn step_duration(&self, prefill_tokens: usize, decoding: bool, kv_tokens: usize) -> Duration {
         let capacity = (self.config.num_blocks * self.config.block_size) as f64;
         self.config
             .timing
-            .step(0, true, kv_tokens as f64 / capacity)
+            .step(prefill_tokens, decoding, kv_tokens as f64 / capacity)
     }
 
     /// Blocks a request can occupy: the last generated token is never fed back, so its KV is never
