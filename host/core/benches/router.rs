@@ -1,8 +1,6 @@
-//! One routing decision over a realistically sized index, excluding tokenization.
-//!
-//! Fixture: 16 workers that each hold 16,384 blocks of 16 tokens (~262K index nodes). Worker `i`
-//! holds the first `i/16` of a 32K-token prompt on the device (odd workers a further 1/8 in host
-//! memory) and the same share of a 2K-token prompt; the rest of its blocks are unrelated chains.
+//! One routing decision over a realistically sized index, excluding tokenization, with native
+//! policies (the fixture, shared with `switchyard-policy-host`'s `decision` bench, which routes
+//! it with the Wasm `kv-cost`, is in `decision_fixture.rs`).
 //!
 //! Bench IDs:
 //! - `hash/sequence/32k`: `BlockHasher::sequence` over 32K tokens, the compute-only baseline.
@@ -15,21 +13,17 @@
 //! each bench right after the baseline, many times over, and prints the median of the ratios. A
 //! third times 32K-token decisions one by one for their tail (the goal is stated as a p99).
 
-use criterion::{Criterion, black_box};
-use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
-use std::time::{Duration, Instant};
-use switchyard_core::hash::{BlockHasher, LocalBlockHash, SequenceHash};
-use switchyard_core::index::{IndexOp, KvIndex};
-use switchyard_core::predicted::PredictedBlocks;
-use switchyard_core::router::{KvCost, RequestId, RouteRequest, Router, RouterConfig};
-use switchyard_core::worker::{Rank, Tier};
+mod decision_fixture;
 
-const BLOCK_SIZE: usize = 16;
-const WORKERS: u32 = 16;
-const BLOCKS_PER_WORKER: usize = 16_384;
-/// Length of the unrelated chains that fill each worker's cache.
-const FILLER_CHAIN: usize = 512;
+use criterion::Criterion;
+use decision_fixture::{
+    BLOCKS_PER_WORKER, Fixture, RouteLoop, WORKERS, median, tail, time_per_call,
+};
+use std::time::Duration;
+use switchyard_core::predicted::PredictedBlocks;
+use switchyard_core::router::{KvCost, RouterConfig};
+use switchyard_core::worker::Rank;
+
 const BASELINE: &str = "hash/sequence/32k";
 /// Rounds of the interleaved ratio pass; the median ratio is reported.
 const RATIO_ROUNDS: usize = 15;
@@ -40,122 +34,6 @@ const TAIL_ROUNDS: usize = 5;
 const TAIL_CALLS: usize = 2_000;
 /// The bench whose tail is measured.
 const TAIL_BENCH: &str = "router/route/32k-16w";
-
-/// A prompt with its tokens and precomputed sequence hashes.
-struct Prompt {
-    tokens: Vec<u32>,
-    hashes: Vec<SequenceHash>,
-}
-
-impl Prompt {
-    fn random(rng: &mut SmallRng, hasher: &BlockHasher, tokens: usize) -> Self {
-        let tokens: Vec<u32> = (0..tokens).map(|_| rng.random_range(0..150_000)).collect();
-        let hashes = hasher.sequence(&tokens);
-        Self { tokens, hashes }
-    }
-}
-
-/// Everything the benches read: the hasher, both prompts and the populated index.
-struct Fixture {
-    hasher: BlockHasher,
-    long: Prompt,
-    short: Prompt,
-    index: KvIndex,
-}
-
-impl Fixture {
-    fn new() -> Self {
-        let mut rng = SmallRng::seed_from_u64(16);
-        let hasher = BlockHasher::new(BLOCK_SIZE);
-        let long = Prompt::random(&mut rng, &hasher, 32 * 1024);
-        let short = Prompt::random(&mut rng, &hasher, 2 * 1024);
-        let mut index = KvIndex::new();
-        for worker in 0..WORKERS {
-            let rank = Rank::new(worker, 0);
-            let mut held = 0;
-            for prompt in [&long.hashes, &short.hashes] {
-                // Worker i holds i/16 of the prefix on the device; odd workers 1/8 more on host,
-                // so the deepest match mixes tiers and the walk covers the whole prompt.
-                let device = prompt.len() * worker as usize / WORKERS as usize;
-                let host_end = (device + prompt.len() / 8).min(prompt.len());
-                store(&mut index, rank, Tier::Device, &prompt[..device]);
-                if worker % 2 == 1 {
-                    store(&mut index, rank, Tier::Host, &prompt[device..host_end]);
-                }
-                held += device;
-            }
-            // Unrelated conversations fill the rest of the cache: the index is sized like a busy
-            // cluster's, so hash-map lookups miss the CPU caches as they would in production.
-            while held < BLOCKS_PER_WORKER {
-                let len = FILLER_CHAIN.min(BLOCKS_PER_WORKER - held);
-                let locals: Vec<LocalBlockHash> =
-                    (0..len).map(|_| LocalBlockHash(rng.random())).collect();
-                store(
-                    &mut index,
-                    rank,
-                    Tier::Device,
-                    &hasher.sequence_from(None, &locals),
-                );
-                held += len;
-            }
-        }
-        Self {
-            hasher,
-            long,
-            short,
-            index,
-        }
-    }
-}
-
-fn store(index: &mut KvIndex, rank: Rank, tier: Tier, blocks: &[SequenceHash]) {
-    index.apply(&IndexOp::Store {
-        rank,
-        tier,
-        blocks: blocks.to_vec(),
-    });
-}
-
-/// A router over the 16 workers that routes one request at a time.
-struct RouteLoop {
-    router: Router,
-    next_id: u64,
-    now: Duration,
-}
-
-impl RouteLoop {
-    fn new() -> Self {
-        let mut router = Router::new(RouterConfig::default(), Box::new(KvCost));
-        for worker in 0..WORKERS {
-            router.add_rank(Rank::new(worker, 0), false);
-        }
-        Self {
-            router,
-            next_id: 0,
-            now: Duration::ZERO,
-        }
-    }
-
-    /// Route and finish one request; returns the chosen worker.
-    fn route_once(&mut self, index: &KvIndex, prompt: &Prompt) -> u32 {
-        // Step past the booking TTL so each decision finds the previous booking expired: a steady
-        // state in which every decision also pays for expiring one booking, as in production.
-        self.now += RouterConfig::default().booking_ttl + Duration::from_secs(1);
-        self.next_id += 1;
-        let id = RequestId(self.next_id);
-        let request = RouteRequest {
-            hashes: &prompt.hashes,
-            tokens: prompt.tokens.len() as u32,
-            ..Default::default()
-        };
-        let decision = self
-            .router
-            .route(id, &request, index, self.now)
-            .expect("16 healthy workers");
-        self.router.finish(id, self.now);
-        decision.rank.worker.0
-    }
-}
 
 type Case<'a> = (&'static str, Box<dyn FnMut() -> u64 + 'a>);
 
@@ -194,22 +72,6 @@ fn cases<'a>(
     ]
 }
 
-/// Nanoseconds per call of `f`, over about `RATIO_SLICE`.
-fn time_per_call(f: &mut dyn FnMut() -> u64) -> f64 {
-    let start = Instant::now();
-    let mut calls = 0u32;
-    while start.elapsed() < RATIO_SLICE || calls < 3 {
-        black_box(f());
-        calls += 1;
-    }
-    start.elapsed().as_nanos() as f64 / f64::from(calls)
-}
-
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
-}
-
 /// Measure each case right after the baseline, `RATIO_ROUNDS` times, and print median ratios.
 fn print_ratios(cases: &mut [Case<'_>]) {
     let (baseline, others) = cases.split_first_mut().expect("the baseline comes first");
@@ -219,8 +81,8 @@ fn print_ratios(cases: &mut [Case<'_>]) {
     for (name, f) in others.iter_mut() {
         let (mut times, mut ratios) = (Vec::new(), Vec::new());
         for _ in 0..RATIO_ROUNDS {
-            let base = time_per_call(&mut baseline.1);
-            let time = time_per_call(f);
+            let base = time_per_call(&mut baseline.1, RATIO_SLICE);
+            let time = time_per_call(f, RATIO_SLICE);
             base_times.push(base);
             times.push(time);
             ratios.push(time / base);
@@ -241,18 +103,10 @@ fn print_tail(cases: &mut [Case<'_>]) {
         .find(|(name, _)| *name == TAIL_BENCH)
         .expect("the tail bench is a case");
     let (mut p50s, mut p99s, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
-    let mut times = Vec::with_capacity(TAIL_CALLS);
     for _ in 0..TAIL_ROUNDS {
-        let base = time_per_call(&mut baseline.1);
-        times.clear();
-        for _ in 0..TAIL_CALLS {
-            let start = Instant::now();
-            black_box(f());
-            times.push(start.elapsed().as_nanos() as f64);
-        }
-        times.sort_by(f64::total_cmp);
-        let p99 = times[TAIL_CALLS * 99 / 100];
-        p50s.push(times[TAIL_CALLS / 2]);
+        let base = time_per_call(&mut baseline.1, RATIO_SLICE);
+        let (p50, p99) = tail(f, TAIL_CALLS);
+        p50s.push(p50);
         p99s.push(p99);
         ratios.push(p99 / base);
     }
@@ -277,7 +131,10 @@ fn main() {
         fixture.long.hashes.len(),
         fixture.short.hashes.len(),
     );
-    let (mut long, mut short) = (RouteLoop::new(), RouteLoop::new());
+    let (mut long, mut short) = (
+        RouteLoop::new(Box::new(KvCost)),
+        RouteLoop::new(Box::new(KvCost)),
+    );
     // The deepest holder (device and host) must win, or the bench measures a different decision.
     assert_eq!(long.route_once(&fixture.index, &fixture.long), WORKERS - 1);
     assert_eq!(
