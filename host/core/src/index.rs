@@ -1,12 +1,19 @@
 //! The global KV block index: which rank holds which block, in which tier.
 //!
-//! One node per sequence hash (and tier in use). A sequence hash already names a block *with* its
-//! whole prefix, so the radix tree's path is implicit in the hash chain: a lookup walks the
-//! request's chain from the root and intersects owners as it goes. A node's value is a bit mask of
-//! its owners, so that walk is one table probe per block whatever the number of ranks, and each
-//! rank's depth is where its bit drops out. Removing a block's last owner deletes its node, so
-//! memory is bounded by the blocks the engines hold. The tables are [`flat::U64Map`]s: see there
-//! and `docs/benchmarks.md` section (a2) for why.
+//! One node per sequence hash. A sequence hash already names a block *with* its whole prefix, so
+//! the radix tree's path is implicit in the hash chain: a lookup walks the request's chain from
+//! the root and intersects owners as it goes. A node's value is a bit mask of its owners per tier,
+//! so each rank's depth is where its bit drops out, whatever the number of ranks.
+//!
+//! Nodes live in a log in the order they were first stored, beside a [`flat::U64Map`] from hash to
+//! log position. Engines store a request's blocks as one chain, so a chain sits contiguously in
+//! the log: a lookup that follows it compares the next hash with the next log entry and reads the
+//! owners from there, and probes the map only where the stored chain ended (a turn boundary, a
+//! branch). A deep prefix of thousands of blocks is then a sequential read with a few dozen
+//! probes instead of one cache-missing probe per block. Removing a block's last owner deletes
+//! its node from the map and leaves a dead entry in the log, which is compacted once dead entries
+//! outnumber live ones, so memory stays bounded by the blocks the engines hold.
+//! `docs/benchmarks.md` section (a2) has the measurements behind this layout.
 //!
 //! The index is a plain value: `apply` takes `&mut self`. Concurrency (readers that never wait behind
 //! event application) is the driver's business; the gateway keeps two copies with `left-right`.
@@ -107,27 +114,163 @@ pub type Matches = Vec<(Rank, Overlap)>;
 /// Ranks per group: one bit each in a node's owner mask.
 const GROUP: usize = 64;
 
-/// Blocks whose table slots a lookup or an event touches before working on any of them.
+/// Blocks whose map slots an event touches before working on any of them (their cache misses
+/// overlap).
 const PROBE_BATCH: usize = 8;
 
-/// Per tier, sequence hash -> owner bits of the group's ranks (`slot % GROUP`) holding it there.
-/// A node disappears with its last owner, so memory follows what the engines hold.
-type TierMaps = [U64Map<u64>; 3];
+/// Dead log entries a group tolerates before it compacts (when they also outnumber live ones);
+/// small under test so that the property tests compact.
+const COMPACT_MIN: usize = if cfg!(test) { 4 } else { 4_096 };
 
-/// Owners of `hash` in a group, as cumulative masks: on device, on device or host, anywhere.
-/// Empty tiers (the common case for host and disk) cost no probe.
-#[inline]
-fn owners(maps: &TierMaps, hash: &SequenceHash) -> [u64; 3] {
-    let probe = |map: &U64Map<u64>| {
-        if map.is_empty() {
-            0
-        } else {
-            map.get(hash.0).copied().unwrap_or(0)
+/// One block in a group's log: its hash and the owner bits of the group's ranks
+/// (`slot % GROUP`) holding it on the device.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    hash: u64,
+    device: u64,
+}
+
+/// The nodes of one group of up to 64 ranks.
+#[derive(Debug, Clone, Default)]
+struct Group {
+    /// Sequence hash -> position of its live node in `log`.
+    at: U64Map<u32>,
+    /// Nodes in the order they were first stored (see the module docs).
+    log: Vec<Entry>,
+    /// Host and disk owner bits, beside `log` entry for entry once the group has stored any block
+    /// in those tiers; empty until then (an index of device blocks only reads half the bytes).
+    lower: Vec<[u64; 2]>,
+    /// Entries of `log` that are dead: no owner in any tier, no longer in `at`.
+    dead: usize,
+}
+
+impl Group {
+    /// Position of `hash`'s live node.
+    #[inline]
+    fn find(&self, hash: u64) -> Option<usize> {
+        self.at.get(hash).map(|&at| at as usize)
+    }
+
+    /// Position of `hash`'s node, which is appended to the log if it has none.
+    #[inline]
+    fn find_or_append(&mut self, hash: u64) -> usize {
+        let end = self.log.len() as u32;
+        let at = *self.at.get_or_insert(hash, end);
+        if at == end {
+            self.log.push(Entry { hash, device: 0 });
+            if !self.lower.is_empty() {
+                self.lower.push([0; 2]);
+            }
         }
-    };
-    let device = probe(&maps[0]);
-    let hot = device | probe(&maps[1]);
-    [device, hot, hot | probe(&maps[2])]
+        at as usize
+    }
+
+    /// The owner bits of node `at` in `tier`.
+    #[inline]
+    fn owners_mut(&mut self, at: usize, tier: usize) -> &mut u64 {
+        if tier == 0 {
+            return &mut self.log[at].device;
+        }
+        if self.lower.is_empty() {
+            self.lower = vec![[0; 2]; self.log.len()];
+        }
+        &mut self.lower[at][tier - 1]
+    }
+
+    /// Owners of node `at` as cumulative masks: on device, on device or host, anywhere.
+    #[inline]
+    fn cumulative(&self, at: usize) -> [u64; 3] {
+        let device = self.log[at].device;
+        match self.lower.get(at) {
+            Some(&[host, disk]) => [device, device | host, device | host | disk],
+            None => [device; 3],
+        }
+    }
+
+    #[inline]
+    fn dead(&self, at: usize) -> bool {
+        self.cumulative(at)[2] == 0
+    }
+
+    /// Where a lookup at log position `at` goes for `hash`, the next block of its chain: the next
+    /// entry if that is the block, alive (a dead entry's block may have been stored again
+    /// further on), else wherever the map says.
+    #[inline]
+    fn next(&self, at: usize, hash: u64) -> Option<usize> {
+        match self.log.get(at + 1) {
+            Some(entry) if entry.hash == hash && !self.dead(at + 1) => Some(at + 1),
+            _ => self.find(hash),
+        }
+    }
+
+    /// Clear `bit` in `tier` of `hash`'s node; the node leaves the map with its last owner.
+    /// Whether the bit was set.
+    fn remove(&mut self, hash: u64, tier: usize, bit: u64) -> bool {
+        let Some(at) = self.find(hash) else {
+            return false;
+        };
+        let owners = self.owners_mut(at, tier);
+        let was = *owners & bit != 0;
+        *owners &= !bit;
+        if self.dead(at) {
+            self.at.remove(hash);
+            self.dead += 1;
+        }
+        was
+    }
+
+    /// Clear `bit` everywhere; nodes left without owners leave the map.
+    fn clear(&mut self, bit: u64) {
+        for entry in &mut self.log {
+            entry.device &= !bit;
+        }
+        for owners in self.lower.iter_mut().flatten() {
+            *owners &= !bit;
+        }
+        let live = self.at.len();
+        let (log, lower) = (&self.log, &self.lower);
+        self.at.retain(|_, &mut at| {
+            let at = at as usize;
+            log[at].device != 0 || lower.get(at).is_some_and(|l| *l != [0; 2])
+        });
+        self.dead += live - self.at.len();
+    }
+
+    /// Drop the dead entries once they outnumber the live ones, keeping the log's order (and so
+    /// its chains).
+    fn compact_if_sparse(&mut self) {
+        if self.dead < COMPACT_MIN || self.dead < self.at.len() {
+            return;
+        }
+        let mut kept = 0;
+        for i in 0..self.log.len() {
+            if self.dead(i) {
+                continue;
+            }
+            let entry = self.log[i];
+            if let Some(at) = self.at.get_mut(entry.hash) {
+                *at = kept as u32;
+            }
+            self.log[kept] = entry;
+            if !self.lower.is_empty() {
+                self.lower[kept] = self.lower[i];
+            }
+            kept += 1;
+        }
+        self.log.truncate(kept);
+        self.log.shrink_to(kept * 2);
+        if !self.lower.is_empty() {
+            self.lower.truncate(kept);
+            self.lower.shrink_to(kept * 2);
+        }
+        self.dead = 0;
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.at.heap_bytes()
+            + self.log.capacity() * std::mem::size_of::<Entry>()
+            + self.lower.capacity() * std::mem::size_of::<[u64; 2]>()
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -139,13 +282,13 @@ struct RankEntry {
 
 /// All ranks' blocks.
 ///
-/// One node per sequence hash and tier, whose value is a bit mask of the ranks holding it (ranks
-/// come in groups of 64, one map set per group). A store or a removal is one probe per block; a
-/// lookup is one probe per prefix block and tier in use, whatever the number of ranks, and tracks
-/// every rank's depth with mask operations.
+/// One node per sequence hash, whose value is a bit mask per tier of the ranks holding it (ranks
+/// come in groups of 64, one log and map per group). A store or a removal is one probe per block;
+/// a lookup reads the nodes of a stored chain in order and probes only where it left off, and
+/// tracks every rank's depth with mask operations.
 #[derive(Debug, Clone, Default)]
 pub struct KvIndex {
-    groups: Vec<TierMaps>,
+    groups: Vec<Group>,
     ranks: Vec<RankEntry>,
     slots: HashMap<Rank, u32>,
 }
@@ -164,19 +307,20 @@ impl KvIndex {
             IndexOp::Store { rank, tier, blocks } => {
                 let slot = self.slot(*rank) as usize;
                 let bit = 1u64 << (slot % GROUP);
-                let map = &mut self.groups[slot / GROUP][*tier as usize];
+                let (group, tier) = (&mut self.groups[slot / GROUP], *tier as usize);
                 let mut added = 0;
                 for chunk in blocks.chunks(PROBE_BATCH) {
                     for hash in chunk {
-                        map.prefetch(hash.0);
+                        group.at.prefetch(hash.0);
                     }
                     for hash in chunk {
-                        let owners = map.get_or_insert(hash.0, 0);
+                        let at = group.find_or_append(hash.0);
+                        let owners = group.owners_mut(at, tier);
                         added += u64::from(*owners & bit == 0);
                         *owners |= bit;
                     }
                 }
-                self.ranks[slot].blocks[*tier as usize] += added;
+                self.ranks[slot].blocks[tier] += added;
             }
             IndexOp::Remove { rank, tier, blocks } => {
                 let Some(&slot) = self.slots.get(rank) else {
@@ -184,21 +328,18 @@ impl KvIndex {
                 };
                 let slot = slot as usize;
                 let bit = 1u64 << (slot % GROUP);
-                let map = &mut self.groups[slot / GROUP][*tier as usize];
+                let (group, tier) = (&mut self.groups[slot / GROUP], *tier as usize);
                 let mut removed = 0;
                 for chunk in blocks.chunks(PROBE_BATCH) {
                     for hash in chunk {
-                        map.prefetch(hash.0);
+                        group.at.prefetch(hash.0);
                     }
                     for hash in chunk {
-                        map.update_or_remove(hash.0, |owners| {
-                            removed += u64::from(*owners & bit != 0);
-                            *owners &= !bit;
-                            *owners != 0
-                        });
+                        removed += u64::from(group.remove(hash.0, tier, bit));
                     }
                 }
-                self.ranks[slot].blocks[*tier as usize] -= removed;
+                group.compact_if_sparse();
+                self.ranks[slot].blocks[tier] -= removed;
             }
             IndexOp::Clear { rank } => {
                 let Some(&slot) = self.slots.get(rank) else {
@@ -209,12 +350,9 @@ impl KvIndex {
                     return;
                 }
                 let bit = 1u64 << (slot % GROUP);
-                for map in &mut self.groups[slot / GROUP] {
-                    map.retain(|_, owners| {
-                        *owners &= !bit;
-                        *owners != 0
-                    });
-                }
+                let group = &mut self.groups[slot / GROUP];
+                group.clear(bit);
+                group.compact_if_sparse();
                 self.ranks[slot].blocks = [0; 3];
             }
         }
@@ -261,57 +399,41 @@ impl KvIndex {
         }
     }
 
-    /// The walk of one group: per depth, one probe per tier in use, and masks of the ranks still
-    /// matching on device / device or host / anywhere; a rank's depth is where it drops out.
+    /// The walk of one group: per depth, the next log entry or one probe, and masks of the ranks
+    /// still matching on device / device or host / anywhere; a rank's depth is where it drops out.
     fn match_group(
         &self,
         g: usize,
-        maps: &TierMaps,
+        group: &Group,
         hashes: impl IntoIterator<Item = SequenceHash>,
         out: &mut Matches,
     ) {
         let mut hashes = hashes.into_iter();
-        let Some(first) = hashes.next() else {
+        let Some(mut at) = hashes.next().and_then(|first| group.find(first.0)) else {
             return;
         };
-        let mut live = owners(maps, &first);
+        let mut live = group.cumulative(at);
         let holders = live[2];
-        if holders == 0 {
-            return;
-        }
         let mut depth = [[0u32; GROUP]; 3];
         let mut walked = 1u32;
-        // Probe a batch of hashes before using any answer: the probes are independent, so their
-        // cache misses overlap instead of queueing one behind the other (a deep prefix walks
-        // thousands of blocks). At most a batch's worth of hashes is produced past the end.
-        let mut batch = [SequenceHash(0); PROBE_BATCH];
-        let mut found = [[0u64; 3]; PROBE_BATCH];
-        'walk: loop {
-            let mut n = 0;
-            for (slot, hash) in batch.iter_mut().zip(&mut hashes) {
-                *slot = hash;
-                n += 1;
-            }
-            for (here, hash) in found.iter_mut().zip(&batch[..n]) {
-                *here = owners(maps, hash);
-            }
-            for here in &found[..n] {
-                for tier in 0..3 {
-                    let mut dropped = live[tier] & !here[tier];
-                    while dropped != 0 {
-                        depth[tier][dropped.trailing_zeros() as usize] = walked;
-                        dropped &= dropped - 1;
-                    }
-                    live[tier] &= here[tier];
+        for hash in hashes {
+            let Some(next) = group.next(at, hash.0) else {
+                break;
+            };
+            at = next;
+            let here = group.cumulative(at);
+            for tier in 0..3 {
+                let mut dropped = live[tier] & !here[tier];
+                while dropped != 0 {
+                    depth[tier][dropped.trailing_zeros() as usize] = walked;
+                    dropped &= dropped - 1;
                 }
-                if live[2] == 0 {
-                    break 'walk;
-                }
-                walked += 1;
+                live[tier] &= here[tier];
             }
-            if n < PROBE_BATCH {
+            if live[2] == 0 {
                 break;
             }
+            walked += 1;
         }
         for (tier, mut rest) in live.into_iter().enumerate() {
             while rest != 0 {
@@ -345,22 +467,16 @@ impl KvIndex {
         Tier::ALL.iter().map(|&t| self.blocks(rank, t)).sum()
     }
 
-    /// Distinct blocks (nodes) in the index. With one group and one tier in use this is a map's
-    /// length; otherwise it counts a union, for tests and reports rather than the request path.
+    /// Distinct blocks (nodes) in the index. With one group this is its map's length; otherwise
+    /// it counts a union, for tests and reports rather than the request path.
     pub fn node_count(&self) -> usize {
-        let used: Vec<&U64Map<u64>> = self
-            .groups
-            .iter()
-            .flatten()
-            .filter(|m| !m.is_empty())
-            .collect();
-        match used.as_slice() {
+        match self.groups.as_slice() {
             [] => 0,
-            [only] => only.len(),
-            maps => {
+            [only] => only.at.len(),
+            groups => {
                 let mut distinct = U64Map::<()>::new();
-                for map in maps {
-                    for key in map.keys() {
+                for group in groups {
+                    for key in group.at.keys() {
                         distinct.get_or_insert(key, ());
                     }
                 }
@@ -369,9 +485,9 @@ impl KvIndex {
         }
     }
 
-    /// Heap bytes of the index's tables (both tiers' maps of every group), for reports.
+    /// Heap bytes of the index's tables (every group's map and log), for reports.
     pub fn heap_bytes(&self) -> usize {
-        self.groups.iter().flatten().map(U64Map::heap_bytes).sum()
+        self.groups.iter().map(Group::heap_bytes).sum()
     }
 
     /// Whether `rank` holds `hash` in `tier`.
@@ -379,10 +495,12 @@ impl KvIndex {
         let Some(&slot) = self.slots.get(&rank) else {
             return false;
         };
-        let slot = slot as usize;
-        self.groups[slot / GROUP][tier as usize]
-            .get(hash.0)
-            .is_some_and(|owners| owners & (1u64 << (slot % GROUP)) != 0)
+        let group = &self.groups[slot as usize / GROUP];
+        let (bit, tier) = (1u64 << (slot as usize % GROUP), tier as usize);
+        group.find(hash.0).is_some_and(|at| match tier {
+            0 => group.log[at].device & bit != 0,
+            _ => group.lower.get(at).is_some_and(|l| l[tier - 1] & bit != 0),
+        })
     }
 
     fn slot(&mut self, rank: Rank) -> u32 {
@@ -395,7 +513,7 @@ impl KvIndex {
             blocks: [0; 3],
         });
         if slot / GROUP == self.groups.len() {
-            self.groups.push(TierMaps::default());
+            self.groups.push(Group::default());
         }
         self.slots.insert(rank, slot as u32);
         slot as u32

@@ -90,6 +90,47 @@ fn removing_last_owner_frees_the_node() {
 }
 
 #[test]
+fn a_block_stored_again_is_found_past_its_dead_entry() {
+    let (a, b) = (Rank::new(0, 0), Rank::new(1, 0));
+    let seq = chain(&[1, 2, 3, 4]);
+    let mut index = KvIndex::new();
+    index.apply(&store(a, Tier::Device, &seq));
+    // The tail dies and comes back at the end of the log: the entry after block 1 in the log is
+    // dead, and the walk must take the map's word for block 2 rather than the dead entry's.
+    index.apply(&remove(a, Tier::Device, &seq[1..]));
+    index.apply(&store(b, Tier::Device, &chain(&[9])));
+    index.apply(&store(a, Tier::Device, &seq[1..]));
+    index.apply(&store(b, Tier::Device, &seq));
+    let matches = index.find_matches(&seq);
+    assert_eq!(overlap_of(&matches, a).device, 4);
+    assert_eq!(overlap_of(&matches, b).device, 4);
+    assert_eq!(index.node_count(), 5);
+}
+
+#[test]
+fn compaction_keeps_every_answer() {
+    let a = Rank::new(0, 0);
+    let keep = chain(&[1, 2, 3]);
+    let mut index = KvIndex::new();
+    index.apply(&store(a, Tier::Device, &keep));
+    // Many short-lived chains: their dead entries outnumber the live ones and get compacted.
+    for i in 0..50u32 {
+        let churn = chain(&[100 + i, 200, 300]);
+        index.apply(&store(a, Tier::Host, &churn));
+        index.apply(&remove(a, Tier::Host, &churn));
+    }
+    let group = &index.groups[0];
+    assert!(
+        group.log.len() < 3 + 2 * COMPACT_MIN + 3,
+        "log of {} entries",
+        group.log.len()
+    );
+    assert_eq!(overlap_of(&index.find_matches(&keep), a).device, 3);
+    assert_eq!(index.node_count(), 3);
+    assert_eq!(index.blocks(a, Tier::Host), 0);
+}
+
+#[test]
 fn stores_are_idempotent_and_removes_of_unknown_blocks_ignored() {
     let a = Rank::new(3, 0);
     let seq = chain(&[1, 2]);
