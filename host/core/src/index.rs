@@ -114,8 +114,8 @@ pub type Matches = Vec<(Rank, Overlap)>;
 /// Ranks per group: one bit each in a node's owner mask.
 const GROUP: usize = 64;
 
-/// Blocks whose map slots an event touches before working on any of them (their cache misses
-/// overlap).
+/// Blocks whose map slots, then log entries, an event touches before working on any of them
+/// (their cache misses overlap).
 const PROBE_BATCH: usize = 8;
 
 /// Dead log entries a group tolerates before it compacts (when they also outnumber live ones);
@@ -134,13 +134,13 @@ struct Entry {
 #[derive(Debug, Clone, Default)]
 struct Group {
     /// Sequence hash -> position of its live node in `log`.
-    at: U64Map<u32>,
+    nodes: U64Map<u32>,
     /// Nodes in the order they were first stored (see the module docs).
     log: Vec<Entry>,
     /// Host and disk owner bits, beside `log` entry for entry once the group has stored any block
     /// in those tiers; empty until then (an index of device blocks only reads half the bytes).
     lower: Vec<[u64; 2]>,
-    /// Entries of `log` that are dead: no owner in any tier, no longer in `at`.
+    /// Entries of `log` that are dead: no owner in any tier, no longer in `nodes`.
     dead: usize,
 }
 
@@ -148,14 +148,14 @@ impl Group {
     /// Position of `hash`'s live node.
     #[inline]
     fn find(&self, hash: u64) -> Option<usize> {
-        self.at.get(hash).map(|&at| at as usize)
+        self.nodes.get(hash).map(|&at| at as usize)
     }
 
     /// Position of `hash`'s node, which is appended to the log if it has none.
     #[inline]
     fn find_or_append(&mut self, hash: u64) -> usize {
         let end = self.log.len() as u32;
-        let at = *self.at.get_or_insert(hash, end);
+        let at = *self.nodes.get_or_insert(hash, end);
         if at == end {
             self.log.push(Entry { hash, device: 0 });
             if !self.lower.is_empty() {
@@ -163,6 +163,12 @@ impl Group {
             }
         }
         at as usize
+    }
+
+    /// Touch node `at`'s log entry (see [`U64Map::prefetch`]).
+    #[inline]
+    fn prefetch(&self, at: usize) {
+        std::hint::black_box(self.log[at].device);
     }
 
     /// The owner bits of node `at` in `tier`.
@@ -187,75 +193,104 @@ impl Group {
         }
     }
 
-    #[inline]
-    fn dead(&self, at: usize) -> bool {
-        self.cumulative(at)[2] == 0
-    }
-
     /// Where a lookup at log position `at` goes for `hash`, the next block of its chain: the next
     /// entry if that is the block, alive (a dead entry's block may have been stored again
     /// further on), else wherever the map says.
     #[inline]
     fn next(&self, at: usize, hash: u64) -> Option<usize> {
         match self.log.get(at + 1) {
-            Some(entry) if entry.hash == hash && !self.dead(at + 1) => Some(at + 1),
+            Some(entry) if entry.hash == hash && self.cumulative(at + 1)[2] != 0 => Some(at + 1),
             _ => self.find(hash),
         }
     }
 
-    /// Clear `bit` in `tier` of `hash`'s node; the node leaves the map with its last owner.
-    /// Whether the bit was set.
-    fn remove(&mut self, hash: u64, tier: usize, bit: u64) -> bool {
-        let Some(at) = self.find(hash) else {
-            return false;
-        };
-        let owners = self.owners_mut(at, tier);
-        let was = *owners & bit != 0;
-        *owners &= !bit;
-        if self.dead(at) {
-            self.at.remove(hash);
-            self.dead += 1;
+    /// Set `bit` in `tier` of each of `hashes`' nodes, appending those it lacks: a batch whose
+    /// map slots, then log entries, are touched before any is used. How many bits were clear.
+    fn store(&mut self, hashes: &[SequenceHash], tier: usize, bit: u64) -> u64 {
+        let mut at = [0; PROBE_BATCH];
+        for hash in hashes {
+            self.nodes.prefetch(hash.0);
         }
-        was
+        for (at, hash) in at.iter_mut().zip(hashes) {
+            *at = self.find_or_append(hash.0);
+            self.prefetch(*at);
+        }
+        let mut added = 0;
+        for &at in &at[..hashes.len()] {
+            let owners = self.owners_mut(at, tier);
+            added += u64::from(*owners & bit == 0);
+            *owners |= bit;
+        }
+        added
+    }
+
+    /// Clear `bit` in `tier` of each of `hashes`' nodes (a batch, as [`store`](Self::store));
+    /// a node leaves the map with its last owner. How many bits were set.
+    fn remove(&mut self, hashes: &[SequenceHash], tier: usize, bit: u64) -> u64 {
+        let mut at = [None; PROBE_BATCH];
+        for hash in hashes {
+            self.nodes.prefetch(hash.0);
+        }
+        for (at, hash) in at.iter_mut().zip(hashes) {
+            *at = self.find(hash.0);
+            at.inspect(|&at| self.prefetch(at));
+        }
+        let mut removed = 0;
+        for (at, hash) in at.into_iter().zip(hashes) {
+            let Some(at) = at else {
+                continue;
+            };
+            let owners = self.owners_mut(at, tier);
+            removed += u64::from(*owners & bit != 0);
+            *owners &= !bit;
+            if self.cumulative(at)[2] == 0 {
+                self.nodes.remove(hash.0);
+                self.dead += 1;
+            }
+        }
+        removed
     }
 
     /// Clear `bit` everywhere; nodes left without owners leave the map.
     fn clear(&mut self, bit: u64) {
-        for entry in &mut self.log {
-            entry.device &= !bit;
-        }
         for owners in self.lower.iter_mut().flatten() {
             *owners &= !bit;
         }
-        let live = self.at.len();
+        for entry in &mut self.log {
+            entry.device &= !bit;
+        }
+        let live = self.nodes.len();
         let (log, lower) = (&self.log, &self.lower);
-        self.at.retain(|_, &mut at| {
+        self.nodes.retain(|_, &mut at| {
             let at = at as usize;
             log[at].device != 0 || lower.get(at).is_some_and(|l| *l != [0; 2])
         });
-        self.dead += live - self.at.len();
+        self.dead += live - self.nodes.len();
     }
 
     /// Drop the dead entries once they outnumber the live ones, keeping the log's order (and so
     /// its chains).
     fn compact_if_sparse(&mut self) {
-        if self.dead < COMPACT_MIN || self.dead < self.at.len() {
+        if self.dead < COMPACT_MIN || self.dead < self.nodes.len() {
             return;
         }
+        // Move the live entries down, then renumber the map in one pass over its table (no
+        // probes): `moved[i]` is where entry `i` went.
+        let mut moved = vec![0u32; self.log.len()];
         let mut kept = 0;
-        for i in 0..self.log.len() {
-            if self.dead(i) {
+        for (i, moved) in moved.iter_mut().enumerate() {
+            if self.cumulative(i)[2] == 0 {
                 continue;
             }
-            let entry = self.log[i];
-            if let Some(at) = self.at.get_mut(entry.hash) {
-                *at = kept as u32;
-            }
-            self.log[kept] = entry;
+            *moved = kept as u32;
+            self.log[kept] = self.log[i];
             if !self.lower.is_empty() {
                 self.lower[kept] = self.lower[i];
             }
             kept += 1;
+        }
+        for at in self.nodes.values_mut() {
+            *at = moved[*at as usize];
         }
         self.log.truncate(kept);
         self.log.shrink_to(kept * 2);
@@ -267,7 +302,7 @@ impl Group {
     }
 
     fn heap_bytes(&self) -> usize {
-        self.at.heap_bytes()
+        self.nodes.heap_bytes()
             + self.log.capacity() * std::mem::size_of::<Entry>()
             + self.lower.capacity() * std::mem::size_of::<[u64; 2]>()
     }
@@ -308,18 +343,10 @@ impl KvIndex {
                 let slot = self.slot(*rank) as usize;
                 let bit = 1u64 << (slot % GROUP);
                 let (group, tier) = (&mut self.groups[slot / GROUP], *tier as usize);
-                let mut added = 0;
-                for chunk in blocks.chunks(PROBE_BATCH) {
-                    for hash in chunk {
-                        group.at.prefetch(hash.0);
-                    }
-                    for hash in chunk {
-                        let at = group.find_or_append(hash.0);
-                        let owners = group.owners_mut(at, tier);
-                        added += u64::from(*owners & bit == 0);
-                        *owners |= bit;
-                    }
-                }
+                let added: u64 = blocks
+                    .chunks(PROBE_BATCH)
+                    .map(|batch| group.store(batch, tier, bit))
+                    .sum();
                 self.ranks[slot].blocks[tier] += added;
             }
             IndexOp::Remove { rank, tier, blocks } => {
@@ -329,15 +356,10 @@ impl KvIndex {
                 let slot = slot as usize;
                 let bit = 1u64 << (slot % GROUP);
                 let (group, tier) = (&mut self.groups[slot / GROUP], *tier as usize);
-                let mut removed = 0;
-                for chunk in blocks.chunks(PROBE_BATCH) {
-                    for hash in chunk {
-                        group.at.prefetch(hash.0);
-                    }
-                    for hash in chunk {
-                        removed += u64::from(group.remove(hash.0, tier, bit));
-                    }
-                }
+                let removed: u64 = blocks
+                    .chunks(PROBE_BATCH)
+                    .map(|batch| group.remove(batch, tier, bit))
+                    .sum();
                 group.compact_if_sparse();
                 self.ranks[slot].blocks[tier] -= removed;
             }
@@ -472,11 +494,11 @@ impl KvIndex {
     pub fn node_count(&self) -> usize {
         match self.groups.as_slice() {
             [] => 0,
-            [only] => only.at.len(),
+            [only] => only.nodes.len(),
             groups => {
                 let mut distinct = U64Map::<()>::new();
                 for group in groups {
-                    for key in group.at.keys() {
+                    for key in group.nodes.keys() {
                         distinct.get_or_insert(key, ());
                     }
                 }

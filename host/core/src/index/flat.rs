@@ -220,6 +220,16 @@ impl<V: Copy + Default> U64Map<V> {
         }
     }
 
+    /// Every value, mutably, in no particular order: one pass over the table, no probes.
+    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut V> + '_ {
+        self.zero.iter_mut().chain(
+            self.slots
+                .iter_mut()
+                .filter(|(key, _)| *key != EMPTY)
+                .map(|(_, value)| value),
+        )
+    }
+
     /// Every key, in no particular order.
     pub fn keys(&self) -> impl Iterator<Item = u64> + '_ {
         self.zero
@@ -300,6 +310,12 @@ mod tests {
                     }
                 }
                 prop_assert_eq!(map.len(), model.len());
+            }
+            for v in map.values_mut() {
+                *v = v.wrapping_mul(3);
+            }
+            for v in model.values_mut() {
+                *v = v.wrapping_mul(3);
             }
             for (&k, &v) in &model {
                 prop_assert_eq!(map.get(k), Some(&v));
