@@ -198,29 +198,67 @@ impl Group {
     /// further on), else wherever the map says.
     #[inline]
     fn next(&self, at: usize, hash: u64) -> Option<usize> {
-        match self.log.get(at + 1) {
-            Some(entry) if entry.hash == hash && self.cumulative(at + 1)[2] != 0 => Some(at + 1),
-            _ => self.find(hash),
-        }
+        self.next_entry(at, hash).or_else(|| self.find(hash))
     }
 
-    /// Set `bit` in `tier` of each of `hashes`' nodes, appending those it lacks: a batch whose
-    /// map slots, then log entries, are touched before any is used. How many bits were clear.
+    /// `at + 1` if the log's next entry is `hash`'s live node.
+    #[inline]
+    fn next_entry(&self, at: usize, hash: u64) -> Option<usize> {
+        let entry = self.log.get(at + 1)?;
+        (entry.hash == hash && self.cumulative(at + 1)[2] != 0).then_some(at + 1)
+    }
+
+    /// Set `bit` in `tier` of each of `hashes`' nodes, appending those it lacks. How many bits
+    /// were clear.
+    ///
+    /// Blocks the log already holds in the op's order (another rank's copy of a chain, a lower
+    /// tier's copy of this one) are found by following the log from the previous block, without
+    /// a probe; the rest go in batches whose map slots, then log entries, are touched before any
+    /// is used.
     fn store(&mut self, hashes: &[SequenceHash], tier: usize, bit: u64) -> u64 {
-        let mut at = [0; PROBE_BATCH];
-        for hash in hashes {
-            self.nodes.prefetch(hash.0);
-        }
-        for (at, hash) in at.iter_mut().zip(hashes) {
-            *at = self.find_or_append(hash.0);
-            self.prefetch(*at);
-        }
         let mut added = 0;
-        for &at in &at[..hashes.len()] {
-            let owners = self.owners_mut(at, tier);
-            added += u64::from(*owners & bit == 0);
-            *owners |= bit;
+        let mut rest = hashes;
+        let mut last = None;
+        while !rest.is_empty() {
+            if let Some(mut at) = last {
+                let mut followed = 0;
+                for hash in rest {
+                    match self.next_entry(at, hash.0) {
+                        Some(next) => at = next,
+                        None => break,
+                    }
+                    added += u64::from(self.set(at, tier, bit));
+                    followed += 1;
+                }
+                rest = &rest[followed..];
+                if rest.is_empty() {
+                    break;
+                }
+            }
+            let batch = &rest[..rest.len().min(PROBE_BATCH)];
+            let mut at = [0; PROBE_BATCH];
+            for hash in batch {
+                self.nodes.prefetch(hash.0);
+            }
+            for (at, hash) in at.iter_mut().zip(batch) {
+                *at = self.find_or_append(hash.0);
+                self.prefetch(*at);
+            }
+            for &at in &at[..batch.len()] {
+                added += u64::from(self.set(at, tier, bit));
+            }
+            last = Some(at[batch.len() - 1]);
+            rest = &rest[batch.len()..];
         }
+        added
+    }
+
+    /// Set `bit` in `tier` of node `at`; whether it was clear.
+    #[inline]
+    fn set(&mut self, at: usize, tier: usize, bit: u64) -> bool {
+        let owners = self.owners_mut(at, tier);
+        let added = *owners & bit == 0;
+        *owners |= bit;
         added
     }
 
@@ -343,11 +381,7 @@ impl KvIndex {
                 let slot = self.slot(*rank) as usize;
                 let bit = 1u64 << (slot % GROUP);
                 let (group, tier) = (&mut self.groups[slot / GROUP], *tier as usize);
-                let added: u64 = blocks
-                    .chunks(PROBE_BATCH)
-                    .map(|batch| group.store(batch, tier, bit))
-                    .sum();
-                self.ranks[slot].blocks[tier] += added;
+                self.ranks[slot].blocks[tier] += group.store(blocks, tier, bit);
             }
             IndexOp::Remove { rank, tier, blocks } => {
                 let Some(&slot) = self.slots.get(rank) else {
