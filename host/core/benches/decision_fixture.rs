@@ -97,6 +97,7 @@ fn store(index: &mut KvIndex, rank: Rank, tier: Tier, blocks: &[SequenceHash]) {
         rank,
         tier,
         blocks: blocks.to_vec(),
+        locals: Vec::new(),
     });
 }
 

@@ -18,7 +18,7 @@
 //! The index is a plain value: `apply` takes `&mut self`. Concurrency (readers that never wait behind
 //! event application) is the driver's business; the gateway keeps two copies with `left-right`.
 
-use crate::hash::SequenceHash;
+use crate::hash::{BlockHasher, LocalBlockHash, SequenceHash};
 use crate::worker::{Rank, Tier, WorkerId};
 use flat::U64Map;
 use std::collections::HashMap;
@@ -36,6 +36,10 @@ pub enum IndexOp {
         tier: Tier,
         /// Sequence hashes of the stored blocks.
         blocks: Vec<SequenceHash>,
+        /// The blocks' local hashes when they are one chain (each block's parent is the one
+        /// before it), so that lookups by local hash can follow them
+        /// ([`KvIndex::find_matches_locals_into`]); empty when not known.
+        locals: Vec<LocalBlockHash>,
     },
     /// `rank` dropped `blocks` from `tier`.
     Remove {
@@ -130,6 +134,15 @@ struct Entry {
     device: u64,
 }
 
+/// How a log entry hangs off the one before it, for lookups by local hash.
+#[derive(Debug, Clone, Copy, Default)]
+struct Link {
+    /// The block's local hash (0 when not known).
+    local: u64,
+    /// The block's parent is the previous log entry (they were stored as one chain).
+    follows: bool,
+}
+
 /// The nodes of one group of up to 64 ranks.
 #[derive(Debug, Clone, Default)]
 struct Group {
@@ -140,6 +153,8 @@ struct Group {
     /// Host and disk owner bits, beside `log` entry for entry once the group has stored any block
     /// in those tiers; empty until then (an index of device blocks only reads half the bytes).
     lower: Vec<[u64; 2]>,
+    /// Local hashes and parent links, beside `log` once any store came with local hashes.
+    links: Vec<Link>,
     /// Entries of `log` that are dead: no owner in any tier, no longer in `nodes`.
     dead: usize,
 }
@@ -151,18 +166,29 @@ impl Group {
         self.nodes.get(hash).map(|&at| at as usize)
     }
 
-    /// Position of `hash`'s node, which is appended to the log if it has none.
+    /// Position of `hash`'s node, which is appended to the log if it has none: with `local`,
+    /// its local hash, and with `parent`, where its parent is (it follows if that is the entry
+    /// before it).
     #[inline]
-    fn find_or_append(&mut self, hash: u64) -> usize {
-        let end = self.log.len() as u32;
-        let at = *self.nodes.get_or_insert(hash, end);
+    fn find_or_append(&mut self, hash: u64, local: Option<u64>, parent: Option<usize>) -> usize {
+        let end = self.log.len();
+        let at = *self.nodes.get_or_insert(hash, end as u32) as usize;
         if at == end {
             self.log.push(Entry { hash, device: 0 });
             if !self.lower.is_empty() {
                 self.lower.push([0; 2]);
             }
+            if local.is_some() && self.links.is_empty() {
+                self.links = vec![Link::default(); end];
+            }
+            if !self.links.is_empty() {
+                self.links.push(Link {
+                    local: local.unwrap_or(0),
+                    follows: local.is_some() && end > 0 && parent == Some(end - 1),
+                });
+            }
         }
-        at as usize
+        at
     }
 
     /// Touch node `at`'s log entry (see [`U64Map::prefetch`]).
@@ -193,6 +219,12 @@ impl Group {
         }
     }
 
+    /// Whether node `at` has an owner.
+    #[inline]
+    fn alive(&self, at: usize) -> bool {
+        self.cumulative(at)[2] != 0
+    }
+
     /// Where a lookup at log position `at` goes for `hash`, the next block of its chain: the next
     /// entry if that is the block, alive (a dead entry's block may have been stored again
     /// further on), else wherever the map says.
@@ -215,7 +247,15 @@ impl Group {
     /// tier's copy of this one) are found by following the log from the previous block, without
     /// a probe; the rest go in batches whose map slots, then log entries, are touched before any
     /// is used.
-    fn store(&mut self, hashes: &[SequenceHash], tier: usize, bit: u64) -> u64 {
+    fn store(
+        &mut self,
+        hashes: &[SequenceHash],
+        locals: &[LocalBlockHash],
+        tier: usize,
+        bit: u64,
+    ) -> u64 {
+        // Only a chain's local hashes say where a block hangs (see `IndexOp::Store`).
+        let local = |i: usize| (locals.len() == hashes.len()).then(|| locals[i].0);
         let mut added = 0;
         let mut rest = hashes;
         let mut last = None;
@@ -236,13 +276,15 @@ impl Group {
                 }
             }
             let batch = &rest[..rest.len().min(PROBE_BATCH)];
+            let first = hashes.len() - rest.len();
             let mut at = [0; PROBE_BATCH];
             for hash in batch {
                 self.nodes.prefetch(hash.0);
             }
-            for (at, hash) in at.iter_mut().zip(batch) {
-                *at = self.find_or_append(hash.0);
-                self.prefetch(*at);
+            for (j, hash) in batch.iter().enumerate() {
+                let parent = if j == 0 { last } else { Some(at[j - 1]) };
+                at[j] = self.find_or_append(hash.0, local(first + j), parent);
+                self.prefetch(at[j]);
             }
             for &at in &at[..batch.len()] {
                 added += u64::from(self.set(at, tier, bit));
@@ -316,8 +358,10 @@ impl Group {
         // probes): `moved[i]` is where entry `i` went.
         let mut moved = vec![0u32; self.log.len()];
         let mut kept = 0;
+        let mut previous_kept = false;
         for (i, moved) in moved.iter_mut().enumerate() {
             if self.cumulative(i)[2] == 0 {
+                previous_kept = false;
                 continue;
             }
             *moved = kept as u32;
@@ -325,6 +369,15 @@ impl Group {
             if !self.lower.is_empty() {
                 self.lower[kept] = self.lower[i];
             }
+            if !self.links.is_empty() {
+                // A block still follows the entry before it only if that entry was its parent.
+                let link = self.links[i];
+                self.links[kept] = Link {
+                    follows: link.follows && previous_kept,
+                    ..link
+                };
+            }
+            previous_kept = true;
             kept += 1;
         }
         for at in self.nodes.values_mut() {
@@ -336,6 +389,10 @@ impl Group {
             self.lower.truncate(kept);
             self.lower.shrink_to(kept * 2);
         }
+        if !self.links.is_empty() {
+            self.links.truncate(kept);
+            self.links.shrink_to(kept * 2);
+        }
         self.dead = 0;
     }
 
@@ -343,6 +400,7 @@ impl Group {
         self.nodes.heap_bytes()
             + self.log.capacity() * std::mem::size_of::<Entry>()
             + self.lower.capacity() * std::mem::size_of::<[u64; 2]>()
+            + self.links.capacity() * std::mem::size_of::<Link>()
     }
 }
 
@@ -377,11 +435,16 @@ impl KvIndex {
     /// Apply one change.
     pub fn apply(&mut self, op: &IndexOp) {
         match op {
-            IndexOp::Store { rank, tier, blocks } => {
+            IndexOp::Store {
+                rank,
+                tier,
+                blocks,
+                locals,
+            } => {
                 let slot = self.slot(*rank) as usize;
                 let bit = 1u64 << (slot % GROUP);
                 let (group, tier) = (&mut self.groups[slot / GROUP], *tier as usize);
-                self.ranks[slot].blocks[tier] += group.store(blocks, tier, bit);
+                self.ranks[slot].blocks[tier] += group.store(blocks, locals, tier, bit);
             }
             IndexOp::Remove { rank, tier, blocks } => {
                 let Some(&slot) = self.slots.get(rank) else {
@@ -438,7 +501,7 @@ impl KvIndex {
         matches.clear();
         match self.groups.as_slice() {
             [] => {}
-            [group] => self.match_group(0, group, hashes, matches),
+            [group] => self.match_hashes(0, group, hashes, matches),
             groups => {
                 // Several groups walk the same chain: compute it once, as far as the deepest walk.
                 let mut chain = hashes.into_iter();
@@ -449,15 +512,14 @@ impl KvIndex {
                         at: 0,
                         rest: &mut chain,
                     };
-                    self.match_group(g, group, replay, matches);
+                    self.match_hashes(g, group, replay, matches);
                 }
             }
         }
     }
 
-    /// The walk of one group: per depth, the next log entry or one probe, and masks of the ranks
-    /// still matching on device / device or host / anywhere; a rank's depth is where it drops out.
-    fn match_group(
+    /// One group's walk along sequence hashes.
+    fn match_hashes(
         &self,
         g: usize,
         group: &Group,
@@ -465,17 +527,64 @@ impl KvIndex {
         out: &mut Matches,
     ) {
         let mut hashes = hashes.into_iter();
-        let Some(mut at) = hashes.next().and_then(|first| group.find(first.0)) else {
+        let first = hashes.next().and_then(|first| group.find(first.0));
+        let step = |at| group.next(at, hashes.next()?.0);
+        self.match_group(g, group, first, step, out);
+    }
+
+    /// How far each rank holds the prefix whose blocks' local hashes are `locals`, as
+    /// [`find_matches_into`](Self::find_matches_into) answers for their sequence hashes under
+    /// `hasher`; but along a chain stored with its local hashes ([`IndexOp::Store`]) the walk
+    /// compares those, and chains a sequence hash only where it leaves one. This is the lookup
+    /// for callers that hold local hashes only (Dynamo's `find_matches` protocol).
+    pub fn find_matches_locals_into(
+        &self,
+        locals: &[LocalBlockHash],
+        hasher: &BlockHasher,
+        matches: &mut Matches,
+    ) {
+        matches.clear();
+        let Some(&first) = locals.first() else {
+            return;
+        };
+        let first = hasher.chain(None, first).0;
+        for (g, group) in self.groups.iter().enumerate() {
+            let mut rest = locals[1..].iter();
+            let step = |at: usize| {
+                let local = rest.next()?.0;
+                match group.links.get(at + 1) {
+                    Some(link) if link.follows && link.local == local && group.alive(at + 1) => {
+                        Some(at + 1)
+                    }
+                    _ => {
+                        let parent = Some(SequenceHash(group.log[at].hash));
+                        group.next(at, hasher.chain(parent, LocalBlockHash(local)).0)
+                    }
+                }
+            };
+            self.match_group(g, group, group.find(first), step, matches);
+        }
+    }
+
+    /// The walk of one group from node `first` (the prompt's first block), `step` giving the
+    /// next block's node or `None` where the walk ends: masks of the ranks still matching on
+    /// device / device or host / anywhere; a rank's depth is where it drops out.
+    fn match_group(
+        &self,
+        g: usize,
+        group: &Group,
+        first: Option<usize>,
+        mut step: impl FnMut(usize) -> Option<usize>,
+        out: &mut Matches,
+    ) {
+        let Some(mut at) = first else {
             return;
         };
         let mut live = group.cumulative(at);
         let holders = live[2];
         let mut depth = [[0u32; GROUP]; 3];
         let mut walked = 1u32;
-        for hash in hashes {
-            let Some(next) = group.next(at, hash.0) else {
-                break;
-            };
+        while let Some(next) = step(at) {
             at = next;
             let here = group.cumulative(at);
             for tier in 0..3 {

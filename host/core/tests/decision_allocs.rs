@@ -65,6 +65,7 @@ fn allocations_in_steady_state(policy: Box<dyn RoutingPolicy>) -> u64 {
         rank: Rank::new(1, 0),
         tier: Tier::Device,
         blocks: prompts[0][..100].to_vec(),
+        locals: Vec::new(),
     });
     let config = RouterConfig {
         approx_ttl: Duration::from_secs(2),

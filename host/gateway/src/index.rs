@@ -111,6 +111,7 @@ mod tests {
             rank: Rank::new(0, 0),
             tier: Tier::Device,
             blocks: blocks.clone(),
+            locals: Vec::new(),
         })
         .await
         .unwrap();

@@ -408,6 +408,8 @@ impl Ingestor {
         let mut stored = Vec::with_capacity(blocks.len());
         let mut prev = self.parent(parent, tier, &mut stored).ok()?;
         let mut prev_engine = parent;
+        // Whether `stored` is exactly the chain hashed here (see `IndexOp::Store::locals`).
+        let mut chain = stored.is_empty();
         for &(engine, _) in blocks.iter().take(PREFETCH) {
             self.blocks.prefetch(engine.0);
         }
@@ -422,15 +424,22 @@ impl Ingestor {
                 .get_or_insert(engine.0, Block::new(hash, prev_engine));
             prev_engine = Some(engine);
             let added = add_copy(block, tier);
+            chain &= added == Some(hash);
             name(&mut self.naming, added, engine);
             stored.extend(added);
         }
         self.flush_names();
         self.stats.stored_blocks += stored.len() as u64;
+        let locals = if chain {
+            blocks.iter().map(|&(_, local)| local).collect()
+        } else {
+            Vec::new()
+        };
         (!stored.is_empty()).then_some(IndexOp::Store {
             rank: self.rank,
             tier,
             blocks: stored,
+            locals,
         })
     }
 
@@ -500,8 +509,8 @@ impl Ingestor {
                 ..
             } => {
                 let tier = Tier::from_medium(medium.as_deref());
-                let blocks = if token_ids.is_empty() && block_size == 0 {
-                    self.store_copies(&block_hashes, tier)
+                let (blocks, locals) = if token_ids.is_empty() && block_size == 0 {
+                    (self.store_copies(&block_hashes, tier), Vec::new())
                 } else {
                     self.store_computed(
                         &block_hashes,
@@ -516,6 +525,7 @@ impl Ingestor {
                     rank: self.rank,
                     tier,
                     blocks,
+                    locals,
                 })
             }
             KvEvent::BlockRemoved {
@@ -536,7 +546,8 @@ impl Ingestor {
         }
     }
 
-    /// Blocks computed from tokens: re-hash them, chained from the parent's own hash.
+    /// Blocks computed from tokens: re-hash them, chained from the parent's own hash. Our hashes
+    /// of the blocks stored, and their local hashes when those are the whole chain.
     fn store_computed(
         &mut self,
         engine_hashes: &[EngineHash],
@@ -544,20 +555,20 @@ impl Ingestor {
         tokens: &[u32],
         block_size: u32,
         tier: Tier,
-    ) -> Vec<SequenceHash> {
+    ) -> (Vec<SequenceHash>, Vec<LocalBlockHash>) {
         self.self_describing = true;
         let ours = self.hasher.block_size();
         if block_size as usize != ours || tokens.len() != engine_hashes.len() * ours {
             self.stats.skipped_unaligned += 1;
-            return Vec::new();
+            return (Vec::new(), Vec::new());
         }
         let mut stored = Vec::new();
         let Ok(parent_hash) = self.parent(parent, tier, &mut stored) else {
-            return stored;
+            return (stored, Vec::new());
         };
-        let hashes = self
-            .hasher
-            .sequence_from(parent_hash, &self.hasher.locals(tokens));
+        let mut chain = stored.is_empty();
+        let locals = self.hasher.locals(tokens);
+        let hashes = self.hasher.sequence_from(parent_hash, &locals);
         let parents = std::iter::once(parent).chain(engine_hashes.iter().copied().map(Some));
         stored.extend(engine_hashes.iter().zip(parents).zip(hashes).filter_map(
             |((&engine, parent), hash)| {
@@ -566,11 +577,12 @@ impl Ingestor {
                     .blocks
                     .get_or_insert(engine.0, Block::new(hash, parent));
                 let added = add_copy(block, tier);
+                chain &= added == Some(hash);
                 name(&mut self.naming, added, engine);
                 added
             },
         ));
-        stored
+        (stored, if chain { locals } else { Vec::new() })
     }
 
     /// Our hash of a store's `parent`, the block before its first one (`Err`: unknown, the store

@@ -9,11 +9,23 @@ fn chain(tokens: &[u32]) -> Vec<SequenceHash> {
     BlockHasher::new(1).sequence(tokens)
 }
 
+fn locals(tokens: &[u32]) -> Vec<LocalBlockHash> {
+    BlockHasher::new(1).locals(tokens)
+}
+
+/// A prefix of one of a few branching token chains, so lookups share paths.
+fn branch_tokens(branch: u32, len: usize) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| if i < 2 { i } else { i + branch * 100 })
+        .collect()
+}
+
 fn store(rank: Rank, tier: Tier, blocks: &[SequenceHash]) -> IndexOp {
     IndexOp::Store {
         rank,
         tier,
         blocks: blocks.to_vec(),
+        locals: Vec::new(),
     }
 }
 
@@ -108,6 +120,42 @@ fn a_block_stored_again_is_found_past_its_dead_entry() {
 }
 
 #[test]
+fn a_lookup_by_local_hashes_follows_only_the_stored_chain() {
+    let a = Rank::new(0, 0);
+    let hasher = BlockHasher::new(1);
+    let mut index = KvIndex::new();
+    let stored = IndexOp::Store {
+        rank: a,
+        tier: Tier::Device,
+        blocks: chain(&[0, 1, 2]),
+        locals: locals(&[0, 1, 2]),
+    };
+    index.apply(&stored);
+    let mut found = Vec::new();
+    index.find_matches_locals_into(&locals(&[0, 1, 2]), &hasher, &mut found);
+    assert_eq!(overlap_of(&found, a).device, 3);
+    // Block 1 goes, then enough churn to compact the log: block 2 ends up right after block 0.
+    // It hangs off block 1, so a prompt [0, 2] (block 2's local hash after block 0) must not
+    // follow it.
+    index.apply(&remove(a, Tier::Device, &chain(&[0, 1])[1..]));
+    for i in 0..2 * COMPACT_MIN as u32 {
+        let churn = chain(&[500 + i]);
+        index.apply(&store(a, Tier::Host, &churn));
+        index.apply(&remove(a, Tier::Host, &churn));
+    }
+    let log = &index.groups[0].log;
+    assert_eq!(
+        log[1].hash,
+        chain(&[0, 1, 2])[2].0,
+        "compacted: block 2 after block 0"
+    );
+    index.find_matches_locals_into(&locals(&[0, 2]), &hasher, &mut found);
+    assert_eq!(overlap_of(&found, a).device, 1);
+    index.find_matches_locals_into(&locals(&[0, 1, 2]), &hasher, &mut found);
+    assert_eq!(overlap_of(&found, a).device, 1);
+}
+
+#[test]
 fn compaction_keeps_every_answer() {
     let a = Rank::new(0, 0);
     let keep = chain(&[1, 2, 3]);
@@ -175,7 +223,9 @@ struct Model(HashMap<Rank, HashSet<(SequenceHash, Tier)>>);
 impl Model {
     fn apply(&mut self, op: &IndexOp) {
         match op {
-            IndexOp::Store { rank, tier, blocks } => {
+            IndexOp::Store {
+                rank, tier, blocks, ..
+            } => {
                 let set = self.0.entry(*rank).or_default();
                 set.extend(blocks.iter().map(|b| (*b, *tier)));
             }
@@ -215,15 +265,22 @@ impl Model {
 fn op_strategy() -> impl Strategy<Value = IndexOp> {
     let rank = (0u32..3, 0u32..2).prop_map(|(w, d)| Rank::new(w, d));
     let tier = prop_oneof![Just(Tier::Device), Just(Tier::Host), Just(Tier::Disk)];
-    // Blocks are prefixes of a few branching token chains, so lookups share paths.
-    let blocks = (0u32..3, 1usize..8).prop_map(|(branch, len)| {
-        let tokens: Vec<u32> = (0..len as u32)
-            .map(|i| if i < 2 { i } else { i + branch * 100 })
-            .collect();
-        chain(&tokens)
-    });
+    let blocks = (0u32..3, 1usize..8).prop_map(|(branch, len)| chain(&branch_tokens(branch, len)));
+    // Stores are a chain's blocks from any point on, with their local hashes or without.
+    let stored = (0u32..3, 1usize..8, 0usize..4, any::<bool>()).prop_map(
+        |(branch, len, skip, with_locals)| {
+            let tokens = branch_tokens(branch, len);
+            let skip = skip.min(len - 1);
+            let locals = if with_locals {
+                locals(&tokens)[skip..].to_vec()
+            } else {
+                Vec::new()
+            };
+            (chain(&tokens)[skip..].to_vec(), locals)
+        },
+    );
     prop_oneof![
-        4 => (rank.clone(), tier.clone(), blocks.clone()).prop_map(|(rank, tier, blocks)| IndexOp::Store { rank, tier, blocks }),
+        4 => (rank.clone(), tier.clone(), stored).prop_map(|(rank, tier, (blocks, locals))| IndexOp::Store { rank, tier, blocks, locals }),
         3 => (rank.clone(), tier, blocks.clone(), 0usize..4).prop_map(|(rank, tier, blocks, skip)| IndexOp::Remove { rank, tier, blocks: blocks.into_iter().skip(skip).collect() }),
         1 => rank.prop_map(|rank| IndexOp::Clear { rank }),
     ]
@@ -260,13 +317,9 @@ fn sorted(mut m: Matches) -> Matches {
     m
 }
 
-fn query_strategy() -> impl Strategy<Value = Vec<SequenceHash>> {
-    (0u32..3, 0usize..9).prop_map(|(branch, len)| {
-        let tokens: Vec<u32> = (0..len as u32)
-            .map(|i| if i < 2 { i } else { i + branch * 100 })
-            .collect();
-        chain(&tokens)
-    })
+/// A query's tokens.
+fn query_strategy() -> impl Strategy<Value = Vec<u32>> {
+    (0u32..3, 0usize..9).prop_map(|(branch, len)| branch_tokens(branch, len))
 }
 
 proptest! {
@@ -282,8 +335,12 @@ proptest! {
         for op in &ops {
             index.apply(op);
             reference.apply(op);
-            for seq in &queries {
+            for tokens in &queries {
+                let seq = &chain(tokens);
                 prop_assert_eq!(sorted(index.find_matches(seq)), sorted(reference.find_matches(seq)));
+                let mut by_locals = Vec::new();
+                index.find_matches_locals_into(&locals(tokens), &BlockHasher::new(1), &mut by_locals);
+                prop_assert_eq!(sorted(by_locals), sorted(reference.find_matches(seq)));
                 prop_assert_eq!(
                     sorted(index.find_matches_iter(seq.iter().copied())),
                     sorted(reference.find_matches(seq))
@@ -297,8 +354,8 @@ proptest! {
                     let rank = Rank::new(w, d);
                     for tier in Tier::ALL {
                         prop_assert_eq!(index.blocks(rank, tier), reference.blocks(rank, tier));
-                        for seq in &queries {
-                            for &h in seq {
+                        for tokens in &queries {
+                            for h in chain(tokens) {
                                 prop_assert_eq!(index.contains(rank, tier, h), reference.contains(rank, tier, h));
                             }
                         }
@@ -327,7 +384,7 @@ proptest! {
             let tokens: Vec<u32> = (0..len as u32).map(|i| if i < 2 { i } else { i + b * 100 }).collect();
             let (rank, tier, blocks) = (Rank::new(worker, 0), Tier::ALL[tier], chain(&tokens));
             let op = if store_it {
-                IndexOp::Store { rank, tier, blocks }
+                IndexOp::Store { rank, tier, blocks, locals: Vec::new() }
             } else {
                 IndexOp::Remove { rank, tier, blocks: blocks[len / 2..].to_vec() }
             };

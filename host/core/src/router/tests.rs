@@ -38,6 +38,7 @@ fn prefers_the_rank_holding_the_prefix() {
         rank: Rank::new(2, 0),
         tier: Tier::Device,
         blocks: hashes[..12].to_vec(),
+        locals: Vec::new(),
     });
     let mut r = router(4, Box::new(KvCost));
     let d = r
@@ -61,11 +62,13 @@ fn host_tier_earns_partial_credit() {
         rank: Rank::new(0, 0),
         tier: Tier::Host,
         blocks: hashes.clone(),
+        locals: Vec::new(),
     });
     index.apply(&IndexOp::Store {
         rank: Rank::new(1, 0),
         tier: Tier::Device,
         blocks: hashes[..8].to_vec(),
+        locals: Vec::new(),
     });
     let mut r = router(2, Box::new(KvCost));
     // rank 0: prefill 16 - 0.75*16 = 4, decode 16 -> 20; rank 1: prefill 8, decode 8 -> 16.
@@ -85,11 +88,13 @@ fn the_shared_pool_is_credited_only_beyond_each_ranks_own_prefix() {
         rank: SHARED_POOL,
         tier: Tier::Host,
         blocks: hashes[..12].to_vec(),
+        locals: Vec::new(),
     });
     index.apply(&IndexOp::Store {
         rank: Rank::new(1, 0),
         tier: Tier::Device,
         blocks: hashes[..8].to_vec(),
+        locals: Vec::new(),
     });
     let mut r = router(2, Box::new(KvCost));
     let d = r
@@ -225,6 +230,7 @@ fn ties_go_to_the_emptier_rank() {
             rank: Rank::new(0, 0),
             tier: Tier::Device,
             blocks: BlockHasher::new(4).sequence(&[9; 400]),
+            locals: Vec::new(),
         });
         i
     };
@@ -417,6 +423,7 @@ fn a_pinned_rank_bypasses_the_policy_unless_it_cannot_take_the_request() {
         rank: Rank::new(2, 0),
         tier: Tier::Device,
         blocks: hashes.clone(),
+        locals: Vec::new(),
     });
     let mut r = router(3, Box::new(KvCost));
     let pinned = RouteRequest {

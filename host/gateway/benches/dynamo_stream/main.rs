@@ -4,9 +4,10 @@
 //!
 //! Every event goes through the path the gateway runs: the per-rank [`Ingestor`] translates the
 //! engine's hashes into our sequence hashes (chaining each block's local hash from its parent's
-//! own hash), then [`KvIndex::apply`]. Every query chains the request's local hashes into sequence
-//! hashes on demand (the walk stops at the first block no rank holds) and calls
-//! [`KvIndex::find_matches_into`] with a reused buffer; the lookup time includes that chaining.
+//! own hash), then [`KvIndex::apply`]. Every query gives the request's local hashes, as Dynamo's
+//! `find_matches` takes them, to [`KvIndex::find_matches_locals_into`] with a reused buffer: the
+//! walk compares them along chains the index holds with their local hashes and chains a
+//! sequence hash where it leaves one (the lookup time includes that chaining).
 //!
 //! Modes (`DYNWL_MODE`):
 //! - `serial`: one thread pinned to `DYNWL_QUERY_CPU` (0), strict stream order.
@@ -37,7 +38,7 @@ use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::time::Instant;
-use switchyard_core::hash::{BlockHasher, LocalBlockHash, SequenceHash};
+use switchyard_core::hash::BlockHasher;
 use switchyard_core::index::{IndexOp, KvIndex, Matches};
 use switchyard_core::worker::{Rank, Tier};
 use switchyard_gateway::index::IndexCopy;
@@ -182,37 +183,6 @@ impl Checksum {
     }
 }
 
-/// A request's sequence hashes, chained from its local hashes only as far as a lookup walks, and
-/// kept for the next shard's walk of the same request.
-struct Chain {
-    hasher: BlockHasher,
-    seq: Vec<SequenceHash>,
-}
-
-impl Chain {
-    fn new(block_size: u32) -> Self {
-        Self {
-            hasher: BlockHasher::new(block_size as usize),
-            seq: Vec::with_capacity(1 << 14),
-        }
-    }
-
-    fn hashes<'a>(
-        &'a mut self,
-        locals: &'a [LocalBlockHash],
-    ) -> impl Iterator<Item = SequenceHash> + 'a {
-        let (hasher, seq) = (self.hasher, &mut self.seq);
-        (0..locals.len()).map(move |i| {
-            if let Some(&h) = seq.get(i) {
-                return h;
-            }
-            let h = hasher.chain(seq.last().copied(), locals[i]);
-            seq.push(h);
-            h
-        })
-    }
-}
-
 /// One ingestor per worker, created on first sight.
 struct Ingestors {
     block_size: u32,
@@ -259,7 +229,7 @@ fn serial(wl: &Workload) -> Run {
         lookup_ns: Vec::with_capacity(wl.totals.queries as usize),
         ..Run::default()
     };
-    let mut chain = Chain::new(wl.block_size);
+    let hasher = BlockHasher::new(wl.block_size as usize);
     heap::reset_peak();
     let base = heap::live_bytes();
     let mut ingestors = Ingestors::new(wl.block_size, wl.workers);
@@ -280,9 +250,8 @@ fn serial(wl: &Workload) -> Run {
         if let Some(since) = events_since.take() {
             event_ns += since.elapsed().as_nanos();
         }
-        chain.seq.clear();
         let t = Instant::now();
-        index.find_matches_into(chain.hashes(locals), &mut matches);
+        index.find_matches_locals_into(locals, &hasher, &mut matches);
         let ns = t.elapsed().as_nanos() as u64;
         run.lookup_ns.push(ns);
         run.checksum.add(query, &matches);
@@ -327,7 +296,7 @@ fn pipelined<'a>(wl: &'a Workload, threads: usize) -> Run {
         lookup_ns: Vec::with_capacity(wl.totals.queries as usize),
         ..Run::default()
     };
-    let mut chain = Chain::new(wl.block_size);
+    let hasher = BlockHasher::new(wl.block_size as usize);
     heap::reset_peak();
     let base = heap::live_bytes();
     let done: Arc<Vec<Progress>> = Arc::new((0..threads).map(|_| Progress::default()).collect());
@@ -430,13 +399,12 @@ fn pipelined<'a>(wl: &'a Workload, threads: usize) -> Run {
             };
             hand_over(&mut pending);
             wait(&sent);
-            chain.seq.clear();
             let t = Instant::now();
             matches.clear();
             for read in &readers {
                 if let Some(copy) = read.enter() {
                     copy.0
-                        .find_matches_into(chain.hashes(locals), &mut shard_matches);
+                        .find_matches_locals_into(locals, &hasher, &mut shard_matches);
                     matches.extend_from_slice(&shard_matches);
                 }
             }

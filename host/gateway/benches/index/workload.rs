@@ -65,6 +65,7 @@ impl Workload {
                     rank,
                     tier: Tier::Device,
                     blocks: missing,
+                    locals: Vec::new(),
                 });
             }
             if !evicted.is_empty() {

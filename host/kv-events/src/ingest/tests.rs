@@ -57,7 +57,22 @@ fn store(tier: Tier, blocks: Vec<SequenceHash>) -> IndexOp {
         rank: rank(),
         tier,
         blocks,
+        locals: Vec::new(),
     }
+}
+
+/// `ops` with stores' local hashes left out: most tests check which blocks are stored, and
+/// `a_chain_is_stored_with_its_local_hashes` checks the local hashes.
+fn sans_locals(ops: &[IndexOp]) -> Vec<IndexOp> {
+    ops.iter()
+        .cloned()
+        .map(|mut op| {
+            if let IndexOp::Store { locals, .. } = &mut op {
+                locals.clear();
+            }
+            op
+        })
+        .collect()
 }
 
 fn remove(tier: Tier, blocks: Vec<SequenceHash>) -> IndexOp {
@@ -85,16 +100,52 @@ fn primed() -> Ingestor {
 }
 
 #[test]
+fn a_chain_is_stored_with_its_local_hashes() {
+    let hasher = BlockHasher::new(BS as usize);
+    let locals_of = |op: &IndexOp| match op {
+        IndexOp::Store { locals, .. } => locals.clone(),
+        other => panic!("not a store: {other:?}"),
+    };
+    let mut ingestor = Ingestor::new(rank(), BS);
+    let out = ingestor.on_message(0, &payload(vec![stored(&[10, 11], None, &[1, 2, 3, 4])]));
+    assert_eq!(locals_of(&out.ops[0]), hasher.locals(&[1, 2, 3, 4]));
+    // Blocks 10 and 11 are already held: the op stores block 12 alone, and only whole chains
+    // carry local hashes (the index then links block 12 by its hash).
+    let out = ingestor.on_message(
+        1,
+        &payload(vec![stored(&[10, 11, 12], None, &[1, 2, 3, 4, 5, 6])]),
+    );
+    assert_eq!(
+        sans_locals(&out.ops),
+        vec![store(Tier::Device, ours(&[1, 2, 3, 4, 5, 6])[2..].to_vec())]
+    );
+    assert!(locals_of(&out.ops[0]).is_empty());
+    // Dynamo's transport: local hashes given.
+    let given = hasher.locals(&[3, 3, 4, 4]);
+    let op = ingestor
+        .store_locals(
+            None,
+            &[(EngineHash(30), given[0]), (EngineHash(31), given[1])],
+            Tier::Device,
+        )
+        .expect("new blocks");
+    assert_eq!(locals_of(&op), given);
+}
+
+#[test]
 fn stores_rehash_tokens_into_our_hash_space() {
     let mut ingestor = Ingestor::new(rank(), BS);
     let out = ingestor.on_message(5, &payload(vec![stored(&[10, 11], None, &[1, 2, 3, 4])]));
-    assert_eq!(out.ops, vec![store(Tier::Device, ours(&[1, 2, 3, 4]))]);
+    assert_eq!(
+        sans_locals(&out.ops),
+        vec![store(Tier::Device, ours(&[1, 2, 3, 4]))]
+    );
     assert_eq!(out.gap, None, "the first message sets the baseline");
     assert_eq!(out.ts, Some(10.0));
     // A continuation chains from the parent's own hash.
     let out = ingestor.on_message(6, &payload(vec![stored(&[12], Some(11), &[5, 6])]));
     assert_eq!(
-        out.ops,
+        sans_locals(&out.ops),
         vec![store(Tier::Device, ours(&[1, 2, 3, 4, 5, 6])[2..].to_vec())]
     );
     assert_eq!(ingestor.stats().stored_blocks, 3);
@@ -144,19 +195,19 @@ fn offload_copies_resolve_through_the_map() {
     let mut ingestor = primed();
     let out = ingestor.on_message(1, &payload(vec![offloaded(&[11, 99], "CPU")]));
     assert_eq!(
-        out.ops,
+        sans_locals(&out.ops),
         vec![store(Tier::Host, ours(&[1, 2, 3, 4])[1..].to_vec())]
     );
     assert_eq!(ingestor.stats().skipped_unknown_hash, 1);
     // Dropping the device copy leaves the host copy and its map entry.
     let out = ingestor.on_message(2, &payload(vec![removed(&[11], None)]));
     assert_eq!(
-        out.ops,
+        sans_locals(&out.ops),
         vec![remove(Tier::Device, ours(&[1, 2, 3, 4])[1..].to_vec())]
     );
     let out = ingestor.on_message(3, &payload(vec![removed(&[11], Some("CPU_PINNED"))]));
     assert_eq!(
-        out.ops,
+        sans_locals(&out.ops),
         vec![remove(Tier::Host, ours(&[1, 2, 3, 4])[1..].to_vec())]
     );
     assert!(
@@ -174,7 +225,7 @@ fn double_copies_are_removed_with_the_last_one() {
     assert!(first.ops.is_empty());
     let last = ingestor.on_message(3, &payload(vec![removed(&[10], None)]));
     assert_eq!(
-        last.ops,
+        sans_locals(&last.ops),
         vec![remove(Tier::Device, ours(&[1, 2])[..1].to_vec())]
     );
     let extra = ingestor.on_message(4, &payload(vec![removed(&[10], None)]));
@@ -187,7 +238,7 @@ fn double_copies_are_removed_with_the_last_one() {
 fn all_blocks_cleared_clears_the_rank_and_the_map() {
     let mut ingestor = primed();
     let out = ingestor.on_message(1, &payload(vec![KvEvent::AllBlocksCleared]));
-    assert_eq!(out.ops, vec![IndexOp::Clear { rank: rank() }]);
+    assert_eq!(sans_locals(&out.ops), vec![IndexOp::Clear { rank: rank() }]);
     assert!(ingestor.blocks.is_empty());
 }
 
@@ -216,11 +267,11 @@ fn gaps_are_reported_and_filled_by_replay_in_order() {
     );
     let block = ours(&[1, 2, 3, 4, 5, 6])[2..].to_vec();
     assert_eq!(
-        ingestor.on_replayed(1, &lost).ops,
+        sans_locals(&ingestor.on_replayed(1, &lost).ops),
         vec![store(Tier::Device, block.clone())]
     );
     assert_eq!(
-        ingestor.on_replayed(2, &arrived).ops,
+        sans_locals(&ingestor.on_replayed(2, &arrived).ops),
         vec![remove(Tier::Device, block)]
     );
     assert_eq!(ingestor.missing(), None);
@@ -257,7 +308,7 @@ fn sequence_reset_is_a_restart() {
     let out = ingestor.on_message(0, &payload(vec![stored(&[40], None, &[7, 8])]));
     assert!(out.restarted);
     assert_eq!(
-        out.ops,
+        sans_locals(&out.ops),
         vec![
             IndexOp::Clear { rank: rank() },
             store(Tier::Device, ours(&[7, 8]))
@@ -337,7 +388,7 @@ fn a_pool_stream_is_rehashed_from_its_tokens_and_standard_hashes_are_taken_as_is
         ]),
     );
     assert_eq!(
-        out.ops,
+        sans_locals(&out.ops),
         vec![
             store(Tier::Host, expected[..2].to_vec()),
             store(Tier::Host, expected[2..].to_vec()),
@@ -352,7 +403,7 @@ fn a_pool_stream_is_rehashed_from_its_tokens_and_standard_hashes_are_taken_as_is
         ]),
     );
     assert_eq!(
-        out.ops,
+        sans_locals(&out.ops),
         vec![
             store(Tier::Disk, expected[2..].to_vec()),
             IndexOp::Remove {
@@ -377,7 +428,10 @@ fn a_pool_stream_is_rehashed_from_its_tokens_and_standard_hashes_are_taken_as_is
         0,
         &mooncake_payload(vec![mooncake_event(Stored, &[777], None, &[], "CPU")]),
     );
-    assert_eq!(out.ops, vec![store(Tier::Host, vec![SequenceHash(777)])]);
+    assert_eq!(
+        sans_locals(&out.ops),
+        vec![store(Tier::Host, vec![SequenceHash(777)])]
+    );
     assert_eq!(ingestor.stats().malformed + master.stats().malformed, 0);
 
     // A vLLM ingestor does not read Mooncake payloads.
@@ -421,7 +475,10 @@ fn starting_over_applies_the_replay_from_zero_and_skips_the_live_messages_it_cov
     // The publisher reconnected (a restart, say): everything is forgotten first.
     assert_eq!(ingestor.start_over(), IndexOp::Clear { rank: rank() });
     let first = ingestor.on_replayed(0, &payload(vec![stored(&[50], None, &[1, 2])]));
-    assert_eq!(first.ops, vec![store(Tier::Device, ours(&[1, 2]))]);
+    assert_eq!(
+        sans_locals(&first.ops),
+        vec![store(Tier::Device, ours(&[1, 2]))]
+    );
     let second = ingestor.on_replayed(1, &payload(vec![stored(&[51], Some(50), &[3, 4])]));
     assert_eq!(second.ops.len(), 1);
     ingestor.replay_done();
@@ -447,7 +504,10 @@ fn a_replay_that_does_not_start_at_zero_leaves_the_rank_cleared() {
     // The next live message is the new baseline.
     let live = ingestor.on_message(12, &payload(vec![stored(&[60], None, &[5, 6])]));
     assert!(live.gap.is_none() && !live.restarted);
-    assert_eq!(live.ops, vec![store(Tier::Device, ours(&[5, 6]))]);
+    assert_eq!(
+        sans_locals(&live.ops),
+        vec![store(Tier::Device, ours(&[5, 6]))]
+    );
 }
 
 #[test]
@@ -462,7 +522,7 @@ fn after_a_reset_a_store_under_a_block_the_engine_kept_indexes_its_prefix_again(
     let out = ingestor.on_message(4, &payload(vec![stored(&[12], Some(11), &[5, 6])]));
     let chain = ours(&[1, 2, 3, 4, 5, 6]);
     assert_eq!(
-        out.ops,
+        sans_locals(&out.ops),
         vec![store(Tier::Device, vec![chain[1], chain[0], chain[2]])]
     );
     assert_eq!(ingestor.stats().relearned_blocks, 2);
@@ -470,7 +530,7 @@ fn after_a_reset_a_store_under_a_block_the_engine_kept_indexes_its_prefix_again(
     // They follow their events again: a removal drops the block.
     let out = ingestor.on_message(5, &payload(vec![removed(&[12, 11], None)]));
     assert_eq!(
-        out.ops,
+        sans_locals(&out.ops),
         vec![remove(Tier::Device, vec![chain[2], chain[1]])]
     );
 }
@@ -496,7 +556,7 @@ fn a_reset_keeps_names_not_holdings_and_drops_them_when_they_go() {
     };
     let out = ingestor.on_message(3, &payload(vec![host]));
     assert_eq!(
-        out.ops,
+        sans_locals(&out.ops),
         vec![store(Tier::Host, vec![ours(&[1, 2, 7, 8])[1]])]
     );
     assert!(ingestor.blocks.get(10).unwrap().bare());

@@ -35,7 +35,9 @@ impl KvIndex {
     /// Apply one change.
     pub(super) fn apply(&mut self, op: &IndexOp) {
         match op {
-            IndexOp::Store { rank, tier, blocks } => {
+            IndexOp::Store {
+                rank, tier, blocks, ..
+            } => {
                 let slot = self.slot(*rank);
                 for &hash in blocks {
                     let owners = self.nodes.entry(hash).or_default();

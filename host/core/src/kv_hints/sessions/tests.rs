@@ -182,16 +182,19 @@ fn residency_reads_each_lineage_from_the_index() {
         rank: R0,
         tier: Tier::Device,
         blocks: hashes(0..6),
+        locals: Vec::new(),
     });
     index.apply(&IndexOp::Store {
         rank: R0,
         tier: Tier::Host,
         blocks: hashes(0..10),
+        locals: Vec::new(),
     });
     index.apply(&IndexOp::Store {
         rank: R1,
         tier: Tier::Device,
         blocks: hashes(0..3),
+        locals: Vec::new(),
     });
     let mut residency = tracker.residency(["s", "unknown"], &index);
     residency.sort_by_key(|r| r.rank);

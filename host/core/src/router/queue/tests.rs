@@ -166,6 +166,7 @@ fn wspt_counts_only_uncached_tokens() {
         rank: Rank::new(0, 0),
         tier: Tier::Device,
         blocks: long.hashes[..98].to_vec(),
+        locals: Vec::new(),
     });
     q.submit(req(2, 100, 0), &mut r, &index, secs(1)).unwrap();
     q.submit(long, &mut r, &index, secs(2)).unwrap();
@@ -301,6 +302,7 @@ fn leaving_the_queue_routes_against_the_current_index() {
         rank: Rank::new(1, 0),
         tier: Tier::Device,
         blocks,
+        locals: Vec::new(),
     });
     r.finish(RequestId(1_000), secs(2));
     r.finish(RequestId(1_001), secs(2));
