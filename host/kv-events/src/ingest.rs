@@ -217,6 +217,8 @@ pub struct Ingestor {
     blocks: U64Map<Block>,
     /// The reverse names, when the rank takes KV hints.
     naming: Option<Naming>,
+    /// Stores that are one chain carry their local hashes ([`local_hashes`](Self::local_hashes)).
+    local_hashes: bool,
     stats: IngestStats,
 }
 
@@ -246,8 +248,18 @@ impl Ingestor {
             replayed_through: None,
             blocks: U64Map::new(),
             naming: None,
+            local_hashes: false,
             stats: IngestStats::default(),
         }
+    }
+
+    /// Stores that are one chain carry their blocks' local hashes (`IndexOp::Store::locals`), for
+    /// an index that answers lookups by local hash (`KvIndex::find_matches_locals_into`). Off by
+    /// default: the gateway and the simulator look up sequence hashes, and would pay for them on
+    /// every event.
+    pub fn local_hashes(mut self) -> Self {
+        self.local_hashes = true;
+        self
     }
 
     /// Also keep `names`: our hash -> the engine's for every block the rank holds.
@@ -409,7 +421,7 @@ impl Ingestor {
         let mut prev = self.parent(parent, tier, &mut stored).ok()?;
         let mut prev_engine = parent;
         // Whether `stored` is exactly the chain hashed here (see `IndexOp::Store::locals`).
-        let mut chain = stored.is_empty();
+        let mut chain = self.local_hashes && stored.is_empty();
         for &(engine, _) in blocks.iter().take(PREFETCH) {
             self.blocks.prefetch(engine.0);
         }
@@ -566,7 +578,7 @@ impl Ingestor {
         let Ok(parent_hash) = self.parent(parent, tier, &mut stored) else {
             return (stored, Vec::new());
         };
-        let mut chain = stored.is_empty();
+        let mut chain = self.local_hashes && stored.is_empty();
         let locals = self.hasher.locals(tokens);
         let hashes = self.hasher.sequence_from(parent_hash, &locals);
         let parents = std::iter::once(parent).chain(engine_hashes.iter().copied().map(Some));

@@ -203,7 +203,8 @@ impl Ingestors {
             self.by_worker.resize_with(w + 1, || None);
         }
         let block_size = self.block_size;
-        self.by_worker[w].get_or_insert_with(|| Ingestor::new(Rank::new(worker, 0), block_size))
+        self.by_worker[w]
+            .get_or_insert_with(|| Ingestor::new(Rank::new(worker, 0), block_size).local_hashes())
     }
 
     /// The engine event as index changes in our hash space (`None`: nothing changed).

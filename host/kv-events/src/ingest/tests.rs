@@ -106,7 +106,10 @@ fn a_chain_is_stored_with_its_local_hashes() {
         IndexOp::Store { locals, .. } => locals.clone(),
         other => panic!("not a store: {other:?}"),
     };
-    let mut ingestor = Ingestor::new(rank(), BS);
+    // Off by default.
+    let out = Ingestor::new(rank(), BS).on_message(0, &payload(vec![stored(&[10], None, &[1, 2])]));
+    assert!(locals_of(&out.ops[0]).is_empty());
+    let mut ingestor = Ingestor::new(rank(), BS).local_hashes();
     let out = ingestor.on_message(0, &payload(vec![stored(&[10, 11], None, &[1, 2, 3, 4])]));
     assert_eq!(locals_of(&out.ops[0]), hasher.locals(&[1, 2, 3, 4]));
     // Blocks 10 and 11 are already held: the op stores block 12 alone, and only whole chains
