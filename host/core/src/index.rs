@@ -13,6 +13,11 @@
 //! probes instead of one cache-missing probe per block. Removing a block's last owner deletes
 //! its node from the map and leaves a dead entry in the log, which is compacted once dead entries
 //! outnumber live ones, so memory stays bounded by the blocks the engines hold.
+//!
+//! A caller that holds a prompt's local hashes only (Dynamo's `find_matches` protocol) would
+//! have to chain every sequence hash to walk. Stores that come with their local hashes link each
+//! log entry to the one before it when that is its parent, so [`KvIndex::find_matches_locals_into`]
+//! compares local hashes along those links and chains only where it leaves them.
 //! `docs/benchmarks.md` section (a2) has the measurements behind this layout.
 //!
 //! The index is a plain value: `apply` takes `&mut self`. Concurrency (readers that never wait behind
