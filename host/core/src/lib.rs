@@ -15,7 +15,8 @@
 //! let prompt: Vec<u32> = (0..64).collect();
 //! let hashes = hasher.sequence(&prompt);
 //! let mut index = KvIndex::new();
-//! index.apply(&IndexOp::Store { rank: Rank::new(1, 0), tier: Tier::Device, blocks: hashes.clone() });
+//! let (rank, tier) = (Rank::new(1, 0), Tier::Device);
+//! index.apply(&IndexOp::Store { rank, tier, blocks: hashes.clone(), locals: Vec::new() });
 //!
 //! let mut router = Router::new(RouterConfig::default(), Box::new(KvCost));
 //! router.add_rank(Rank::new(0, 0), false);
