@@ -231,7 +231,7 @@ impl Group {
     }
 
     /// Where a lookup at log position `at` goes for `hash`, the next block of its chain: the next
-    /// entry if that is the block, alive (a dead entry's block may have been stored again
+    /// entry if that is the block's live node (a dead entry's block may have been stored again
     /// further on), else wherever the map says.
     #[inline]
     fn next(&self, at: usize, hash: u64) -> Option<usize> {
@@ -242,7 +242,7 @@ impl Group {
     #[inline]
     fn next_entry(&self, at: usize, hash: u64) -> Option<usize> {
         let entry = self.log.get(at + 1)?;
-        (entry.hash == hash && self.cumulative(at + 1)[2] != 0).then_some(at + 1)
+        (entry.hash == hash && self.alive(at + 1)).then_some(at + 1)
     }
 
     /// Set `bit` in `tier` of each of `hashes`' nodes, appending those it lacks. How many bits
@@ -275,6 +275,7 @@ impl Group {
                     added += u64::from(self.set(at, tier, bit));
                     followed += 1;
                 }
+                last = Some(at);
                 rest = &rest[followed..];
                 if rest.is_empty() {
                     break;
@@ -328,7 +329,7 @@ impl Group {
             let owners = self.owners_mut(at, tier);
             removed += u64::from(*owners & bit != 0);
             *owners &= !bit;
-            if self.cumulative(at)[2] == 0 {
+            if !self.alive(at) {
                 self.nodes.remove(hash.0);
                 self.dead += 1;
             }
@@ -365,7 +366,7 @@ impl Group {
         let mut kept = 0;
         let mut previous_kept = false;
         for (i, moved) in moved.iter_mut().enumerate() {
-            if self.cumulative(i)[2] == 0 {
+            if !self.alive(i) {
                 previous_kept = false;
                 continue;
             }
