@@ -55,6 +55,21 @@ mod tests {
     }
 
     #[test]
+    fn tokens_are_splitmix64_outputs_on_the_vocabulary() {
+        // splitmix64 seeded with 0: first output 0xe220a8397b1dcdaf (Vigna's reference).
+        let z: u64 = 0xe220_a839_7b1d_cdaf;
+        let span = u64::from(VOCAB.end - VOCAB.start);
+        assert_eq!(prompt(&[0], 4, 1, 9)[0], VOCAB.start + (z % span) as u32);
+        let block = prompt(&[42], 64, 64, 0);
+        assert!(block.iter().all(|t| VOCAB.contains(t)));
+        assert_eq!(
+            block,
+            prompt(&[42], 64, 64, 1),
+            "a function of the block id alone"
+        );
+    }
+
+    #[test]
     fn a_partial_last_block_is_cut_to_the_input_length() {
         let full = prompt(&[1, 2], 4, 8, 0);
         let cut = prompt(&[1, 2], 4, 6, 0);
