@@ -8,6 +8,9 @@
 //! `find_matches` takes them, to [`KvIndex::find_matches_locals_into`] with a reused buffer: the
 //! walk compares them along chains the index holds with their local hashes and chains a
 //! sequence hash where it leaves one (the lookup time includes that chaining).
+//! `DYNWL_LOOKUP=hashes` runs the gateway's way instead: ingestors that keep no local hashes,
+//! and queries that chain the request's sequence hashes as far as the walk goes
+//! ([`KvIndex::find_matches_into`]).
 //!
 //! Modes (`DYNWL_MODE`):
 //! - `serial`: one thread pinned to `DYNWL_QUERY_CPU` (0), strict stream order.
@@ -38,7 +41,7 @@ use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::time::Instant;
-use switchyard_core::hash::BlockHasher;
+use switchyard_core::hash::{BlockHasher, LocalBlockHash};
 use switchyard_core::index::{IndexOp, KvIndex, Matches};
 use switchyard_core::worker::{Rank, Tier};
 use switchyard_gateway::index::IndexCopy;
@@ -183,6 +186,50 @@ impl Checksum {
     }
 }
 
+/// How queries are answered (`DYNWL_LOOKUP`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Lookup {
+    /// `locals` (the default): the request's local hashes go to the index, as Dynamo's
+    /// `find_matches` takes them, and the ingestors keep the chains' local hashes for it.
+    Locals,
+    /// `hashes`: the request's sequence hashes are chained from its local hashes as far as the
+    /// walk goes, and the ingestors run as the gateway runs them (it holds every prompt's
+    /// sequence hashes, so it keeps no local hashes).
+    Hashes,
+}
+
+impl Lookup {
+    fn from_env() -> Self {
+        match env("DYNWL_LOOKUP").as_deref() {
+            None | Some("locals") => Lookup::Locals,
+            Some("hashes") => Lookup::Hashes,
+            Some(other) => panic!("DYNWL_LOOKUP={other}: locals or hashes"),
+        }
+    }
+
+    /// Answer the query `locals` from `index` into `out`.
+    fn find(
+        self,
+        index: &KvIndex,
+        hasher: &BlockHasher,
+        locals: &[LocalBlockHash],
+        out: &mut Matches,
+    ) {
+        match self {
+            Lookup::Locals => index.find_matches_locals_into(locals, hasher, out),
+            Lookup::Hashes => {
+                let mut parent = None;
+                let chained = locals.iter().map(|&local| {
+                    let hash = hasher.chain(parent, local);
+                    parent = Some(hash);
+                    hash
+                });
+                index.find_matches_into(chained, out);
+            }
+        }
+    }
+}
+
 /// One ingestor per worker, created on first sight.
 struct Ingestors {
     block_size: u32,
@@ -203,8 +250,13 @@ impl Ingestors {
             self.by_worker.resize_with(w + 1, || None);
         }
         let block_size = self.block_size;
-        self.by_worker[w]
-            .get_or_insert_with(|| Ingestor::new(Rank::new(worker, 0), block_size).local_hashes())
+        self.by_worker[w].get_or_insert_with(|| {
+            let ingestor = Ingestor::new(Rank::new(worker, 0), block_size);
+            match Lookup::from_env() {
+                Lookup::Locals => ingestor.local_hashes(),
+                Lookup::Hashes => ingestor,
+            }
+        })
     }
 
     /// The engine event as index changes in our hash space (`None`: nothing changed).
@@ -230,7 +282,7 @@ fn serial(wl: &Workload) -> Run {
         lookup_ns: Vec::with_capacity(wl.totals.queries as usize),
         ..Run::default()
     };
-    let hasher = BlockHasher::new(wl.block_size as usize);
+    let (hasher, lookup) = (BlockHasher::new(wl.block_size as usize), Lookup::from_env());
     heap::reset_peak();
     let base = heap::live_bytes();
     let mut ingestors = Ingestors::new(wl.block_size, wl.workers);
@@ -252,7 +304,7 @@ fn serial(wl: &Workload) -> Run {
             event_ns += since.elapsed().as_nanos();
         }
         let t = Instant::now();
-        index.find_matches_locals_into(locals, &hasher, &mut matches);
+        lookup.find(&index, &hasher, locals, &mut matches);
         let ns = t.elapsed().as_nanos() as u64;
         run.lookup_ns.push(ns);
         run.checksum.add(query, &matches);
@@ -297,7 +349,7 @@ fn pipelined<'a>(wl: &'a Workload, threads: usize) -> Run {
         lookup_ns: Vec::with_capacity(wl.totals.queries as usize),
         ..Run::default()
     };
-    let hasher = BlockHasher::new(wl.block_size as usize);
+    let (hasher, lookup) = (BlockHasher::new(wl.block_size as usize), Lookup::from_env());
     heap::reset_peak();
     let base = heap::live_bytes();
     let done: Arc<Vec<Progress>> = Arc::new((0..threads).map(|_| Progress::default()).collect());
@@ -404,8 +456,7 @@ fn pipelined<'a>(wl: &'a Workload, threads: usize) -> Run {
             matches.clear();
             for read in &readers {
                 if let Some(copy) = read.enter() {
-                    copy.0
-                        .find_matches_locals_into(locals, &hasher, &mut shard_matches);
+                    lookup.find(&copy.0, &hasher, locals, &mut shard_matches);
                     matches.extend_from_slice(&shard_matches);
                 }
             }
