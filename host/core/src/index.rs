@@ -139,15 +139,6 @@ struct Entry {
     device: u64,
 }
 
-/// How a log entry hangs off the one before it, for lookups by local hash.
-#[derive(Debug, Clone, Copy, Default)]
-struct Link {
-    /// The block's local hash (0 when not known).
-    local: u64,
-    /// The block's parent is the previous log entry (they were stored as one chain).
-    follows: bool,
-}
-
 /// The nodes of one group of up to 64 ranks.
 #[derive(Debug, Clone, Default)]
 struct Group {
@@ -158,8 +149,9 @@ struct Group {
     /// Host and disk owner bits, beside `log` entry for entry once the group has stored any block
     /// in those tiers; empty until then (an index of device blocks only reads half the bytes).
     lower: Vec<[u64; 2]>,
-    /// Local hashes and parent links, beside `log` once any store came with local hashes.
-    links: Vec<Link>,
+    /// Beside `log` once any store came with local hashes: an entry's local hash when its parent
+    /// is the entry before it (they were stored as one chain), for lookups by local hash.
+    links: Vec<Option<u64>>,
     /// Entries of `log` that are dead: no owner in any tier, no longer in `nodes`.
     dead: usize,
 }
@@ -184,13 +176,11 @@ impl Group {
                 self.lower.push([0; 2]);
             }
             if local.is_some() && self.links.is_empty() {
-                self.links = vec![Link::default(); end];
+                self.links = vec![None; end];
             }
             if !self.links.is_empty() {
-                self.links.push(Link {
-                    local: local.unwrap_or(0),
-                    follows: local.is_some() && end > 0 && parent == Some(end - 1),
-                });
+                let follows = end > 0 && parent == Some(end - 1);
+                self.links.push(local.filter(|_| follows));
             }
         }
         at
@@ -313,6 +303,9 @@ impl Group {
     /// Clear `bit` in `tier` of each of `hashes`' nodes (a batch, as [`store`](Self::store));
     /// a node leaves the map with its last owner. How many bits were set.
     fn remove(&mut self, hashes: &[SequenceHash], tier: usize, bit: u64) -> u64 {
+        if tier > 0 && self.lower.is_empty() {
+            return 0; // no block is held in that tier
+        }
         let mut at = [None; PROBE_BATCH];
         for hash in hashes {
             self.nodes.prefetch(hash.0);
@@ -377,11 +370,7 @@ impl Group {
             }
             if !self.links.is_empty() {
                 // A block still follows the entry before it only if that entry was its parent.
-                let link = self.links[i];
-                self.links[kept] = Link {
-                    follows: link.follows && previous_kept,
-                    ..link
-                };
+                self.links[kept] = self.links[i].filter(|_| previous_kept);
             }
             previous_kept = true;
             kept += 1;
@@ -406,7 +395,7 @@ impl Group {
         self.nodes.heap_bytes()
             + self.log.capacity() * std::mem::size_of::<Entry>()
             + self.lower.capacity() * std::mem::size_of::<[u64; 2]>()
-            + self.links.capacity() * std::mem::size_of::<Link>()
+            + self.links.capacity() * std::mem::size_of::<Option<u64>>()
     }
 }
 
@@ -559,9 +548,7 @@ impl KvIndex {
             let step = |at: usize| {
                 let local = rest.next()?.0;
                 match group.links.get(at + 1) {
-                    Some(link) if link.follows && link.local == local && group.alive(at + 1) => {
-                        Some(at + 1)
-                    }
+                    Some(&Some(linked)) if linked == local && group.alive(at + 1) => Some(at + 1),
                     _ => {
                         let parent = Some(SequenceHash(group.log[at].hash));
                         group.next(at, hasher.chain(parent, LocalBlockHash(local)).0)

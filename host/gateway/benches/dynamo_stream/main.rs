@@ -41,7 +41,7 @@ use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::time::Instant;
-use switchyard_core::hash::{BlockHasher, LocalBlockHash};
+use switchyard_core::hash::{BlockHasher, LocalBlockHash, SequenceHash};
 use switchyard_core::index::{IndexOp, KvIndex, Matches};
 use switchyard_core::worker::{Rank, Tier};
 use switchyard_gateway::index::IndexCopy;
@@ -206,22 +206,40 @@ impl Lookup {
             Some(other) => panic!("DYNWL_LOOKUP={other}: locals or hashes"),
         }
     }
+}
 
-    /// Answer the query `locals` from `index` into `out`.
-    fn find(
-        self,
-        index: &KvIndex,
-        hasher: &BlockHasher,
-        locals: &[LocalBlockHash],
-        out: &mut Matches,
-    ) {
-        match self {
+/// One query's lookups, in every shard: with [`Lookup::Hashes`], the sequence hashes chained so
+/// far are kept for the next shard's walk of the same request.
+struct Lookups {
+    lookup: Lookup,
+    hasher: BlockHasher,
+    seq: Vec<SequenceHash>,
+}
+
+impl Lookups {
+    fn new(block_size: u32) -> Self {
+        Self {
+            lookup: Lookup::from_env(),
+            hasher: BlockHasher::new(block_size as usize),
+            seq: Vec::with_capacity(1 << 14),
+        }
+    }
+
+    /// Answer `locals` from `index` into `out`; `first` says a new request starts.
+    fn find(&mut self, index: &KvIndex, locals: &[LocalBlockHash], first: bool, out: &mut Matches) {
+        if first {
+            self.seq.clear();
+        }
+        let (hasher, seq) = (&self.hasher, &mut self.seq);
+        match self.lookup {
             Lookup::Locals => index.find_matches_locals_into(locals, hasher, out),
             Lookup::Hashes => {
-                let mut parent = None;
-                let chained = locals.iter().map(|&local| {
-                    let hash = hasher.chain(parent, local);
-                    parent = Some(hash);
+                let chained = (0..locals.len()).map(|i| {
+                    if let Some(&hash) = seq.get(i) {
+                        return hash;
+                    }
+                    let hash = hasher.chain(seq.last().copied(), locals[i]);
+                    seq.push(hash);
                     hash
                 });
                 index.find_matches_into(chained, out);
@@ -282,7 +300,7 @@ fn serial(wl: &Workload) -> Run {
         lookup_ns: Vec::with_capacity(wl.totals.queries as usize),
         ..Run::default()
     };
-    let (hasher, lookup) = (BlockHasher::new(wl.block_size as usize), Lookup::from_env());
+    let mut lookups = Lookups::new(wl.block_size);
     heap::reset_peak();
     let base = heap::live_bytes();
     let mut ingestors = Ingestors::new(wl.block_size, wl.workers);
@@ -304,7 +322,7 @@ fn serial(wl: &Workload) -> Run {
             event_ns += since.elapsed().as_nanos();
         }
         let t = Instant::now();
-        lookup.find(&index, &hasher, locals, &mut matches);
+        lookups.find(&index, locals, true, &mut matches);
         let ns = t.elapsed().as_nanos() as u64;
         run.lookup_ns.push(ns);
         run.checksum.add(query, &matches);
@@ -349,7 +367,7 @@ fn pipelined<'a>(wl: &'a Workload, threads: usize) -> Run {
         lookup_ns: Vec::with_capacity(wl.totals.queries as usize),
         ..Run::default()
     };
-    let (hasher, lookup) = (BlockHasher::new(wl.block_size as usize), Lookup::from_env());
+    let mut lookups = Lookups::new(wl.block_size);
     heap::reset_peak();
     let base = heap::live_bytes();
     let done: Arc<Vec<Progress>> = Arc::new((0..threads).map(|_| Progress::default()).collect());
@@ -454,9 +472,9 @@ fn pipelined<'a>(wl: &'a Workload, threads: usize) -> Run {
             wait(&sent);
             let t = Instant::now();
             matches.clear();
-            for read in &readers {
+            for (shard, read) in readers.iter().enumerate() {
                 if let Some(copy) = read.enter() {
-                    lookup.find(&copy.0, &hasher, locals, &mut shard_matches);
+                    lookups.find(&copy.0, locals, shard == 0, &mut shard_matches);
                     matches.extend_from_slice(&shard_matches);
                 }
             }
