@@ -139,6 +139,17 @@ struct Entry {
     device: u64,
 }
 
+/// Owners of log entry `at` (with `lower` beside `log`, or empty) as cumulative masks: on
+/// device, on device or host, anywhere.
+#[inline]
+fn cumulative(log: &[Entry], lower: &[[u64; 2]], at: usize) -> [u64; 3] {
+    let device = log[at].device;
+    match lower.get(at) {
+        Some(&[host, disk]) => [device, device | host, device | host | disk],
+        None => [device; 3],
+    }
+}
+
 /// The nodes of one group of up to 64 ranks.
 #[derive(Debug, Clone, Default)]
 struct Group {
@@ -207,11 +218,7 @@ impl Group {
     /// Owners of node `at` as cumulative masks: on device, on device or host, anywhere.
     #[inline]
     fn cumulative(&self, at: usize) -> [u64; 3] {
-        let device = self.log[at].device;
-        match self.lower.get(at) {
-            Some(&[host, disk]) => [device, device | host, device | host | disk],
-            None => [device; 3],
-        }
+        cumulative(&self.log, &self.lower, at)
     }
 
     /// Whether node `at` has an owner.
@@ -340,10 +347,8 @@ impl Group {
         }
         let live = self.nodes.len();
         let (log, lower) = (&self.log, &self.lower);
-        self.nodes.retain(|_, &mut at| {
-            let at = at as usize;
-            log[at].device != 0 || lower.get(at).is_some_and(|l| *l != [0; 2])
-        });
+        self.nodes
+            .retain(|_, &mut at| cumulative(log, lower, at as usize)[2] != 0);
         self.dead += live - self.nodes.len();
     }
 
