@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The KV block manager's GPU check (docs/kvbm.md): the CUDA tests and the H2D/D2H bandwidth bench,
-# printed as markdown to paste, dated, into docs/benchmarks.md section (i). Needs the NVIDIA
-# driver but no CUDA toolkit (cudarc loads libcuda at run time). Without a GPU it still runs: the
-# tests check the fallbacks and the bench says why it measured nothing.
+# The KV block manager's GPU check (docs/kvbm.md): the CUDA tests, the mock engine's tier tests
+# with G1 in GPU memory (demote, prefetch and onboard copies checked byte for byte), and the
+# H2D/D2H bandwidth bench, printed as markdown to paste, dated, into docs/benchmarks.md section
+# (i). Needs the NVIDIA driver but no CUDA toolkit (cudarc loads libcuda at run time). Without a
+# GPU it still runs: the tests check the fallbacks and the bench says why it measured nothing.
+# With cargo (no DIR), it also runs the gateway's KV-hint test against mock engines built with
+# `cuda`.
 #
 #   scripts/gpu-check.sh              build with cargo, then run
 #   scripts/gpu-check.sh --build DIR  only build (release) the test binaries and the bench into a
@@ -13,16 +16,19 @@ cd "$(dirname "$0")/.."
 
 # The executables cargo built for "$@", one path a line.
 executables() {
-  cargo "$@" -p switchyard-kvbm --features cuda --message-format=json |
-    sed -n 's/.*"executable":"\([^"]*\)".*/\1/p'
+  cargo "$@" --message-format=json | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p'
 }
+
+kvbm=(-p switchyard-kvbm --features cuda)
+engine=(-p switchyard-mock-engine --features cuda --lib)
 
 # A new DIR (so that no stale binary runs), stripped to a few MB to travel.
 build() {
   mkdir "$1"
-  executables build --release --example gpu_bandwidth | xargs -r cp -t "$1"
-  executables test --release --no-run | xargs -r cp -t "$1"
+  executables build "${kvbm[@]}" --release --example gpu_bandwidth | xargs -r cp -t "$1"
+  executables test "${kvbm[@]}" --release --no-run | xargs -r cp -t "$1"
   mv "$1/gpu_bandwidth" "$1/bench"
+  cp "$(executables test "${engine[@]}" --release --no-run)" "$1/engine-tiers"
   if command -v strip >/dev/null; then strip "$1"/*; fi
 }
 
@@ -51,17 +57,23 @@ case "${1:-}" in
     dir=$(cd "${2:?--run DIR}" && pwd)
     header
     for test in "$dir"/*; do
-      [[ $test == */bench ]] && continue
-      echo "\$ ${test##*/}"
-      (cd host/kvbm && "$test") || status=$?
+      case $test in
+        */bench) continue ;;
+        */engine-tiers) filter=(tiers::) ;;
+        *) filter=() ;;
+      esac
+      echo "\$ ${test##*/} ${filter[*]}"
+      (cd host/kvbm && "$test" "${filter[@]}") || status=$?
     done
     bench=("$dir/bench")
     ;;
   "")
     header
-    cargo test -p switchyard-kvbm --features cuda 2>&1 || status=$?
-    cargo build -q --release -p switchyard-kvbm --features cuda --example gpu_bandwidth 2>&1
-    bench=(cargo run -q --release -p switchyard-kvbm --features cuda --example gpu_bandwidth)
+    cargo test "${kvbm[@]}" 2>&1 || status=$?
+    cargo test "${engine[@]}" tiers:: 2>&1 || status=$?
+    cargo test -p switchyard --features cuda --test integration hints:: 2>&1 || status=$?
+    cargo build -q --release "${kvbm[@]}" --example gpu_bandwidth 2>&1
+    bench=(cargo run -q --release "${kvbm[@]}" --example gpu_bandwidth)
     ;;
   *)
     echo "usage: $0 [--build DIR | --run DIR]" >&2

@@ -64,6 +64,20 @@ async fn a_tool_call_demotes_the_session_and_the_prefetch_hook_brings_it_back() 
         Gateway::config_for(&[&engine], "kv-cost")
     );
     let gateway = Gateway::start(&config);
+    // The engine says where its device tier's bytes are: on the GPU check (a `cuda` build on
+    // a machine with a GPU, KVBM_REQUIRE_GPU) in GPU memory, so the demote and the prefetch
+    // below are copies over PCIe.
+    let metrics = get_text(&format!("{}/metrics", engine.url)).await;
+    let memory = if std::env::var_os("KVBM_REQUIRE_GPU").is_some() {
+        "memory=\"cuda\""
+    } else {
+        "memory="
+    };
+    assert_eq!(
+        sample(&metrics, "mock_kv_tier_memory_info", &["tier=\"g1\"", memory]),
+        1.0,
+        "{metrics}"
+    );
 
     // Turn 1 ends in a tool call. The policy has not seen `bash` yet and predicts it quick
     // (1 s, below its 2 s threshold), so nothing is demoted.

@@ -305,6 +305,7 @@ pub async fn spawn(
     let listener = tokio::net::TcpListener::bind((config.host, config.port)).await?;
     let addr = listener.local_addr()?;
 
+    let tier_memory = slabs.as_ref().map(|s| s.memory()).unwrap_or_default();
     let pool_counters = pool.as_ref().map(|p| p.counters.clone());
     let hint_counters = Arc::new(hints::HintCounters::default());
     let capabilities =
@@ -323,6 +324,7 @@ pub async fn spawn(
         engine.stats(),
         pool_counters,
         hint_counters,
+        tier_memory,
         &model_name,
         config.block_size,
         config.num_blocks,

@@ -19,6 +19,8 @@ struct EngineCollector {
     stats: watch::Receiver<EngineStats>,
     pool: Option<Arc<PoolCounters>>,
     hints: Arc<HintCounters>,
+    /// `(tier, memory)`: where each tier's bytes are (see `TierSlabs::memory`).
+    tier_memory: Vec<(&'static str, &'static str)>,
     model_name: String,
     block_size: String,
     num_blocks: String,
@@ -29,6 +31,7 @@ pub(crate) fn registry(
     stats: watch::Receiver<EngineStats>,
     pool: Option<Arc<PoolCounters>>,
     hints: Arc<HintCounters>,
+    tier_memory: Vec<(&'static str, &'static str)>,
     model_name: &str,
     block_size: usize,
     num_blocks: usize,
@@ -38,6 +41,7 @@ pub(crate) fn registry(
         stats,
         pool,
         hints,
+        tier_memory,
         model_name: model_name.to_owned(),
         block_size: block_size.to_string(),
         num_blocks: num_blocks.to_string(),
@@ -113,6 +117,20 @@ impl Collector for EngineCollector {
             encode_pool(&mut encoder, &stats, pool)?;
         }
         encode_hints(&mut encoder, &self.hints)?;
+        if !self.tier_memory.is_empty() {
+            // Ours: whether the GPU tier really is on the GPU (a fallback to host memory is
+            // silent otherwise).
+            let gauge = ConstGauge::new(1i64);
+            let mut family = encoder.encode_descriptor(
+                "mock_kv_tier_memory_info",
+                "Where a KV tier's bytes are: cuda, host, pinned or pageable.",
+                None,
+                gauge.metric_type(),
+            )?;
+            for &(tier, memory) in &self.tier_memory {
+                gauge.encode(family.encode_family(&[("tier", tier), ("memory", memory)])?)?;
+            }
+        }
         // vLLM publishes its cache configuration as labels of a gauge fixed at 1.
         let config = [
             ("block_size", self.block_size.as_str()),

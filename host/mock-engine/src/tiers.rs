@@ -1,8 +1,12 @@
-//! Real bytes under the engine model's tiers: one `switchyard-kvbm` host slab for the device
-//! (G1) and one for the host tier (G2), and the step's [`KvTransfer`]s replayed on them in
-//! order, so every write-through, onboard and hint-driven demote or prefetch copies
-//! `block_bytes` per block, blocks fetched from the shared pool land in their device slots,
-//! computed blocks go out to it, and every loaded block is checked against what was computed.
+//! Real bytes under the engine model's tiers: a `switchyard-kvbm` store for the device (G1) and a
+//! host slab for the host tier (G2), and the step's [`KvTransfer`]s replayed on them in order,
+//! so every write-through, onboard and hint-driven demote or prefetch copies `block_bytes` per
+//! block, blocks fetched from the shared pool land in their device slots, computed blocks go out
+//! to it, and every loaded block is checked against what was computed.
+//!
+//! Built with the `cuda` feature on a machine with a GPU, G1 is a slab of device memory and G2
+//! pinned host memory (kvbm's `device_store` and `host_store`), so those copies are DMA over
+//! PCIe; elsewhere both are host memory, and the bytes and checks are the same.
 
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -10,21 +14,38 @@ use std::path::Path;
 use switchyard_core::engine::KvTransfer;
 use switchyard_core::worker::Tier;
 use switchyard_kv_pool::PutBlock;
-use switchyard_kvbm::storage::{BlockCopy, BlockStore, DiskStore, HostSlab, copy_between};
+use switchyard_kvbm::storage::{
+    BlockCopy, BlockStore, DeviceBackend, DiskStore, HostBackend, HostSlab, copy_between,
+    device_store, host_store,
+};
 use switchyard_kvbm::{BlockId, SequenceHash, StorageError};
 
 /// The KV bytes of the device and host tiers.
-#[derive(Debug)]
 pub(crate) struct TierSlabs {
-    device: HostSlab,
+    device: Box<dyn BlockStore>,
     host: Option<HostSlab>,
     /// G3: the kvbm disk store (checksummed records in one slot file).
     disk: Option<DiskStore>,
+    /// Where G1's and G2's bytes are (device memory and pinned host memory, or why not).
+    pub(crate) backends: (DeviceBackend, Option<HostBackend>),
     scratch: Vec<u8>,
+    loaded: Vec<u8>,
+    /// A run of copies between the same two tiers, moved as one batch.
+    batch: Vec<BlockCopy>,
     /// Loaded blocks whose bytes differed from what was computed (never expected).
     pub(crate) corrupt_onboards: u64,
     /// Pool fetches the model asked for whose bytes were not staged (never expected).
     pub(crate) missing_fetches: u64,
+}
+
+impl std::fmt::Debug for TierSlabs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TierSlabs")
+            .field("backends", &self.backends)
+            .field("corrupt_onboards", &self.corrupt_onboards)
+            .field("missing_fetches", &self.missing_fetches)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Where a step's transfers find the pool: the bytes fetched at arrival, by hash, and where
@@ -37,7 +58,7 @@ pub(crate) struct PoolSide<'a> {
 // === impl TierSlabs ===
 
 impl TierSlabs {
-    /// Slabs of `block_bytes` per block for `device_blocks` device blocks and, if given, a host
+    /// Stores of `block_bytes` per block for `device_blocks` device blocks and, if given, a host
     /// tier of `host_blocks` and a disk tier of `disk.0` blocks under directory `disk.1`.
     pub(crate) fn new(
         device_blocks: usize,
@@ -50,39 +71,145 @@ impl TierSlabs {
                 expected: usize::MAX,
                 got: 0,
             })?;
+        let (device, device_backend) = device_store(device_blocks, block_bytes)?;
+        let (host, host_backend) = match host_blocks {
+            Some(blocks) => {
+                let (slab, backend) = host_store(blocks, block_bytes)?;
+                (Some(slab), Some(backend))
+            }
+            None => (None, None),
+        };
+        tracing::info!(device = ?device_backend, host = ?host_backend, "KV tier memory");
         Ok(Self {
-            device: HostSlab::new(device_blocks, block_bytes)?,
-            host: host_blocks
-                .map(|blocks| HostSlab::new(blocks, block_bytes))
-                .transpose()?,
+            device,
+            host,
             disk: disk
                 .map(|(blocks, dir)| DiskStore::open(dir, blocks, block_bytes, None))
                 .transpose()?,
+            backends: (device_backend, host_backend),
             scratch: vec![0; block_bytes],
+            loaded: vec![0; block_bytes],
+            batch: Vec::new(),
             corrupt_onboards: 0,
             missing_fetches: 0,
         })
     }
 
-    /// Replay a step's movements, in order.
+    /// Where the device (`g1`) and host (`g2`) tiers' bytes are, for `/metrics`.
+    pub(crate) fn memory(&self) -> Vec<(&'static str, &'static str)> {
+        let device = match self.backends.0 {
+            DeviceBackend::Cuda { .. } => "cuda",
+            DeviceBackend::HostFallback { .. } => "host",
+        };
+        let host = self.backends.1.as_ref().map(|backend| match backend {
+            HostBackend::Pinned { .. } => "pinned",
+            HostBackend::Pageable { .. } => "pageable",
+        });
+        std::iter::once(("g1", device))
+            .chain(host.map(|host| ("g2", host)))
+            .collect()
+    }
+
+    /// Replay a step's movements, in order. Consecutive copies between the same two tiers go
+    /// as one batch (one stream synchronisation on a GPU, not one per block).
     pub(crate) fn apply(&mut self, transfers: &[KvTransfer], mut pool: Option<PoolSide<'_>>) {
+        let mut run: Option<(Tier, Tier)> = None;
         for transfer in transfers {
+            if let KvTransfer::Copy {
+                hash,
+                from: (from_tier, from),
+                to: (to_tier, to),
+            } = *transfer
+            {
+                if run.is_some_and(|tiers| tiers != (from_tier, to_tier)) {
+                    self.flush(run);
+                }
+                run = Some((from_tier, to_tier));
+                self.batch.push(BlockCopy {
+                    hash: SequenceHash(hash),
+                    from: BlockId(from),
+                    to: BlockId(to),
+                });
+                continue;
+            }
+            self.flush(run.take());
             if let Err(error) = self.apply_one(transfer, pool.as_mut()) {
                 tracing::warn!(%error, ?transfer, "KV block transfer failed");
             }
         }
+        self.flush(run);
+    }
+
+    /// Move the pending batch of copies from one tier to the other.
+    fn flush(&mut self, tiers: Option<(Tier, Tier)>) {
+        let Some((from, to)) = tiers else { return };
+        let batch = std::mem::take(&mut self.batch);
+        let results = match self.stores(from, to) {
+            Ok(Some((source, dest))) => copy_between(source, dest, &batch),
+            // The model moves nothing else.
+            Ok(None) => Vec::new(),
+            Err(error) => {
+                tracing::warn!(%error, blocks = batch.len(), ?from, ?to, "KV block copies failed");
+                Vec::new()
+            }
+        };
+        for (copy, result) in batch.iter().zip(results) {
+            let loaded = result.and_then(|()| match to {
+                // What comes back must be what was computed.
+                Tier::Device => self.check_loaded(copy.hash.0, copy.to.0),
+                _ => Ok(()),
+            });
+            if let Err(error) = loaded {
+                tracing::warn!(%error, ?copy, ?from, ?to, "KV block copy failed");
+            }
+        }
+        self.batch = batch;
+        self.batch.clear();
+    }
+
+    /// The stores copies from tier `from` to tier `to` read and write, if the model moves
+    /// blocks that way.
+    fn stores(
+        &mut self,
+        from: Tier,
+        to: Tier,
+    ) -> Result<Option<(&mut dyn BlockStore, &mut dyn BlockStore)>, StorageError> {
+        let Self {
+            device, host, disk, ..
+        } = self;
+        let device = device.as_mut();
+        let host: Result<&mut dyn BlockStore, StorageError> = match host.as_mut() {
+            Some(host) => Ok(host),
+            None => Err(no_host()),
+        };
+        let disk: Result<&mut dyn BlockStore, StorageError> = match disk.as_mut() {
+            Some(disk) => Ok(disk),
+            None => Err(no_disk()),
+        };
+        Ok(Some(match (from, to) {
+            (Tier::Device, Tier::Host) => (device, host?),
+            (Tier::Host, Tier::Device) => (host?, device),
+            (Tier::Host, Tier::Disk) => (host?, disk?),
+            // A demote hint past a host tier that no longer holds the block.
+            (Tier::Device, Tier::Disk) => (device, disk?),
+            (Tier::Disk, Tier::Device) => (disk?, device),
+            _ => return Ok(None),
+        }))
     }
 
     /// The device block in `slot` must hold what computing `hash` wrote.
     fn check_loaded(&mut self, hash: u64, slot: u32) -> Result<(), StorageError> {
         fill(&mut self.scratch, hash);
-        if self.device.block(BlockId(slot))? != self.scratch.as_slice() {
+        self.device
+            .read_block(BlockId(slot), SequenceHash(hash), &mut self.loaded)?;
+        if self.loaded != self.scratch {
             self.corrupt_onboards += 1;
             tracing::warn!(hash, "a loaded KV block differs from the computed one");
         }
         Ok(())
     }
 
+    /// Everything but copies between tiers (those go in batches, see [`Self::apply`]).
     fn apply_one(
         &mut self,
         transfer: &KvTransfer,
@@ -93,54 +220,6 @@ impl TierSlabs {
                 fill(&mut self.scratch, hash);
                 self.device
                     .write_block(BlockId(slot), SequenceHash(hash), &self.scratch)
-            }
-            KvTransfer::Copy {
-                hash: _,
-                from: (Tier::Device, from),
-                to: (Tier::Host, to),
-            } => self
-                .host
-                .as_mut()
-                .ok_or_else(no_host)?
-                .copy_from(&self.device, &[(BlockId(from), BlockId(to))]),
-            KvTransfer::Copy {
-                hash,
-                from: (Tier::Host, from),
-                to: (Tier::Device, to),
-            } => {
-                let host = self.host.as_ref().ok_or_else(no_host)?;
-                self.device
-                    .copy_from(host, &[(BlockId(from), BlockId(to))])?;
-                // What comes back must be what was computed.
-                self.check_loaded(hash, to)
-            }
-            KvTransfer::Copy {
-                hash,
-                from: (Tier::Host, from),
-                to: (Tier::Disk, to),
-            } => {
-                let host = self.host.as_mut().ok_or_else(no_host)?;
-                let disk = self.disk.as_mut().ok_or_else(no_disk)?;
-                one_copy(host, disk, hash, from, to)
-            }
-            KvTransfer::Copy {
-                hash,
-                from: (Tier::Device, from),
-                to: (Tier::Disk, to),
-            } => {
-                // A demote hint past a host tier that no longer holds the block.
-                let disk = self.disk.as_mut().ok_or_else(no_disk)?;
-                one_copy(&mut self.device, disk, hash, from, to)
-            }
-            KvTransfer::Copy {
-                hash,
-                from: (Tier::Disk, from),
-                to: (Tier::Device, to),
-            } => {
-                let disk = self.disk.as_mut().ok_or_else(no_disk)?;
-                one_copy(disk, &mut self.device, hash, from, to)?;
-                // A checksummed record read back must be what was computed.
-                self.check_loaded(hash, to)
             }
             KvTransfer::Fetched { hash, slot } => {
                 let Some(bytes) = pool.and_then(|p| p.staged.get(&hash)) else {
@@ -160,42 +239,34 @@ impl TierSlabs {
                 ref token_ids,
             } => {
                 let Some(pool) = pool else { return Ok(()) };
-                let bytes = Bytes::copy_from_slice(self.device.block(BlockId(slot))?);
+                self.device
+                    .read_block(BlockId(slot), SequenceHash(hash), &mut self.loaded)?;
                 (pool.publish)(PutBlock {
                     hash,
                     parent,
                     token_ids: token_ids.clone(),
                     retention: None,
-                    bytes,
+                    bytes: Bytes::copy_from_slice(&self.loaded),
                 });
                 Ok(())
             }
-            // The model moves nothing else; a publish from another tier has no pool to go to.
+            // A publish from another tier has no pool to go to.
             KvTransfer::Copy { .. } | KvTransfer::Publish { .. } => Ok(()),
         }
     }
 
-    /// The bytes of a device block, to inspect.
+    /// The bytes of a device block that holds `hash`, to inspect.
     #[cfg(test)]
-    pub(crate) fn device_block(&self, slot: u32) -> &[u8] {
-        self.device.block(BlockId(slot)).unwrap_or_default()
+    pub(crate) fn device_block(&mut self, slot: u32, hash: u64) -> Vec<u8> {
+        let mut out = vec![0; self.loaded.len()];
+        match self
+            .device
+            .read_block(BlockId(slot), SequenceHash(hash), &mut out)
+        {
+            Ok(()) => out,
+            Err(_) => Vec::new(),
+        }
     }
-}
-
-/// Copy one block between two stores through kvbm's copy path.
-fn one_copy(
-    source: &mut dyn BlockStore,
-    dest: &mut dyn BlockStore,
-    hash: u64,
-    from: u32,
-    to: u32,
-) -> Result<(), StorageError> {
-    let copy = BlockCopy {
-        hash: SequenceHash(hash),
-        from: BlockId(from),
-        to: BlockId(to),
-    };
-    copy_between(source, dest, &[copy]).pop().unwrap_or(Ok(()))
 }
 
 fn no_disk() -> StorageError {
@@ -226,6 +297,20 @@ mod tests {
     };
     use switchyard_core::kv_hints::HintTier;
     use switchyard_core::kv_hints::actions::{ActionType, BlockPayload, HintAction, Outcome};
+
+    /// Stores for the tests: on the GPU check (`KVBM_REQUIRE_GPU`, scripts/gpu-check.sh) they
+    /// must be device memory and pinned host memory, not the fallback.
+    fn tier_slabs(host: usize, disk: Option<(usize, &Path)>) -> TierSlabs {
+        let slabs = TierSlabs::new(8, Some(host), disk, 256).expect("slabs");
+        if std::env::var_os("KVBM_REQUIRE_GPU").is_some() {
+            assert_eq!(
+                slabs.memory(),
+                [("g1", "cuda"), ("g2", "pinned")],
+                "{slabs:?}"
+            );
+        }
+        slabs
+    }
 
     /// Run one request to its end, replaying every step's transfers on `slabs`.
     fn run(
@@ -266,7 +351,7 @@ mod tests {
             ..EngineConfig::default()
         })
         .expect("valid");
-        let mut slabs = TierSlabs::new(8, Some(16), None, 256).expect("slabs");
+        let mut slabs = tier_slabs(16, None);
         let mut run = |model: &mut EngineModel, id, prompt| run(model, &mut slabs, id, prompt);
         let prompt: Vec<u32> = (0..17).collect();
         run(&mut model, 1, prompt.clone());
@@ -286,7 +371,7 @@ mod tests {
         let mut expected = vec![0; 256];
         for (hash, slot) in onboarded {
             fill(&mut expected, hash);
-            assert_eq!(slabs.device_block(slot), expected.as_slice());
+            assert_eq!(slabs.device_block(slot, hash), expected);
         }
         assert_eq!(slabs.corrupt_onboards, 0);
         assert_eq!(model.stats().tiers.onboarded_bytes, 4 * 256);
@@ -321,7 +406,7 @@ mod tests {
     }
 
     /// Each block copied into the device holds what computing it wrote.
-    fn assert_loaded_bytes(slabs: &TierSlabs, transfers: &[KvTransfer], from: Tier) -> usize {
+    fn assert_loaded_bytes(slabs: &mut TierSlabs, transfers: &[KvTransfer], from: Tier) -> usize {
         let mut expected = vec![0; 256];
         let mut loaded = 0;
         for transfer in transfers {
@@ -333,7 +418,7 @@ mod tests {
                 && tier == from
             {
                 fill(&mut expected, hash);
-                assert_eq!(slabs.device_block(slot), expected.as_slice());
+                assert_eq!(slabs.device_block(slot, hash), expected);
                 loaded += 1;
             }
         }
@@ -354,7 +439,7 @@ mod tests {
             ..EngineConfig::default()
         })
         .expect("valid");
-        let mut slabs = TierSlabs::new(8, Some(8), None, 256).expect("slabs");
+        let mut slabs = tier_slabs(8, None);
         let prompt: Vec<u32> = (0..17).collect();
         let hashes = model.cache().hash_blocks(&prompt);
         run(&mut model, &mut slabs, 1, prompt.clone());
@@ -370,7 +455,7 @@ mod tests {
             &mut slabs,
             &[hint(ActionType::Prefetch, &hashes, HintTier::Device)],
         );
-        assert_eq!(assert_loaded_bytes(&slabs, &moved, Tier::Host), 4);
+        assert_eq!(assert_loaded_bytes(&mut slabs, &moved, Tier::Host), 4);
         // The next turn hits the device and loads nothing.
         let again = run(&mut model, &mut slabs, 3, prompt);
         assert!(!again.iter().any(|t| matches!(t, KvTransfer::Copy { .. })));
@@ -396,8 +481,7 @@ mod tests {
             ..EngineConfig::default()
         })
         .expect("valid");
-        let mut slabs =
-            TierSlabs::new(8, Some(8), Some((16, dir.path())), 256).expect("slabs and file");
+        let mut slabs = tier_slabs(8, Some((16, dir.path())));
         let prompt: Vec<u32> = (0..17).collect();
         let hashes = model.cache().hash_blocks(&prompt);
         run(&mut model, &mut slabs, 1, prompt);
@@ -430,7 +514,7 @@ mod tests {
             &mut slabs,
             &[hint(ActionType::Prefetch, &hashes, HintTier::Device)],
         );
-        assert_eq!(assert_loaded_bytes(&slabs, &moved, Tier::Disk), 4);
+        assert_eq!(assert_loaded_bytes(&mut slabs, &moved, Tier::Disk), 4);
     }
 
     #[test]
@@ -454,8 +538,7 @@ mod tests {
             ..EngineConfig::default()
         })
         .expect("valid");
-        let mut slabs =
-            TierSlabs::new(8, Some(8), Some((64, dir.path())), 256).expect("slabs and file");
+        let mut slabs = tier_slabs(8, Some((64, dir.path())));
         let mut run = |model: &mut EngineModel, id, prompt| run(model, &mut slabs, id, prompt);
         let prompt: Vec<u32> = (0..17).collect();
         run(&mut model, 1, prompt.clone());
@@ -478,7 +561,7 @@ mod tests {
         let mut expected = vec![0; 256];
         for (hash, slot) in loaded {
             fill(&mut expected, hash);
-            assert_eq!(slabs.device_block(slot), expected.as_slice());
+            assert_eq!(slabs.device_block(slot, hash), expected);
         }
         assert_eq!(slabs.corrupt_onboards, 0);
     }
