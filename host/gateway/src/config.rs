@@ -245,10 +245,11 @@ pub struct ServerConfig {
     /// that ask for a client certificate (mutual TLS): `[server.upstream_identity]` with
     /// `cert_file` and `key_file`. Default: none.
     pub upstream_identity: Option<switchyard_tls::ClientIdentity>,
-    /// Most idle keep-alive connections kept open to one engine; beyond it a connection that
-    /// finishes its answer is closed. After a burst of N concurrent requests the idle pool
-    /// otherwise holds N connections (and file descriptors) per engine for 90 s. Default: 1,024
-    /// (Envoy's default `max_connections` per cluster).
+    /// Most idle keep-alive connections kept open to one engine, in each of the gateway's two
+    /// pools (answers from plain `http://` engines; probes, hints and `https://` engines);
+    /// beyond it a connection that finishes its answer is closed. After a burst of N
+    /// concurrent requests the idle pool otherwise holds N connections (and file descriptors)
+    /// per engine for 90 s. Default: 1,024 (Envoy's default `max_connections` per cluster).
     pub upstream_max_idle_per_engine: usize,
 }
 

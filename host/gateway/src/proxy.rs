@@ -14,6 +14,7 @@ use crate::metrics::RequestLabels;
 use crate::queue::Routed;
 use crate::server::{KeyPass, Shared};
 use crate::trace::{RequestDraft, RequestFacts, WorkerRef};
+use crate::upstream::EngineResponse;
 use axum::body::Body;
 use axum::http::HeaderMap;
 use axum::response::Response;
@@ -403,7 +404,7 @@ async fn send(
     turn: &Turn,
     decision: &Decision,
     (priority, session): (i32, Option<&str>),
-) -> Result<(reqwest::Response, bool, Option<SlotLease>), String> {
+) -> Result<(EngineResponse, bool, Option<SlotLease>), String> {
     let Some(member) = shared.fleet.get(decision.rank.worker) else {
         return Err("the worker left the fleet".into());
     };
@@ -442,12 +443,21 @@ async fn send(
     shared.metrics.pin(pin);
     let parse = path == "/v1/completions" && turn.request.conversation().is_some();
     let timeout = shared.live().config.server.request_timeout;
-    let response = upstream
-        .request(&shared.client, path, decision.rank.dp_rank, body)
-        .timeout(timeout)
-        .send()
-        .await
-        .map_err(|e| e.to_string())?;
+    let dp_rank = decision.rank.dp_rank;
+    let response = match upstream.plain_request(path, dp_rank, &body) {
+        Some(request) => {
+            let request = request.map_err(|e| format!("encoding the engine request: {e}"))?;
+            shared.answers.post(request, timeout).await?
+        }
+        None => EngineResponse::from(
+            upstream
+                .request(&shared.client, path, dp_rank, body)
+                .timeout(timeout)
+                .send()
+                .await
+                .map_err(|e| e.to_string())?,
+        ),
+    };
     Ok((response, parse, slot))
 }
 

@@ -191,6 +191,8 @@ pub struct Shared {
     /// The engines, as they come and go.
     pub(crate) fleet: Arc<Fleet>,
     pub(crate) client: reqwest::Client,
+    /// Engine answers from plain `http://` engines (see `upstream::Http1Pool`).
+    pub(crate) answers: Arc<crate::upstream::Http1Pool>,
     pub(crate) metrics: Arc<Metrics>,
     /// Where finished requests are recorded, when tracing is on.
     pub(crate) trace: Option<TraceSink>,
@@ -665,6 +667,10 @@ pub async fn start(
         trace,
         policies,
         client,
+        answers: crate::upstream::Http1Pool::new(
+            config.server.connect_timeout,
+            config.server.upstream_max_idle_per_engine,
+        ),
         model_name: model_name.clone(),
         live: ArcSwap::from_pointee(Live::new(config, &tokenizer, None)?),
         tokenizer,

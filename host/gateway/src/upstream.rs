@@ -1,4 +1,8 @@
-//! The engines behind the gateway: addressing, the pooled HTTP client and health checks.
+//! The engines behind the gateway: addressing, the pooled HTTP clients and health checks.
+
+mod http1;
+
+pub(crate) use http1::{EngineRequest, EngineResponse, Http1Pool};
 
 use crate::config::{EngineKind, UpstreamMode, WorkerConfig};
 use crate::metrics::{Metrics, worker_label};
@@ -23,6 +27,9 @@ pub struct Upstream {
     pub publishes_events: bool,
     /// What the gateway sends it.
     pub mode: UpstreamMode,
+    /// `host:port` and path prefix of a plain `http://` engine, which answers go through
+    /// [`Http1Pool`]; `None` for `https://` (reqwest).
+    plain: Option<(String, String)>,
 }
 
 impl Upstream {
@@ -35,6 +42,7 @@ impl Upstream {
             dp_size: config.dp_size,
             publishes_events: config.kv_events.is_some(),
             mode: config.upstream,
+            plain: plain_http(&config.url),
         }
     }
 
@@ -55,15 +63,83 @@ impl Upstream {
         mut body: serde_json::Value,
     ) -> reqwest::RequestBuilder {
         let mut builder = client.post(format!("{}{path}", self.base_url));
-        if self.dp_size > 1 {
-            // Each engine addresses data-parallel ranks its own way.
-            match self.kind {
-                EngineKind::Sglang => body["data_parallel_rank"] = dp_rank.into(),
-                _ => builder = builder.header("x-data-parallel-rank", dp_rank.to_string()),
-            }
+        match self.address_rank(dp_rank) {
+            Some(Addressed::Field(name, value)) => body[name] = value.into(),
+            Some(Addressed::Header(name, value)) => builder = builder.header(name, value),
+            None => {}
         }
         builder.json(&body)
     }
+
+    /// The request of [`Self::request`] for [`Http1Pool`], when the engine is plain `http://`.
+    pub(crate) fn plain_request(
+        &self,
+        path: &str,
+        dp_rank: u32,
+        body: &serde_json::Value,
+    ) -> Option<Result<EngineRequest, serde_json::Error>> {
+        let (authority, prefix) = self.plain.as_ref()?;
+        let mut headers = Vec::new();
+        let body = match self.address_rank(dp_rank) {
+            Some(Addressed::Header(name, value)) => {
+                headers.push((name, value));
+                serde_json::to_vec(body)
+            }
+            Some(Addressed::Field(name, value)) => {
+                let mut body = body.clone();
+                body[name] = value.into();
+                serde_json::to_vec(&body)
+            }
+            None => serde_json::to_vec(body),
+        };
+        Some(body.map(|body| EngineRequest {
+            authority: authority.clone(),
+            path: format!("{prefix}{path}"),
+            headers,
+            body: body.into(),
+        }))
+    }
+
+    /// How rank `dp_rank` is addressed, each engine its own way; `None` with one rank.
+    fn address_rank(&self, dp_rank: u32) -> Option<Addressed> {
+        if self.dp_size <= 1 {
+            return None;
+        }
+        Some(match self.kind {
+            EngineKind::Sglang => Addressed::Field("data_parallel_rank", dp_rank),
+            _ => Addressed::Header("x-data-parallel-rank", dp_rank.to_string()),
+        })
+    }
+}
+
+/// Where a request names its data-parallel rank.
+enum Addressed {
+    Field(&'static str, u32),
+    Header(&'static str, String),
+}
+
+impl From<reqwest::Response> for EngineResponse {
+    fn from(response: reqwest::Response) -> Self {
+        use futures::TryStreamExt;
+        Self {
+            status: response.status(),
+            content_type: response
+                .headers()
+                .get(reqwest::header::CONTENT_TYPE)
+                .cloned(),
+            body: Box::pin(response.bytes_stream().map_err(|e| e.to_string())),
+        }
+    }
+}
+
+/// `host:port` and the path prefix of a plain `http://` URL.
+fn plain_http(url: &str) -> Option<(String, String)> {
+    let url = reqwest::Url::parse(url).ok()?;
+    if url.scheme() != "http" {
+        return None;
+    }
+    let authority = format!("{}:{}", url.host()?, url.port_or_known_default()?);
+    Some((authority, url.path().trim_end_matches('/').to_owned()))
 }
 
 /// Probe every worker's `/health` each `interval`; failing workers are taken out of routing until

@@ -14,12 +14,14 @@ use crate::metrics::{EndpointLabels, RequestLabels, worker_label};
 use crate::server::Shared;
 use crate::sse::{Finish, SseReader, ToolCall, Usage};
 use crate::trace::{Ending, RequestDraft};
+use crate::upstream::EngineResponse;
 use axum::body::Body;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
+use futures::Stream;
 use futures::StreamExt;
-use futures::stream::BoxStream;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use switchyard_core::programs::{TurnEnd, Usage as ProgramUsage};
@@ -32,16 +34,16 @@ use switchyard_frontend::{
 
 /// Answer the client from the engine's streamed answer.
 pub(super) async fn respond(
-    upstream: reqwest::Response,
+    upstream: EngineResponse,
     turn: Turn,
     decoder: ReplyDecoder,
     meta: ReplyMeta,
     mut booking: Booking,
 ) -> Result<Response, GatewayError> {
-    let status = upstream.status();
+    let status = upstream.status;
     if !status.is_success() {
-        let content_type = upstream.headers().get(header::CONTENT_TYPE).cloned();
-        let body = upstream.bytes().await.unwrap_or_default();
+        let content_type = upstream.content_type.clone();
+        let body = upstream.bytes().await;
         return Err(GatewayError::Engine {
             status,
             body,
@@ -63,7 +65,7 @@ pub(super) async fn respond(
         _ => None,
     };
     let mut answer = Answer {
-        chunks: upstream.bytes_stream().boxed(),
+        chunks: upstream.body,
         reader: SseReader::default(),
         decoder,
         reply: Reply::new(),
@@ -106,7 +108,7 @@ pub(super) async fn respond(
 /// An engine answer being read. Dropping it (the client went away) drops the engine's stream,
 /// which cancels the request there, and the booking, which releases the router's load.
 struct Answer {
-    chunks: BoxStream<'static, reqwest::Result<Bytes>>,
+    chunks: Pin<Box<dyn Stream<Item = Result<Bytes, String>> + Send>>,
     reader: SseReader,
     decoder: ReplyDecoder,
     /// Everything answered so far.
