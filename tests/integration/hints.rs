@@ -74,7 +74,11 @@ async fn a_tool_call_demotes_the_session_and_the_prefetch_hook_brings_it_back() 
         "memory="
     };
     assert_eq!(
-        sample(&metrics, "mock_kv_tier_memory_info", &["tier=\"g1\"", memory]),
+        sample(
+            &metrics,
+            "mock_kv_tier_memory_info",
+            &["tier=\"g1\"", memory]
+        ),
         1.0,
         "{metrics}"
     );
