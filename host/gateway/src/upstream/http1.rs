@@ -106,6 +106,7 @@ impl Http1Pool {
         timeout: Duration,
     ) -> Result<EngineResponse, String> {
         let deadline = Instant::now() + timeout;
+        let timed_out = |_| format!("no answer from {} in {timeout:?}", request.authority);
         let mut kept = self.take(&request.authority);
         loop {
             let reused = kept.is_some();
@@ -113,9 +114,7 @@ impl Http1Pool {
                 Some(link) => link,
                 None => tokio::time::timeout_at(deadline, self.connect(&request.authority))
                     .await
-                    .map_err(|_| {
-                        format!("no answer from {} in {timeout:?}", request.authority)
-                    })??,
+                    .map_err(timed_out)??,
             };
             let head = tokio::time::timeout_at(deadline, send(link, &request)).await;
             match head {
@@ -126,7 +125,7 @@ impl Http1Pool {
                         body: head.into_body(),
                         link: Some(link),
                         pool: Arc::clone(self),
-                        authority: request.authority,
+                        authority: request.authority.clone(),
                         deadline: Box::pin(tokio::time::sleep_until(deadline)),
                         failed: None,
                         done: false,
@@ -140,12 +139,7 @@ impl Http1Pool {
                 // A kept connection the engine closed while it was idle: once more, afresh.
                 Ok(Err(_)) if reused => {}
                 Ok(Err(error)) => return Err(error),
-                Err(_) => {
-                    return Err(format!(
-                        "no answer from {} in {timeout:?}",
-                        request.authority
-                    ));
-                }
+                Err(elapsed) => return Err(timed_out(elapsed)),
             }
         }
     }
