@@ -89,6 +89,37 @@ impl ModelTokenizer {
         self.encode_incremental(cache, &content_key(&text), text, now)
     }
 
+    /// The tokens of `text` if `cache` holds this very prompt under `session` (a client that
+    /// resends its conversation, a retry), recorded as a hit; `None` otherwise, leaving the
+    /// cache as it was. No tokenizer runs: a caller can afford it where a tokenizer pass would
+    /// be too slow, and call [`encode_incremental`](Self::encode_incremental) on `None`.
+    pub fn encode_if_cached(
+        &self,
+        cache: &SessionCache,
+        session: &str,
+        text: &str,
+        now: Instant,
+    ) -> Option<IncrementalEncoding> {
+        let inner = &*self.inner;
+        inner.seams.as_ref().filter(|_| cache.enabled())?;
+        let same = cache
+            .lookup(session, inner.id, now)
+            .into_iter()
+            .find(|p| p.text == text && !p.tokens.is_empty())?;
+        let encoding = IncrementalEncoding {
+            tokens: same.tokens.clone(),
+            reused_tokens: same.tokens.len(),
+            outcome: CacheOutcome::Hit,
+        };
+        let result = RecordedResult {
+            outcome: CacheOutcome::Hit,
+            reused_tokens: same.tokens.len(),
+            encoded_tokens: 0,
+        };
+        cache.record(session, Some(&same), Some(Arc::clone(&same)), now, result);
+        Some(encoding)
+    }
+
     /// [`encode`](Self::encode)`(&text, false)` through `cache`, for a prompt already rendered:
     /// see [`encode_chat_incremental`](Self::encode_chat_incremental).
     pub fn encode_incremental(

@@ -400,6 +400,55 @@ fn chat(messages: &[Value]) -> ChatTemplateInput<'_> {
     }
 }
 
+/// `encode_if_cached` answers only the very prompt the cache holds, with its tokens, and counts
+/// a hit; anything else is left to a tokenizer pass and leaves the cache as it was.
+#[test]
+fn only_a_cached_prompt_is_answered_without_the_tokenizer() {
+    let tokenizer = &*SMOLLM;
+    let cache = SessionCache::default();
+    let now = Instant::now();
+    let messages = history(4);
+    let text = tokenizer.render_chat(&chat(&messages)).expect("renders");
+    let key = content_key(&text);
+    assert!(
+        tokenizer
+            .encode_if_cached(&cache, &key, &text, now)
+            .is_none()
+    );
+    assert_eq!(cache.stats().hits + cache.stats().misses, 0);
+
+    let first = tokenizer
+        .encode_incremental(&cache, &key, text.clone(), now)
+        .expect("encodes");
+    let again = tokenizer
+        .encode_if_cached(&cache, &key, &text, now)
+        .expect("the same prompt is cached");
+    assert_eq!(again.tokens, first.tokens);
+    assert_eq!(
+        again.tokens,
+        tokenizer.encode_chat(&chat(&messages)).expect("encodes")
+    );
+    assert_eq!(
+        (again.outcome, again.reused_tokens),
+        (CacheOutcome::Hit, first.tokens.len())
+    );
+    assert_eq!(cache.stats().hits, 1);
+
+    // A prompt that continues it needs the tokenizer for what it added.
+    let longer = format!("{text}more");
+    assert!(
+        tokenizer
+            .encode_if_cached(&cache, &key, &longer, now)
+            .is_none()
+    );
+    assert!(
+        tokenizer
+            .encode_if_cached(&cache, "another", &text, now)
+            .is_none()
+    );
+    assert_eq!(cache.stats().hits, 1);
+}
+
 #[test]
 fn an_appended_turn_encodes_only_from_the_generation_prompt() {
     let tokenizer = &*SMOLLM;

@@ -12,7 +12,7 @@ use switchyard_frontend::{
     AgentHints, Api, ApiError, CacheControl, Completion, Conversation, ErrorKind, Prompt,
     ResponsesRequest, chat, completions, messages, responses, to_template_messages,
 };
-use switchyard_tokenizer::{CacheOutcome, ChatTemplateInput};
+use switchyard_tokenizer::{CacheOutcome, ChatTemplateInput, IncrementalEncoding, content_key};
 
 /// A decoded request.
 #[derive(Debug)]
@@ -109,7 +109,7 @@ pub(crate) async fn prepare(
         }
     };
     normalise(shared, &mut request)?;
-    let (request, tokens) = tokenize(shared, request, agent).await?;
+    let (request, tokens) = tokenize(shared, request, agent, bytes.len()).await?;
     let default_max_tokens = room_to_generate(shared, tokens.len())?;
     Ok(Turn {
         api,
@@ -129,7 +129,7 @@ pub(crate) async fn count_tokens(
     let mut request = Request::Chat(messages::decode_count_tokens(&body)?);
     normalise(shared, &mut request)?;
     // Not a turn of the session: leave its incremental state alone.
-    let (_, tokens) = tokenize(shared, request, &AgentContext::default()).await?;
+    let (_, tokens) = tokenize(shared, request, &AgentContext::default(), bytes.len()).await?;
     Ok(messages::count_tokens_body(tokens.len() as u64))
 }
 
@@ -181,14 +181,21 @@ fn room_to_generate(shared: &Shared, prompt_tokens: usize) -> Result<u32, Gatewa
     }
 }
 
+/// Bodies up to this size are rendered on the reactor, and answered there when their prompt is
+/// cached (a resent conversation, a retry): rendering a few KB takes microseconds, less than the
+/// trip to the blocking pool and back (docs/benchmarks.md (k)). Larger ones, and prompts the
+/// tokenizer has to encode, go to the blocking pool.
+const RENDER_INLINE_BYTES: usize = 32 * 1024;
+
 /// The prompt's tokens. Chat-shaped requests render the chat template from the canonical
 /// template messages, so one conversation is the same tokens through every API; a session's
-/// next turn only tokenizes what it added (the session cache). The request travels to the
-/// blocking pool and back rather than being copied.
+/// next turn only tokenizes what it added (the session cache). `body_bytes` is the size of the
+/// client's body. The request travels to the blocking pool and back rather than being copied.
 async fn tokenize(
     shared: &Arc<Shared>,
     request: Request,
     agent: &AgentContext,
+    body_bytes: usize,
 ) -> Result<(Request, Vec<u32>), GatewayError> {
     if let Request::Completion(Completion {
         prompt: Prompt::Tokens(ids),
@@ -201,6 +208,25 @@ async fn tokenize(
     let shared = shared.clone();
     let session = agent.session_id.clone();
     let harness = agent.harness;
+    if body_bytes <= RENDER_INLINE_BYTES
+        && let Some(conversation) = request.conversation()
+    {
+        let text = render_conversation(&shared, conversation)?;
+        let key = cache_key(session.as_deref(), &text);
+        let now = Instant::now();
+        if let Some(encoded) = shared
+            .tokenizer
+            .encode_if_cached(&shared.sessions, &key, &text, now)
+        {
+            return Ok((request, counted(&shared, encoded, harness)));
+        }
+        let job =
+            tokio::task::spawn_blocking(move || encode_rendered(&shared, &key, text, harness));
+        let tokens = job
+            .await
+            .map_err(|e| GatewayError::Internal(e.to_string()))??;
+        return Ok((request, tokens));
+    }
     // Templates and tokenizers of 100K-token prompts take milliseconds: off the reactor.
     let job = tokio::task::spawn_blocking(move || {
         let tokens = match &request {
@@ -213,7 +239,10 @@ async fn tokenize(
             },
             Request::Chat(conversation)
             | Request::Responses(ResponsesRequest { conversation, .. }) => {
-                encode_conversation(&shared, conversation, session.as_deref(), harness)
+                render_conversation(&shared, conversation).and_then(|text| {
+                    let key = cache_key(session.as_deref(), &text);
+                    encode_rendered(&shared, &key, text, harness)
+                })
             }
         };
         tokens.map(|tokens| (request, tokens))
@@ -222,12 +251,11 @@ async fn tokenize(
         .map_err(|e| GatewayError::Internal(e.to_string()))?
 }
 
-fn encode_conversation(
+/// The conversation as the model's chat template writes it.
+fn render_conversation(
     shared: &Shared,
     conversation: &Conversation,
-    session: Option<&str>,
-    harness: Harness,
-) -> Result<Vec<u32>, GatewayError> {
+) -> Result<String, GatewayError> {
     let (messages, tools) = to_template_messages(conversation);
     let input = ChatTemplateInput {
         messages: &messages,
@@ -238,21 +266,35 @@ fn encode_conversation(
             .get("chat_template_kwargs")
             .and_then(Value::as_object),
     };
-    let bad = |e| GatewayError::BadRequest(format!("cannot render the chat template: {e}"));
-    // Without a session id the cache is keyed by the prompt's content: OpenAI-style clients
-    // resend the whole conversation and would otherwise be tokenized whole every turn.
-    let encoded = match session {
-        Some(session) => shared.tokenizer.encode_chat_incremental(
-            &shared.sessions,
-            session,
-            &input,
-            Instant::now(),
-        ),
-        None => shared
-            .tokenizer
-            .encode_chat_by_content(&shared.sessions, &input, Instant::now()),
-    }
-    .map_err(bad)?;
+    shared
+        .tokenizer
+        .render_chat(&input)
+        .map_err(|e| GatewayError::BadRequest(format!("cannot render the chat template: {e}")))
+}
+
+/// Where a prompt's tokens are cached: its session's entry or, without a session id, its
+/// content's (OpenAI-style clients resend the whole conversation and would otherwise be
+/// tokenized whole every turn).
+fn cache_key(session: Option<&str>, text: &str) -> String {
+    session.map_or_else(|| content_key(text), str::to_owned)
+}
+
+/// `text`'s tokens through the session cache under `key`.
+fn encode_rendered(
+    shared: &Shared,
+    key: &str,
+    text: String,
+    harness: Harness,
+) -> Result<Vec<u32>, GatewayError> {
+    let encoded = shared
+        .tokenizer
+        .encode_incremental(&shared.sessions, key, text, Instant::now())
+        .map_err(|e| GatewayError::BadRequest(format!("cannot tokenize the prompt: {e}")))?;
+    Ok(counted(shared, encoded, harness))
+}
+
+/// The tokens, with the cache's outcome counted.
+fn counted(shared: &Shared, encoded: IncrementalEncoding, harness: Harness) -> Vec<u32> {
     let outcome = match encoded.outcome {
         CacheOutcome::Hit => "hit",
         CacheOutcome::Miss => "miss",
@@ -266,5 +308,5 @@ fn encode_conversation(
         })
         .inc();
     m.reused_prompt_tokens.inc_by(encoded.reused_tokens as u64);
-    Ok(encoded.tokens)
+    encoded.tokens
 }
