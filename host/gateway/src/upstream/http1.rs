@@ -297,8 +297,8 @@ impl Stream for AnswerBody {
                 "the engine's answer outlasted the request timeout".into(),
             )));
         }
-        let mut gathered: Option<BytesMut> = None;
-        let mut first: Option<Bytes> = None;
+        let mut pieces: Vec<Bytes> = Vec::new();
+        let mut size = 0;
         // After the body says "nothing yet", the connection gets one more turn: the body's ask
         // for more is what lets it hand over the next chunk it already holds.
         let mut retried = false;
@@ -309,23 +309,12 @@ impl Stream for AnswerBody {
             match Pin::new(&mut this.body).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
                     retried = false;
-                    let Ok(data) = frame.into_data() else {
-                        continue;
-                    };
-                    let len = data.len();
-                    match (&mut first, &mut gathered) {
-                        (None, _) => first = Some(data),
-                        (Some(head), None) => {
-                            let mut all = BytesMut::with_capacity(head.len() + data.len());
-                            all.extend_from_slice(head);
-                            all.extend_from_slice(&data);
-                            gathered = Some(all);
+                    if let Ok(data) = frame.into_data() {
+                        size += data.len();
+                        pieces.push(data);
+                        if size >= MAX_GATHER {
+                            break None;
                         }
-                        (Some(_), Some(all)) => all.extend_from_slice(&data),
-                    }
-                    let size = gathered.as_ref().map_or(len, BytesMut::len);
-                    if size >= MAX_GATHER {
-                        break None;
                     }
                 }
                 Poll::Ready(Some(Err(e))) => break Some(format!("engine answer: {e}")),
@@ -337,7 +326,10 @@ impl Stream for AnswerBody {
                 Poll::Pending => break None,
             }
         };
-        let piece = gathered.map(BytesMut::freeze).or(first);
+        let piece = match pieces.len() {
+            0 | 1 => pieces.pop(),
+            _ => Some(Bytes::from(pieces.concat())),
+        };
         match (piece, failure) {
             (Some(piece), failure) => {
                 this.failed = failure;
