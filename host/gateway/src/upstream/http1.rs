@@ -429,14 +429,15 @@ mod tests {
         }
     }
 
-    /// Every piece of one answer.
-    async fn read_all(response: EngineResponse) -> Vec<Bytes> {
+    /// One answer's text, and how many pieces it came in.
+    async fn read_all(response: EngineResponse) -> (String, usize) {
         let mut body = response.body;
-        let mut pieces = Vec::new();
+        let (mut text, mut pieces) = (Vec::new(), 0);
         while let Some(piece) = body.next().await {
-            pieces.push(piece.unwrap());
+            text.extend_from_slice(&piece.unwrap());
+            pieces += 1;
         }
-        pieces
+        (String::from_utf8(text).unwrap(), pieces)
     }
 
     fn expected(events: usize) -> String {
@@ -460,12 +461,27 @@ mod tests {
             assert_eq!(response.content_type.as_ref().unwrap(), "text/event-stream");
             // Let the engine's 64 chunks all arrive before the first read.
             tokio::time::sleep(Duration::from_millis(50)).await;
-            let pieces = read_all(response).await;
-            let all: Vec<u8> = pieces.iter().flat_map(|p| p.iter().copied()).collect();
-            assert_eq!(String::from_utf8(all).unwrap(), expected(64));
-            assert!(pieces.len() <= 2, "{} pieces", pieces.len());
+            let (text, pieces) = read_all(response).await;
+            assert_eq!(text, expected(64));
+            assert!(pieces <= 2, "{pieces} pieces");
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 1, "one connection, reused");
+    }
+
+    /// A 100K-token prompt's body is hundreds of KB: the connection, driven alongside the
+    /// request, writes all of it before the engine answers.
+    #[tokio::test]
+    async fn a_large_body_goes_out_whole() {
+        let (authority, _) = engine(Script {
+            events: 2,
+            close: false,
+        })
+        .await;
+        let pool = Http1Pool::new(Duration::from_secs(5), 8);
+        let mut large = request(&authority);
+        large.body = Bytes::from(vec![b' '; 4 << 20]);
+        let response = pool.post(large, Duration::from_secs(30)).await.unwrap();
+        assert_eq!(read_all(response).await.0, expected(2));
     }
 
     #[tokio::test]
@@ -481,9 +497,7 @@ mod tests {
                 .post(request(&authority), Duration::from_secs(10))
                 .await
                 .unwrap();
-            let pieces = read_all(response).await;
-            let all: Vec<u8> = pieces.iter().flat_map(|p| p.iter().copied()).collect();
-            assert_eq!(String::from_utf8(all).unwrap(), expected(3));
+            assert_eq!(read_all(response).await.0, expected(3));
             // The engine's close reaches the client before the next request.
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
