@@ -504,6 +504,30 @@ fn connections_to(port: u16) -> usize {
         .count()
 }
 
+/// Answers one after another share one kept connection to the engine, and `/metrics` says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_in_turn_reuse_one_engine_connection() {
+    let engine = MockEngine::start(20.0, 4096);
+    let gateway = Gateway::start(&Gateway::config_for(&[&engine], "kv-cost"));
+    for turn in 0..5 {
+        let (status, body, _) =
+            post_raw(&gateway.url, chat(&format!("Turn {turn}.")).to_string()).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let metrics = get_text(&format!("{}/metrics", gateway.url)).await;
+    let count = |name| metric_sum(&metrics, name);
+    assert_eq!(
+        count("switchyard_upstream_connections_opened_total"),
+        1.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        count("switchyard_upstream_connections_reused_total"),
+        4.0,
+        "{metrics}"
+    );
+}
+
 /// After a burst of concurrent streams the gateway keeps at most `upstream_max_idle_per_engine`
 /// idle answer connections to the engine (the others are closed as their answers end), where
 /// without the cap it keeps one per stream of the burst for the idle timeout (90 s). The health

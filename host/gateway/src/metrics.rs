@@ -103,6 +103,8 @@ pub struct Metrics {
     pub routed_shared_tokens: Family<WorkerLabels, Counter>,
     /// Attempts retried on another worker after a failure before the first byte.
     pub retries: Counter,
+    /// Engine connections of the answer pool: opened, and requests sent on a kept one.
+    pub(crate) upstream_connections: crate::upstream::ConnectionCounters,
     /// Picked requests the proxy served elsewhere than picked (endpoint-picker mode).
     pub epp_served_elsewhere: Counter,
     /// 1 while a worker rank passes its health check.
@@ -175,6 +177,7 @@ impl Metrics {
             routed_overlap_tokens: Family::default(),
             routed_shared_tokens: Family::default(),
             retries: Counter::default(),
+            upstream_connections: Default::default(),
             epp_served_elsewhere: Counter::default(),
             worker_healthy: Family::default(),
             in_flight: Family::default(),
@@ -259,6 +262,16 @@ impl Metrics {
             "upstream_retries",
             "Attempts retried on another worker",
             m.retries.clone(),
+        );
+        registry.register(
+            "upstream_connections_opened",
+            "Connections opened to plain http:// engines for answers",
+            m.upstream_connections.opened.clone(),
+        );
+        registry.register(
+            "upstream_connections_reused",
+            "Answers requested on a kept connection to a plain http:// engine",
+            m.upstream_connections.reused.clone(),
         );
         registry.register(
             "epp_served_elsewhere",

@@ -620,6 +620,11 @@ pub async fn start(
     }));
 
     let client = upstream_client(&config.server)?;
+    let answers = crate::upstream::Http1Pool::new(
+        config.server.connect_timeout,
+        config.server.upstream_max_idle_per_engine,
+        metrics.upstream_connections.clone(),
+    );
     let trace = match &config.trace {
         Some(t) => {
             let (sink, writer) =
@@ -667,10 +672,7 @@ pub async fn start(
         trace,
         policies,
         client,
-        answers: crate::upstream::Http1Pool::new(
-            config.server.connect_timeout,
-            config.server.upstream_max_idle_per_engine,
-        ),
+        answers,
         model_name: model_name.clone(),
         live: ArcSwap::from_pointee(Live::new(config, &tokenizer, None)?),
         tokenizer,

@@ -2,7 +2,7 @@
 
 mod http1;
 
-pub(crate) use http1::{EngineRequest, EngineResponse, Http1Pool};
+pub(crate) use http1::{ConnectionCounters, EngineRequest, EngineResponse, Http1Pool};
 
 use crate::config::{EngineKind, UpstreamMode, WorkerConfig};
 use crate::metrics::{Metrics, worker_label};

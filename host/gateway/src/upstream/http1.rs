@@ -20,6 +20,7 @@ use hyper::body::{Body as _, Incoming};
 use hyper::client::conn::http1::{Connection, SendRequest};
 use hyper::http::{HeaderValue, Request, StatusCode, header};
 use hyper_util::rt::TokioIo;
+use prometheus_client::metrics::counter::Counter;
 use std::collections::HashMap;
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
@@ -50,6 +51,15 @@ pub(crate) struct Http1Pool {
     idle: Mutex<HashMap<String, Vec<(Instant, Link)>>>,
     connect_timeout: Duration,
     max_idle: usize,
+    counters: ConnectionCounters,
+}
+
+/// Connections the pool opened, and requests it sent on a kept one (`/metrics`): their ratio
+/// says whether engines keep connections alive.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ConnectionCounters {
+    pub(crate) opened: Counter,
+    pub(crate) reused: Counter,
 }
 
 impl std::fmt::Debug for Link {
@@ -89,11 +99,16 @@ impl EngineResponse {
 }
 
 impl Http1Pool {
-    pub(crate) fn new(connect_timeout: Duration, max_idle: usize) -> Arc<Self> {
+    pub(crate) fn new(
+        connect_timeout: Duration,
+        max_idle: usize,
+        counters: ConnectionCounters,
+    ) -> Arc<Self> {
         Arc::new(Self {
             idle: Mutex::new(HashMap::new()),
             connect_timeout,
             max_idle,
+            counters,
         })
     }
 
@@ -111,10 +126,17 @@ impl Http1Pool {
         loop {
             let reused = kept.is_some();
             let link = match kept.take() {
-                Some(link) => link,
-                None => tokio::time::timeout_at(deadline, self.connect(&request.authority))
-                    .await
-                    .map_err(timed_out)??,
+                Some(link) => {
+                    self.counters.reused.inc();
+                    link
+                }
+                None => {
+                    let link = tokio::time::timeout_at(deadline, self.connect(&request.authority))
+                        .await
+                        .map_err(timed_out)??;
+                    self.counters.opened.inc();
+                    link
+                }
             };
             let head = tokio::time::timeout_at(deadline, send(link, &request)).await;
             match head {
@@ -451,7 +473,7 @@ mod tests {
             close: false,
         })
         .await;
-        let pool = Http1Pool::new(Duration::from_secs(5), 8);
+        let pool = Http1Pool::new(Duration::from_secs(5), 8, ConnectionCounters::default());
         for _ in 0..3 {
             let response = pool
                 .post(request(&authority), Duration::from_secs(10))
@@ -466,6 +488,10 @@ mod tests {
             assert!(pieces <= 2, "{pieces} pieces");
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 1, "one connection, reused");
+        assert_eq!(
+            (pool.counters.opened.get(), pool.counters.reused.get()),
+            (1, 2)
+        );
     }
 
     /// A 100K-token prompt's body is hundreds of KB: the connection, driven alongside the
@@ -477,7 +503,7 @@ mod tests {
             close: false,
         })
         .await;
-        let pool = Http1Pool::new(Duration::from_secs(5), 8);
+        let pool = Http1Pool::new(Duration::from_secs(5), 8, ConnectionCounters::default());
         let mut large = request(&authority);
         large.body = Bytes::from(vec![b' '; 4 << 20]);
         let response = pool.post(large, Duration::from_secs(30)).await.unwrap();
@@ -491,7 +517,7 @@ mod tests {
             close: true,
         })
         .await;
-        let pool = Http1Pool::new(Duration::from_secs(5), 8);
+        let pool = Http1Pool::new(Duration::from_secs(5), 8, ConnectionCounters::default());
         for _ in 0..3 {
             let response = pool
                 .post(request(&authority), Duration::from_secs(10))
@@ -502,11 +528,12 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 3);
+        assert_eq!(pool.counters.opened.get(), 3);
     }
 
     #[tokio::test]
     async fn no_engine_is_an_error_and_a_slow_one_times_out() {
-        let pool = Http1Pool::new(Duration::from_secs(5), 8);
+        let pool = Http1Pool::new(Duration::from_secs(5), 8, ConnectionCounters::default());
         let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let authority = closed.local_addr().unwrap().to_string();
         drop(closed);
