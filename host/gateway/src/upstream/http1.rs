@@ -377,22 +377,14 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 
-    /// What the test engine does with each request it reads.
-    #[derive(Clone, Copy)]
-    struct Script {
-        /// Server-sent events in the answer, each written (and sent) on its own.
-        events: usize,
-        /// Close the connection after the answer.
-        close: bool,
-    }
-
     fn event(i: usize) -> String {
         format!("data: {{\"i\": {i}}}\n\n")
     }
 
-    /// An engine on 127.0.0.1 that answers every request with `script`'s events as chunked
-    /// HTTP/1.1; the connections it accepted.
-    async fn engine(script: Script) -> (String, Arc<AtomicUsize>) {
+    /// An engine on 127.0.0.1 that answers every request with `events` server-sent events as
+    /// chunked HTTP/1.1, each written (and sent) on its own, and closes the connection after each
+    /// answer if `close`; the connections it accepted.
+    async fn engine(events: usize, close: bool) -> (String, Arc<AtomicUsize>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let authority = listener.local_addr().unwrap().to_string();
         let accepted = Arc::new(AtomicUsize::new(0));
@@ -406,13 +398,13 @@ mod tests {
                         let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
                                     transfer-encoding: chunked\r\n\r\n";
                         socket.write_all(head.as_bytes()).await.unwrap();
-                        for i in 0..script.events {
+                        for i in 0..events {
                             let data = event(i);
                             let chunk = format!("{:x}\r\n{data}\r\n", data.len());
                             socket.write_all(chunk.as_bytes()).await.unwrap();
                         }
                         socket.write_all(b"0\r\n\r\n").await.unwrap();
-                        if script.close {
+                        if close {
                             return;
                         }
                     }
@@ -462,23 +454,26 @@ mod tests {
         (String::from_utf8(text).unwrap(), pieces)
     }
 
+    /// The test request's answer.
+    async fn ask(pool: &Arc<Http1Pool>, authority: &str) -> EngineResponse {
+        let answer = pool.post(request(authority), Duration::from_secs(10)).await;
+        answer.unwrap()
+    }
+
+    fn pool() -> Arc<Http1Pool> {
+        Http1Pool::new(Duration::from_secs(5), 8, ConnectionCounters::default())
+    }
+
     fn expected(events: usize) -> String {
         (0..events).map(event).collect()
     }
 
     #[tokio::test]
     async fn a_read_takes_every_chunk_already_sent_and_the_connection_is_reused() {
-        let (authority, accepted) = engine(Script {
-            events: 64,
-            close: false,
-        })
-        .await;
-        let pool = Http1Pool::new(Duration::from_secs(5), 8, ConnectionCounters::default());
+        let (authority, accepted) = engine(64, false).await;
+        let pool = pool();
         for _ in 0..3 {
-            let response = pool
-                .post(request(&authority), Duration::from_secs(10))
-                .await
-                .unwrap();
+            let response = ask(&pool, &authority).await;
             assert_eq!(response.status, StatusCode::OK);
             assert_eq!(response.content_type.as_ref().unwrap(), "text/event-stream");
             // Let the engine's 64 chunks all arrive before the first read.
@@ -498,12 +493,8 @@ mod tests {
     /// request, writes all of it before the engine answers.
     #[tokio::test]
     async fn a_large_body_goes_out_whole() {
-        let (authority, _) = engine(Script {
-            events: 2,
-            close: false,
-        })
-        .await;
-        let pool = Http1Pool::new(Duration::from_secs(5), 8, ConnectionCounters::default());
+        let (authority, _) = engine(2, false).await;
+        let pool = pool();
         let mut large = request(&authority);
         large.body = Bytes::from(vec![b' '; 4 << 20]);
         let response = pool.post(large, Duration::from_secs(30)).await.unwrap();
@@ -512,17 +503,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_connection_the_engine_closed_is_replaced() {
-        let (authority, accepted) = engine(Script {
-            events: 3,
-            close: true,
-        })
-        .await;
-        let pool = Http1Pool::new(Duration::from_secs(5), 8, ConnectionCounters::default());
+        let (authority, accepted) = engine(3, true).await;
+        let pool = pool();
         for _ in 0..3 {
-            let response = pool
-                .post(request(&authority), Duration::from_secs(10))
-                .await
-                .unwrap();
+            let response = ask(&pool, &authority).await;
             assert_eq!(read_all(response).await.0, expected(3));
             // The engine's close reaches the client before the next request.
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -533,7 +517,7 @@ mod tests {
 
     #[tokio::test]
     async fn no_engine_is_an_error_and_a_slow_one_times_out() {
-        let pool = Http1Pool::new(Duration::from_secs(5), 8, ConnectionCounters::default());
+        let pool = pool();
         let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let authority = closed.local_addr().unwrap().to_string();
         drop(closed);
