@@ -27,9 +27,8 @@ pub struct Upstream {
     pub publishes_events: bool,
     /// What the gateway sends it.
     pub mode: UpstreamMode,
-    /// `host:port` and path prefix of a plain `http://` engine, which answers go through
-    /// [`Http1Pool`]; `None` for `https://` (reqwest).
-    plain: Option<(String, String)>,
+    /// Where a plain `http://` engine is, for [`Http1Pool`]; `None` for `https://` (reqwest).
+    plain: Option<PlainHttp>,
 }
 
 impl Upstream {
@@ -78,7 +77,7 @@ impl Upstream {
         dp_rank: u32,
         body: &serde_json::Value,
     ) -> Option<Result<EngineRequest, serde_json::Error>> {
-        let (authority, prefix) = self.plain.as_ref()?;
+        let plain = self.plain.as_ref()?;
         let mut headers = Vec::new();
         let body = match self.address_rank(dp_rank) {
             Some(Addressed::Header(name, value)) => {
@@ -93,8 +92,9 @@ impl Upstream {
             None => serde_json::to_vec(body),
         };
         Some(body.map(|body| EngineRequest {
-            authority: authority.clone(),
-            path: format!("{prefix}{path}"),
+            authority: plain.authority.clone(),
+            host: plain.host.clone(),
+            path: format!("{}{path}", plain.prefix),
             headers,
             body: body.into(),
         }))
@@ -132,14 +132,31 @@ impl From<reqwest::Response> for EngineResponse {
     }
 }
 
-/// `host:port` and the path prefix of a plain `http://` URL.
-fn plain_http(url: &str) -> Option<(String, String)> {
+/// A plain `http://` engine's address.
+#[derive(Debug, Clone)]
+struct PlainHttp {
+    /// `host:port` to connect to.
+    authority: String,
+    /// The `Host` header: the URL's host, and its port if it names one (as reqwest sends it).
+    host: String,
+    /// The URL's path, without a trailing slash, before every request path.
+    prefix: String,
+}
+
+fn plain_http(url: &str) -> Option<PlainHttp> {
     let url = reqwest::Url::parse(url).ok()?;
     if url.scheme() != "http" {
         return None;
     }
-    let authority = format!("{}:{}", url.host()?, url.port_or_known_default()?);
-    Some((authority, url.path().trim_end_matches('/').to_owned()))
+    let host = url.host()?;
+    Some(PlainHttp {
+        authority: format!("{host}:{}", url.port_or_known_default()?),
+        host: match url.port() {
+            Some(port) => format!("{host}:{port}"),
+            None => host.to_string(),
+        },
+        prefix: url.path().trim_end_matches('/').to_owned(),
+    })
 }
 
 /// Probe every worker's `/health` each `interval`; failing workers are taken out of routing until
@@ -178,5 +195,27 @@ pub async fn health_loop(
                     .set(healthy as i64);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plain_http;
+
+    #[test]
+    fn a_plain_engine_url_gives_where_to_connect_the_host_header_and_the_path_prefix() {
+        let parts = |url| plain_http(url).map(|p| (p.authority, p.host, p.prefix));
+        let owned = |a: &str, h: &str, p: &str| Some((a.into(), h.into(), p.into()));
+        assert_eq!(
+            parts("http://127.0.0.1:8000/"),
+            owned("127.0.0.1:8000", "127.0.0.1:8000", "")
+        );
+        assert_eq!(
+            parts("http://engine/v1beta/"),
+            owned("engine:80", "engine", "/v1beta")
+        );
+        assert_eq!(parts("http://[::1]:9/x"), owned("[::1]:9", "[::1]:9", "/x"));
+        assert_eq!(parts("https://engine:443"), None);
+        assert_eq!(parts("not a url"), None);
     }
 }

@@ -71,8 +71,10 @@ impl std::fmt::Debug for Link {
 /// A request for an engine: where, with which extra headers, and the JSON body.
 #[derive(Debug)]
 pub(crate) struct EngineRequest {
-    /// `host:port`.
+    /// `host:port` to connect to.
     pub(crate) authority: String,
+    /// The `Host` header.
+    pub(crate) host: String,
     /// Path and query.
     pub(crate) path: String,
     pub(crate) headers: Vec<(&'static str, String)>,
@@ -217,7 +219,7 @@ async fn send(
     request: &EngineRequest,
 ) -> Result<(hyper::Response<Incoming>, Link), String> {
     let mut builder = Request::post(request.path.as_str())
-        .header(header::HOST, request.authority.as_str())
+        .header(header::HOST, request.host.as_str())
         .header(header::CONTENT_TYPE, "application/json");
     for (name, value) in &request.headers {
         builder = builder.header(*name, value.as_str());
@@ -437,6 +439,7 @@ mod tests {
     fn request(authority: &str) -> EngineRequest {
         EngineRequest {
             authority: authority.to_owned(),
+            host: authority.to_owned(),
             path: "/v1/chat/completions".into(),
             headers: vec![("x-data-parallel-rank", "1".into())],
             body: Bytes::from_static(b"{\"stream\": true}"),
