@@ -497,7 +497,7 @@ pub enum StartError {
 fn upstream_client(config: &crate::config::ServerConfig) -> Result<reqwest::Client, StartError> {
     let builder = reqwest::Client::builder()
         .connect_timeout(config.connect_timeout)
-        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_idle_timeout(crate::upstream::IDLE_TIMEOUT)
         .pool_max_idle_per_host(config.upstream_max_idle_per_engine)
         .tcp_nodelay(true);
     let tls = switchyard_tls::ClientTls {

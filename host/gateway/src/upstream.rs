@@ -2,10 +2,13 @@
 
 mod http1;
 
-pub(crate) use http1::{ConnectionCounters, EngineRequest, EngineResponse, Http1Pool};
+pub(crate) use http1::{ConnectionCounters, EngineRequest, Http1Pool, IDLE_TIMEOUT};
 
 use crate::config::{EngineKind, UpstreamMode, WorkerConfig};
 use crate::metrics::{Metrics, worker_label};
+use bytes::{Bytes, BytesMut};
+use futures::{Stream, StreamExt, TryStreamExt};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use switchyard_core::router::Router;
@@ -118,9 +121,26 @@ enum Addressed {
     Header(&'static str, String),
 }
 
+/// The head of an engine's answer and its body as it arrives, from either client.
+pub(crate) struct EngineResponse {
+    pub(crate) status: reqwest::StatusCode,
+    pub(crate) content_type: Option<reqwest::header::HeaderValue>,
+    pub(crate) body: Pin<Box<dyn Stream<Item = Result<Bytes, String>> + Send>>,
+}
+
+impl EngineResponse {
+    /// The whole body (an error answer), or what came of it before a failure.
+    pub(crate) async fn bytes(mut self) -> Bytes {
+        let mut all = BytesMut::new();
+        while let Some(Ok(piece)) = self.body.next().await {
+            all.extend_from_slice(&piece);
+        }
+        all.freeze()
+    }
+}
+
 impl From<reqwest::Response> for EngineResponse {
     fn from(response: reqwest::Response) -> Self {
-        use futures::TryStreamExt;
         Self {
             status: response.status(),
             content_type: response

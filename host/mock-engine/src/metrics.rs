@@ -120,31 +120,43 @@ impl Collector for EngineCollector {
         if !self.tier_memory.is_empty() {
             // Ours: whether the GPU tier really is on the GPU (a fallback to host memory is
             // silent otherwise).
-            let gauge = ConstGauge::new(1i64);
-            let mut family = encoder.encode_descriptor(
+            let tiers: Vec<_> = (self.tier_memory.iter())
+                .map(|&(tier, memory)| [("tier", tier), ("memory", memory)])
+                .collect();
+            encode_info(
+                &mut encoder,
                 "mock_kv_tier_memory_info",
                 "Where a KV tier's bytes are: cuda, host, pinned or pageable.",
-                None,
-                gauge.metric_type(),
+                &tiers,
             )?;
-            for &(tier, memory) in &self.tier_memory {
-                gauge.encode(family.encode_family(&[("tier", tier), ("memory", memory)])?)?;
-            }
         }
-        // vLLM publishes its cache configuration as labels of a gauge fixed at 1.
         let config = [
             ("block_size", self.block_size.as_str()),
             ("num_gpu_blocks", self.num_blocks.as_str()),
         ];
-        let gauge = ConstGauge::new(1i64);
-        let mut family = encoder.encode_descriptor(
+        encode_info(
+            &mut encoder,
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig.",
-            None,
-            gauge.metric_type(),
-        )?;
-        gauge.encode(family.encode_family(&config)?)
+            &[config],
+        )
     }
+}
+
+/// An information metric as vLLM publishes its cache configuration: a gauge fixed at 1 whose
+/// labels carry the values, one sample per label set.
+fn encode_info(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    label_sets: &[[(&str, &str); 2]],
+) -> Result<(), std::fmt::Error> {
+    let gauge = ConstGauge::new(1i64);
+    let mut family = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
+    for labels in label_sets {
+        gauge.encode(family.encode_family(labels)?)?;
+    }
+    Ok(())
 }
 
 /// The block manager's metrics under Dynamo's `kvbm_*` names (the names of

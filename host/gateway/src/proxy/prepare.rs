@@ -205,21 +205,20 @@ async fn tokenize(
         let tokens = ids.clone();
         return Ok((request, tokens));
     }
-    let shared = shared.clone();
-    let session = agent.session_id.clone();
     let harness = agent.harness;
     if body_bytes <= RENDER_INLINE_BYTES
         && let Some(conversation) = request.conversation()
     {
-        let text = render_conversation(&shared, conversation)?;
-        let key = cache_key(session.as_deref(), &text);
+        let text = render_conversation(shared, conversation)?;
+        let key = cache_key(agent.session_id.as_deref(), &text);
         let now = Instant::now();
         if let Some(encoded) = shared
             .tokenizer
             .encode_if_cached(&shared.sessions, &key, &text, now)
         {
-            return Ok((request, counted(&shared, encoded, harness)));
+            return Ok((request, counted(shared, encoded, harness)));
         }
+        let shared = shared.clone();
         let job =
             tokio::task::spawn_blocking(move || encode_rendered(&shared, &key, text, harness));
         let tokens = job
@@ -228,6 +227,8 @@ async fn tokenize(
         return Ok((request, tokens));
     }
     // Templates and tokenizers of 100K-token prompts take milliseconds: off the reactor.
+    let shared = shared.clone();
+    let session = agent.session_id.clone();
     let job = tokio::task::spawn_blocking(move || {
         let tokens = match &request {
             Request::Completion(c) => match &c.prompt {

@@ -13,12 +13,13 @@
 //! [`IDLE_TIMEOUT`]; a kept one that fails before the answer's head is retried once on a new
 //! connection (the engine closed it while idle). `https://` engines go through reqwest.
 
-use bytes::{Bytes, BytesMut};
+use super::EngineResponse;
+use bytes::Bytes;
 use futures::{FutureExt, Stream};
 use http_body_util::Full;
 use hyper::body::{Body as _, Incoming};
 use hyper::client::conn::http1::{Connection, SendRequest};
-use hyper::http::{HeaderValue, Request, StatusCode, header};
+use hyper::http::{Request, header};
 use hyper_util::rt::TokioIo;
 use prometheus_client::metrics::counter::Counter;
 use std::collections::HashMap;
@@ -30,7 +31,7 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
-/// How long a kept connection may wait for its next request (reqwest's default here).
+/// How long a kept connection may wait for its next request (reqwest's pool is set the same).
 pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// The most bytes one read of an answer gathers before handing them on.
@@ -79,25 +80,6 @@ pub(crate) struct EngineRequest {
     pub(crate) path: String,
     pub(crate) headers: Vec<(&'static str, String)>,
     pub(crate) body: Bytes,
-}
-
-/// The head of an engine's answer and its body as it arrives.
-pub(crate) struct EngineResponse {
-    pub(crate) status: StatusCode,
-    pub(crate) content_type: Option<HeaderValue>,
-    pub(crate) body: Pin<Box<dyn Stream<Item = Result<Bytes, String>> + Send>>,
-}
-
-impl EngineResponse {
-    /// The whole body (an error answer), or what came of it before a failure.
-    pub(crate) async fn bytes(mut self) -> Bytes {
-        use futures::StreamExt;
-        let mut all = BytesMut::new();
-        while let Some(Ok(piece)) = self.body.next().await {
-            all.extend_from_slice(&piece);
-        }
-        all.freeze()
-    }
 }
 
 impl Http1Pool {
@@ -477,7 +459,7 @@ mod tests {
         let pool = pool();
         for _ in 0..3 {
             let response = ask(&pool, &authority).await;
-            assert_eq!(response.status, StatusCode::OK);
+            assert_eq!(response.status, hyper::StatusCode::OK);
             assert_eq!(response.content_type.as_ref().unwrap(), "text/event-stream");
             // Let the engine's 64 chunks all arrive before the first read.
             tokio::time::sleep(Duration::from_millis(50)).await;
