@@ -56,6 +56,7 @@ impl Builtin for Spec {
             ("demotion_ticks", c.demotion_ticks.to_string()),
             ("resume_priority", c.resume_priority.to_string()),
             ("forced_resume_after", param_ms(c.forced_resume_after)),
+            ("migrate_after", param_ms(c.migrate_after)),
             ("decay_half_life", param_ms(c.decay_half_life)),
             ("sticky", c.sticky.to_string()),
         ];

@@ -147,6 +147,7 @@ impl ThunderAgentConfig {
             "demotion_ticks" => self.demotion_ticks = v.float()?,
             "resume_priority" => self.resume_priority = v.int()?,
             "forced_resume_after" => self.forced_resume_after = v.duration()?,
+            "migrate_after" => self.migrate_after = v.duration()?,
             "decay_half_life" => self.decay_half_life = v.duration()?,
             "sticky" => self.sticky = v.boolean()?,
             _ => return Err(unknown("thunder-agent", key)),

@@ -18,6 +18,10 @@
 //!   this side ACTING programs count `token_total * 2^(-idle_s / 1.0)`. A resumed program gets +1
 //!   priority until its request is released. A program paused for 30 minutes is resumed onto the
 //!   least-loaded worker whatever the load.
+//! - `migrate_after` (ours, default 0 = the reference): a paused program resumes only on its own
+//!   worker until it has been paused that long. The reference moves it to the best fit at once,
+//!   as if its KV were gone; an engine with a host tier still has it, and recomputing ~100K
+//!   tokens elsewhere costs more than the wait (docs/benchmarks.md (g)).
 //! - A new program waits (paused) while any program is paused or no worker has room for it; else
 //!   it is placed on the worker with the least decayed load.
 //!
@@ -55,6 +59,10 @@ pub struct ThunderAgentConfig {
     pub resume_priority: i32,
     /// A program paused this long is resumed regardless of load. Default: 30 minutes.
     pub forced_resume_after: Duration,
+    /// A paused program resumes only on its own worker, where its KV is, until it has been
+    /// paused this long; then on the best fit, like a new one. Default: 0 (the reference's
+    /// best fit at once).
+    pub migrate_after: Duration,
     /// Half-life of an ACTING program's tokens on the resume side. Default: 1 s.
     pub decay_half_life: Duration,
     /// Keep every program on the worker it was placed on (ThunderAgent's backend affinity).
@@ -75,6 +83,7 @@ impl Default for ThunderAgentConfig {
             demotion_ticks: 1.5,
             resume_priority: 1,
             forced_resume_after: Duration::from_secs(30 * 60),
+            migrate_after: Duration::ZERO,
             decay_half_life: Duration::from_secs(1),
             sticky: true,
         }
@@ -358,9 +367,12 @@ impl ThunderAgent {
                     .map(|(i, _)| i)
             } else {
                 let fits = |l: &Load| (l.decayed + need) / l.capacity <= threshold;
-                let home = loads.iter().position(|l| Some(l.rank) == s.rank && fits(l));
-                home.or_else(|| {
-                    loads
+                let home = loads.iter().position(|l| Some(l.rank) == s.rank);
+                match home {
+                    Some(i) if fits(&loads[i]) => Some(i),
+                    // Its KV is there: waiting for room costs less than recomputing elsewhere.
+                    Some(_) if s.paused_for < self.config.migrate_after => None,
+                    _ => loads
                         .iter()
                         .enumerate()
                         .filter(|(_, l)| fits(l))
@@ -368,8 +380,8 @@ impl ThunderAgent {
                             ((a.decayed + need) / a.capacity)
                                 .total_cmp(&((b.decayed + need) / b.capacity))
                         })
-                        .map(|(i, _)| i)
-                })
+                        .map(|(i, _)| i),
+                }
             };
             let Some(i) = chosen else {
                 continue;

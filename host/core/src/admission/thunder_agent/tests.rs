@@ -173,6 +173,32 @@ fn resumed_programs_go_home_if_they_fit_else_to_the_best_fit() {
     assert_eq!(ta.placement(&v, "p", secs(5)), Some(Rank::new(0, 0)));
 }
 
+/// With `migrate_after`, a program whose worker is full waits for it (its KV is there) rather
+/// than moving to a worker with room, until it has waited that long.
+#[test]
+fn with_migrate_after_a_program_waits_for_its_own_worker_that_long() {
+    let config = ThunderAgentConfig {
+        migrate_after: secs(60),
+        ..ThunderAgentConfig::default()
+    };
+    let mut waiting = paused("p", 20_000, Some(0), true);
+    waiting.paused_for = secs(59);
+    let mut v = view(vec![session("big", Running, 90_000, Some(0)), waiting], 2);
+    let mut ta = ThunderAgent::new(config.clone());
+    assert!(of(&ta.tick(&v, secs(5)), &ActionKind::Resume).is_empty());
+    assert_eq!(ta.placement(&v, "p", secs(5)), Some(Rank::new(0, 0)));
+    // Its wait is up: the best fit elsewhere, as without the parameter.
+    v.sessions[1].paused_for = secs(60);
+    let mut ta = ThunderAgent::new(config.clone());
+    assert_eq!(of(&ta.tick(&v, secs(5)), &ActionKind::Resume), ["p"]);
+    assert_eq!(ta.placement(&v, "p", secs(5)), Some(Rank::new(1, 0)));
+    // A worker that left the view is no home to wait for.
+    v.sessions[1].paused_for = secs(1);
+    v.sessions[1].rank = Some(Rank::new(7, 0));
+    let mut ta = ThunderAgent::new(config);
+    assert_eq!(of(&ta.tick(&v, secs(5)), &ActionKind::Resume), ["p"]);
+}
+
 #[test]
 fn programs_paused_too_long_are_forced_onto_the_least_loaded_worker() {
     let mut ta = ThunderAgent::default();
