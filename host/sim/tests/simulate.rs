@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use switchyard_core::engine::EngineConfig;
+use switchyard_core::engine::{EngineConfig, HostTierConfig};
 use switchyard_core::router::{
     Candidate, KvCost, PolicyRequest, RoundRobin, RoutingPolicy, Selection,
 };
@@ -306,6 +306,40 @@ fn thunder_agent_completes_every_request_once_and_recomputes_less_than_request_r
     let stats = thunder.report().admission_stats;
     assert!(stats.pauses > 0, "{stats:?}");
     assert_eq!(stats.forced_releases, 0);
+}
+
+/// With a host tier the KV of a paused program outlives its pause on its worker; the
+/// reference's best-fit resume moves it elsewhere and re-prefills it, `migrate_after` waits for
+/// home and loads it from the host tier instead. (Tool calls of 6 s: programs are paused while
+/// ACTING, not only new ones held.)
+#[test]
+fn with_a_host_tier_resuming_at_home_recomputes_less() {
+    let w = Agents {
+        prompt_blocks: 48,
+        turn_blocks: 16,
+        output_tokens: 32,
+        stagger: Duration::from_millis(50),
+    }
+    .workload(16, 10, Duration::from_secs(6));
+    let with_host = |admission: &str| {
+        let mut config = config_small(admission);
+        config.engine.host_tier = Some(HostTierConfig::blocks(8_192));
+        run(&w, config).report()
+    };
+    let best_fit = with_host("thunder-agent");
+    let home = with_host("thunder-agent:migrate_after=10m");
+    for report in [&best_fit, &home] {
+        assert_eq!(report.requests, w.request_count() as u64);
+        assert_eq!(report.failed_requests, 0);
+    }
+    assert!(best_fit.admission_stats.resumes > 0);
+    assert!(
+        home.recomputed_tokens < best_fit.recomputed_tokens,
+        "home {} vs best fit {}",
+        home.recomputed_tokens,
+        best_fit.recomputed_tokens
+    );
+    assert!(home.prefix_hit_ratio > best_fit.prefix_hit_ratio);
 }
 
 #[test]
