@@ -451,6 +451,10 @@ pub struct AdmissionSettings {
     pub resume_hysteresis: f64,
     /// ThunderAgent: weight of a program's tokens while its tool runs. Default: 1.0.
     pub acting_weight: f64,
+    /// ThunderAgent: a paused program waits this long for its own worker, where its KV is,
+    /// before it may resume elsewhere. Default: 0 (at once, the reference).
+    #[serde(with = "humantime_serde")]
+    pub migrate_after: Duration,
 }
 
 impl Default for AdmissionSettings {
@@ -466,6 +470,7 @@ impl Default for AdmissionSettings {
             pause_target: thunder.pause_target,
             resume_hysteresis: thunder.resume_hysteresis,
             acting_weight: thunder.acting_weight,
+            migrate_after: thunder.migrate_after,
         }
     }
 }
@@ -491,6 +496,7 @@ impl AdmissionSettings {
                 pause_target: self.pause_target,
                 resume_hysteresis: self.resume_hysteresis,
                 acting_weight: self.acting_weight,
+                migrate_after: self.migrate_after,
                 ..ThunderAgentConfig::default()
             })));
         }
@@ -982,6 +988,7 @@ mod tests {
         assert_eq!(c.workers[0].upstream, UpstreamMode::Tokens);
         assert_eq!(c.workers[1].upstream, UpstreamMode::Chat);
         assert_eq!(c.admission.policy, "thunder-agent");
+        assert_eq!(c.admission.migrate_after, Duration::from_secs(60));
         assert_eq!(c.queue.max_prefill_tokens, Some(32768));
         assert_eq!(c.model.tool_parser(), "hermes");
     }
