@@ -4,13 +4,14 @@
 # H2D/D2H bandwidth bench, printed as markdown to paste, dated, into docs/benchmarks.md section
 # (i). Needs the NVIDIA driver but no CUDA toolkit (cudarc loads libcuda at run time). Without a
 # GPU it still runs: the tests check the fallbacks and the bench says why it measured nothing.
-# With cargo (no DIR), it also runs the gateway's KV-hint test against mock engines built with
-# `cuda`.
+# It also runs the gateway's KV-hint tests against mock engines built with `cuda` (the gateway
+# and the engines as processes: the demote and the prefetch are PCIe copies).
 #
 #   scripts/gpu-check.sh              build with cargo, then run
 #   scripts/gpu-check.sh --build DIR  only build (release) the test binaries and the bench into a
-#                                     new DIR
-#   scripts/gpu-check.sh --run DIR    run what --build put in DIR (a GPU machine without cargo)
+#                                     new DIR (~35 MB: the gateway's two are gzipped to travel)
+#   scripts/gpu-check.sh --run DIR    run what --build put in DIR (a GPU machine without cargo,
+#                                     in a checkout of the repository at any path)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +22,7 @@ executables() {
 
 kvbm=(-p switchyard-kvbm --features cuda)
 engine=(-p switchyard-mock-engine --features cuda --lib)
+gateway=(-p switchyard --features cuda)
 
 # A new DIR (so that no stale binary runs), stripped to a few MB to travel.
 build() {
@@ -29,7 +31,24 @@ build() {
   executables test "${kvbm[@]}" --release --no-run | xargs -r cp -t "$1"
   mv "$1/gpu_bandwidth" "$1/bench"
   cp "$(executables test "${engine[@]}" --release --no-run)" "$1/engine-tiers"
+  executables build "${gateway[@]}" --release --bin switchyard | xargs -r cp -t "$1"
+  # (cargo names the gateway binary the suite runs too: take the suite's own.)
+  cp "$(executables test "${gateway[@]}" --release --test integration --no-run |
+    grep '/integration-')" "$1/integration"
   if command -v strip >/dev/null; then strip "$1"/*; fi
+  gzip -9 "$1/switchyard" "$1/integration"
+}
+
+# The hint tests from the integration binary of --build, on the gateway binary beside it.
+hints_from() {
+  local tmp
+  tmp=$(mktemp -d)
+  gunzip -c "$1/switchyard.gz" > "$tmp/switchyard"
+  gunzip -c "$1/integration.gz" > "$tmp/integration"
+  chmod +x "$tmp/switchyard" "$tmp/integration"
+  echo "\$ integration hints::"
+  SWITCHYARD_TEST_BIN="$tmp/switchyard" "$tmp/integration" hints:: || status=$?
+  rm -rf "$tmp"
 }
 
 header() {
@@ -58,13 +77,14 @@ case "${1:-}" in
     header
     for test in "$dir"/*; do
       case $test in
-        */bench) continue ;;
+        */bench | *.gz) continue ;;
         */engine-tiers) filter=(tiers::) ;;
         *) filter=() ;;
       esac
       echo "\$ ${test##*/} ${filter[*]}"
       (cd host/kvbm && "$test" "${filter[@]}") || status=$?
     done
+    hints_from "$dir"
     bench=("$dir/bench")
     ;;
   "")

@@ -32,7 +32,7 @@ fn target_installed() -> bool {
 
 /// `switchyard args...` in `dir`, to completion.
 fn switchyard(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_switchyard"))
+    Command::new(crate::support::switchyard_bin())
         .args(args)
         .current_dir(dir)
         .env("RUST_LOG", "warn")

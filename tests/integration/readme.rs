@@ -78,7 +78,7 @@ fn the_simulate_example_runs_as_written() {
     let marker = TempFile::new("README", "a scratch directory");
     let dir = marker.path.parent().unwrap();
     std::os::unix::fs::symlink(repo().join("examples"), dir.join("examples")).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+    let out = std::process::Command::new(crate::support::switchyard_bin())
         .args(&words[1..])
         .current_dir(dir)
         .output()

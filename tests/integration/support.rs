@@ -7,6 +7,13 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+/// The `switchyard` binary under test: cargo's, or `SWITCHYARD_TEST_BIN` where the suite runs
+/// from another checkout path without cargo (`scripts/gpu-check.sh --run` on a GPU machine).
+pub(crate) fn switchyard_bin() -> std::ffi::OsString {
+    std::env::var_os("SWITCHYARD_TEST_BIN")
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_switchyard").into())
+}
+
 /// A child process killed on drop, with the lines it printed on stdout (and, when asked, its
 /// log on stderr). A panic it printed (a task of the gateway's, which does not end the process)
 /// fails the test when the process is dropped: the whole suite runs with zero panics.
@@ -35,7 +42,7 @@ impl Proc {
             || std::env::var("SWITCHYARD_TEST_LOG").unwrap_or_else(|_| "warn".into()),
             str::to_owned,
         );
-        let mut child = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        let mut child = Command::new(switchyard_bin())
             .args(args)
             .env("RUST_LOG", level)
             .env("NO_COLOR", "1")

@@ -211,7 +211,7 @@ async fn replay_reproduces_the_prefix_structure_through_the_gateway() {
     .map(|s| s.to_string())
     .collect();
     let output = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        std::process::Command::new(crate::support::switchyard_bin())
             .args(&args)
             .output()
             .unwrap()
