@@ -9,7 +9,7 @@
 #
 #   scripts/gpu-check.sh              build with cargo, then run
 #   scripts/gpu-check.sh --build DIR  only build (release) the test binaries and the bench into a
-#                                     new DIR (~35 MB: the gateway's two are gzipped to travel)
+#                                     new DIR (~31 MB)
 #   scripts/gpu-check.sh --run DIR    run what --build put in DIR (a GPU machine without cargo,
 #                                     in a checkout of the repository at any path)
 set -euo pipefail
@@ -24,7 +24,7 @@ kvbm=(-p switchyard-kvbm --features cuda)
 engine=(-p switchyard-mock-engine --features cuda --lib)
 gateway=(-p switchyard --features cuda)
 
-# A new DIR (so that no stale binary runs), stripped to a few MB to travel.
+# A new DIR (so that no stale binary runs), stripped, and the gateway's two gzipped, to travel.
 build() {
   mkdir "$1"
   executables build "${kvbm[@]}" --release --example gpu_bandwidth | xargs -r cp -t "$1"
