@@ -7,7 +7,8 @@
 #   scripts/sim-hints.sh BINARY [TRACES_DIR] [extra simulate flags...]
 #
 # BINARY: a built switchyard (release); TRACES_DIR: holds weka/ (default $SWITCHYARD_TRACES).
-# Builds nothing. CONCURRENCY, HINTS, JOBS, REPORT and PLOT override the defaults below.
+# Builds nothing. ADMISSION (e.g. thunder-agent:migrate_after=60s), CONCURRENCY, HINTS, JOBS,
+# REPORT and PLOT override the defaults below.
 set -euo pipefail
 bin=${1:?usage: sim-hints.sh BINARY [TRACES_DIR] [simulate flags...]}
 traces=${2:-${SWITCHYARD_TRACES:?set SWITCHYARD_TRACES or pass TRACES_DIR}}
@@ -19,7 +20,7 @@ all=demote-on-tool-call+subagent-reclaim+share-to-subagent
 hints=${HINTS:-no-hints,demote-on-tool-call,subagent-reclaim,share-to-subagent,$all}
 set -x
 "$bin" simulate --trace "$traces/weka" --replicate 4 --workers 4 --speedup 10 --max-gap 60s \
-    --policies kv-cost --admission thunder-agent --concurrency "${CONCURRENCY:-32,64}" \
+    --policies kv-cost --admission "${ADMISSION:-thunder-agent}" --concurrency "${CONCURRENCY:-32,64}" \
     --host-tier-blocks 65536 --kv-hints "$hints" \
     --jobs "${JOBS:-2}" --report "$report" --plot "$plot" "$@" > /dev/null
 set +x
