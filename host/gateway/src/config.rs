@@ -451,6 +451,11 @@ pub struct AdmissionSettings {
     pub resume_hysteresis: f64,
     /// ThunderAgent: weight of a program's tokens while its tool runs. Default: 1.0.
     pub acting_weight: f64,
+    /// ThunderAgent: half-life of a tool-calling program's tokens on the resume side. Default:
+    /// 1 s (the reference); an hour stops the re-pausing that section (g) of
+    /// docs/benchmarks.md measured past 32 sessions.
+    #[serde(with = "humantime_serde")]
+    pub decay_half_life: Duration,
     /// ThunderAgent: a paused program waits this long for its own worker, where its KV is,
     /// before it may resume elsewhere. Default: 0 (at once, the reference).
     #[serde(with = "humantime_serde")]
@@ -470,6 +475,7 @@ impl Default for AdmissionSettings {
             pause_target: thunder.pause_target,
             resume_hysteresis: thunder.resume_hysteresis,
             acting_weight: thunder.acting_weight,
+            decay_half_life: thunder.decay_half_life,
             migrate_after: thunder.migrate_after,
         }
     }
@@ -496,6 +502,7 @@ impl AdmissionSettings {
                 pause_target: self.pause_target,
                 resume_hysteresis: self.resume_hysteresis,
                 acting_weight: self.acting_weight,
+                decay_half_life: self.decay_half_life,
                 migrate_after: self.migrate_after,
                 ..ThunderAgentConfig::default()
             })));
@@ -991,6 +998,24 @@ mod tests {
         assert_eq!(c.admission.migrate_after, Duration::from_secs(60));
         assert_eq!(c.queue.max_prefill_tokens, Some(32768));
         assert_eq!(c.model.tool_parser(), "hermes");
+    }
+
+    /// ThunderAgent's settings are read, durations in humantime, and make a policy.
+    #[test]
+    fn thunder_agent_settings_parse() {
+        let c = parse(
+            "[admission]\npolicy = \"thunder-agent\"\nacting_weight = 0.5\n\
+             decay_half_life = \"1h\"\nmigrate_after = \"90s\"\n\
+             [[workers]]\nurl = \"http://127.0.0.1:9000\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.admission.acting_weight, 0.5);
+        assert_eq!(c.admission.decay_half_life, Duration::from_secs(3600));
+        assert_eq!(c.admission.migrate_after, Duration::from_secs(90));
+        assert_eq!(c.admission.native_policy().unwrap().name(), "thunder-agent");
+        let bad =
+            "[admission]\nmigrate_after = \"soon\"\n[[workers]]\nurl = \"http://127.0.0.1:9000\"\n";
+        assert!(parse(bad).is_err());
     }
 
     #[test]
