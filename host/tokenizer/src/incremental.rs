@@ -28,6 +28,17 @@ pub struct IncrementalEncoding {
     pub outcome: CacheOutcome,
 }
 
+impl IncrementalEncoding {
+    /// `snapshot`'s tokens, as `result` came by them.
+    fn of(snapshot: &Snapshot, result: &RecordedResult) -> Self {
+        Self {
+            tokens: snapshot.tokens.clone(),
+            reused_tokens: result.reused_tokens,
+            outcome: result.outcome,
+        }
+    }
+}
+
 /// What the [`SessionCache`] could do for one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CacheOutcome {
@@ -106,16 +117,8 @@ impl ModelTokenizer {
             .lookup(session, inner.id, now)
             .into_iter()
             .find(|p| p.text == text && !p.tokens.is_empty())?;
-        let encoding = IncrementalEncoding {
-            tokens: same.tokens.clone(),
-            reused_tokens: same.tokens.len(),
-            outcome: CacheOutcome::Hit,
-        };
-        let result = RecordedResult {
-            outcome: CacheOutcome::Hit,
-            reused_tokens: same.tokens.len(),
-            encoded_tokens: 0,
-        };
+        let result = RecordedResult::hit(same.tokens.len());
+        let encoding = IncrementalEncoding::of(&same, &result);
         cache.record(session, Some(&same), Some(Arc::clone(&same)), now, result);
         Some(encoding)
     }
@@ -160,11 +163,7 @@ impl ModelTokenizer {
         let (snapshot, result) = match previous.map(|(_, p)| p) {
             // The same prompt again (a retry): nothing to encode.
             Some(previous) if previous.text == text && !previous.tokens.is_empty() => {
-                let result = RecordedResult {
-                    outcome: CacheOutcome::Hit,
-                    reused_tokens: previous.tokens.len(),
-                    encoded_tokens: 0,
-                };
+                let result = RecordedResult::hit(previous.tokens.len());
                 (previous, result)
             }
             Some(previous) => match self.encode_after_cut(seams, &previous, text)? {
@@ -173,11 +172,7 @@ impl ModelTokenizer {
             },
             None => self.encode_whole(seams, text, CacheOutcome::Miss)?,
         };
-        let encoding = IncrementalEncoding {
-            tokens: snapshot.tokens.clone(),
-            reused_tokens: result.reused_tokens,
-            outcome: result.outcome,
-        };
+        let encoding = IncrementalEncoding::of(&snapshot, &result);
         cache.record(session, replaces.as_ref(), Some(snapshot), now, result);
         Ok(encoding)
     }

@@ -195,6 +195,17 @@ impl Http1Pool {
     }
 }
 
+/// Poll a connection's own future once (it reads and writes the socket): `Ok(true)` once it
+/// has ended, an error if it failed.
+fn poll_conn(conn: &mut Conn, cx: &mut Context<'_>) -> Result<bool, String> {
+    match conn.as_mut().poll(cx) {
+        Poll::Pending => Ok(false),
+        Poll::Ready(result) => result
+            .map(|()| true)
+            .map_err(|e| format!("engine connection: {e}")),
+    }
+}
+
 /// Send `request` on `link`, driving the connection until the answer's head arrives.
 async fn send(
     link: Link,
@@ -213,13 +224,12 @@ async fn send(
         mut sender,
         mut conn,
     } = link;
-    // The connection makes progress only when polled: here, alongside the request.
+    // The connection makes progress only when polled: here, alongside the request. Once it
+    // ended, the request's own future says how, unless it failed.
     let mut closed = false;
     let mut drive = |conn: &mut Conn, cx: &mut Context<'_>| -> Result<(), String> {
-        if !closed && let Poll::Ready(result) = conn.as_mut().poll(cx) {
-            // It ended; the request's own future says how, unless it failed.
-            closed = true;
-            result.map_err(|e| format!("engine connection: {e}"))?;
+        if !closed {
+            closed = poll_conn(conn, cx)?;
         }
         Ok(())
     };
@@ -260,11 +270,12 @@ struct AnswerBody {
 impl AnswerBody {
     /// Drive the connection: it reads the socket and hands the body what it has decoded.
     fn drive(&mut self, cx: &mut Context<'_>) -> Result<(), String> {
-        if let Some(link) = &mut self.link
-            && let Poll::Ready(result) = link.conn.as_mut().poll(cx)
-        {
-            self.link = None;
-            result.map_err(|e| format!("engine connection: {e}"))?;
+        if let Some(link) = &mut self.link {
+            let ended = poll_conn(&mut link.conn, cx);
+            if !matches!(ended, Ok(false)) {
+                self.link = None;
+            }
+            ended?;
         }
         Ok(())
     }

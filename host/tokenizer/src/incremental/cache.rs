@@ -320,6 +320,17 @@ pub(crate) struct RecordedResult {
     pub(crate) encoded_tokens: usize,
 }
 
+impl RecordedResult {
+    /// The same prompt again: all `tokens` reused, nothing encoded.
+    pub(crate) fn hit(tokens: usize) -> Self {
+        Self {
+            outcome: CacheOutcome::Hit,
+            reused_tokens: tokens,
+            encoded_tokens: 0,
+        }
+    }
+}
+
 // === impl State ===
 
 impl State {
