@@ -11,23 +11,41 @@ export function metadata() {
     name: "least-load-js",
     version: "1.0.0",
     worldName: "router",
-    witVersion: "1.1.0",
+    witVersion: "1.2.0",
     description: "Fewest active requests, then fewest decode blocks (JavaScript)",
     extensions: [],
   };
+}
+
+// The first of `n` candidates with the fewest requests, then the fewest decode blocks; `requests`
+// and `decode` are read from `requestsAt` and `decodeAt` on.
+function leastLoad(n, requests, decode, requestsAt = 0, decodeAt = 0) {
+  let best = 0;
+  for (let i = 1; i < n; i++) {
+    const r = requests[requestsAt + i];
+    const rb = requests[requestsAt + best];
+    if (r < rb || (r === rb && decode[decodeAt + i] < decode[decodeAt + best])) {
+      best = i;
+    }
+  }
+  return best;
 }
 
 export function route(req, candidates) {
   const requests = candidates.activeRequests;
   const decode = candidates.activeDecodeBlocks;
   const n = Math.min(requests.length, decode.length);
-  let best = 0;
-  for (let i = 1; i < n; i++) {
-    if (requests[i] < requests[best] || (requests[i] === requests[best] && decode[i] < decode[best])) {
-      best = i;
-    }
+  return { tag: "chosen", val: leastLoad(n, requests, decode) };
+}
+
+// WIT 1.2: the same decision over the packed columns (`activeRequests` is the seventh column of
+// `counts`, `activeDecodeBlocks` the third of `sizes`).
+export function routePacked(req, candidates) {
+  const n = candidates.count;
+  if (candidates.counts.length < 8 * n || candidates.sizes.length < 4 * n) {
+    return { tag: "chosen", val: 0 };
   }
-  return { tag: "chosen", val: best };
+  return { tag: "chosen", val: leastLoad(n, candidates.counts, candidates.sizes, 6 * n, 2 * n) };
 }
 
 export function observe(_outcome) {}

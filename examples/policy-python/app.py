@@ -10,13 +10,20 @@ from wit_world.imports import types
 from componentize_py_types import Err
 
 
+def least_load(requests, decode) -> int:
+    """The first candidate with the fewest requests, then the fewest decode blocks."""
+    n = min(len(requests), len(decode))
+    # min() keeps the first of equal keys: ties go to the lowest index.
+    return min(range(n), key=lambda i: (requests[i], decode[i]), default=0)
+
+
 class WitWorld(WitWorld):
     def metadata(self) -> types.PolicyMetadata:
         return types.PolicyMetadata(
             name="least-load-python",
             version="1.0.0",
             world_name="router",
-            wit_version="1.1.0",
+            wit_version="1.2.0",
             description="Fewest active requests, then fewest decode blocks (Python)",
             extensions=[],
         )
@@ -24,10 +31,17 @@ class WitWorld(WitWorld):
     def route(self, req: types.Request, candidates: types.Workers) -> types.Decision:
         requests = candidates.active_requests
         decode = candidates.active_decode_blocks
-        n = min(len(requests), len(decode))
-        # min() keeps the first of equal keys: ties go to the lowest index.
-        best = min(range(n), key=lambda i: (requests[i], decode[i]), default=0)
-        return types.Decision_Chosen(best)
+        return types.Decision_Chosen(least_load(requests, decode))
+
+    def route_packed(self, req: types.Request, candidates: types.PackedWorkers) -> types.Decision:
+        # WIT 1.2: the same decision over the packed columns (`active-requests` is the seventh
+        # column of `counts`, `active-decode-blocks` the third of `sizes`).
+        n = candidates.count
+        if len(candidates.counts) < 8 * n or len(candidates.sizes) < 4 * n:
+            return types.Decision_Chosen(0)
+        requests = candidates.counts[6 * n : 7 * n]
+        decode = candidates.sizes[2 * n : 3 * n]
+        return types.Decision_Chosen(least_load(requests, decode))
 
     def observe(self, feedback: types.Outcome) -> None:
         pass

@@ -24,8 +24,8 @@
 //!
 //! Build with `cargo build --target wasm32-wasip2 --release` to get the component; test the
 //! logic natively with [`testing`]. The bindings come from the repository's `wit/`
-//! (package `switchyard:policy@1.1.0`: it needs a 1.1 host; a 1.0 component keeps loading on
-//! a 1.1 host) and exist only on `wasm32`.
+//! (package `switchyard:policy@1.2.0`: it needs a 1.2 host; 1.0 and 1.1 components keep
+//! loading on a 1.2 host) and exist only on `wasm32`.
 
 mod admission;
 pub mod columns;
@@ -59,7 +59,7 @@ pub use types::{
 
 /// The version of the `switchyard:policy` WIT package this SDK binds; the host accepts policies
 /// of the same major version.
-pub const WIT_VERSION: &str = "1.1.0";
+pub const WIT_VERSION: &str = "1.2.0";
 
 /// Writes `message` to the gateway's log, tagged with the policy's name (rate-limited by the
 /// host). In native tests it is captured instead: see [`testing::take_logs`].

@@ -24,6 +24,12 @@ macro_rules! export_router {
                 fn route(req: glue::WitRequest, candidates: glue::WitWorkers) -> glue::WitDecision {
                     POLICY.with_borrow_mut(|p| glue::route(p, req, candidates))
                 }
+                fn route_packed(
+                    req: glue::WitRequest,
+                    candidates: glue::WitPackedWorkers,
+                ) -> glue::WitDecision {
+                    POLICY.with_borrow_mut(|p| glue::route_packed(p, req, candidates))
+                }
                 fn observe(result: glue::WitOutcome) {
                     POLICY.with_borrow_mut(|p| glue::observe(p, result))
                 }

@@ -148,6 +148,46 @@ impl Workers {
             .map(|(_, values)| values.as_slice())
     }
 
+    /// Since WIT 1.2: refill these columns from `route-packed`'s lists (the `packed-workers`
+    /// record): `counts` holds eight columns of `count` entries each and `sizes` four, in that
+    /// record's order; every candidate is healthy. A short list leaves its columns short, so
+    /// [`Workers::len`] counts only whole candidates. The columns keep their buffers, so a
+    /// policy's instance stops allocating for them after its first calls.
+    pub fn unpack(&mut self, count: usize, counts: &[u32], sizes: &[u64], kv_usage: &[f32]) {
+        fn column<T: Copy>(column: &mut Vec<T>, list: &[T], c: usize, count: usize) {
+            column.clear();
+            let start = c.saturating_mul(count).min(list.len());
+            let end = start.saturating_add(count).min(list.len());
+            column.extend_from_slice(&list[start..end]);
+        }
+        let u32_columns = [
+            &mut self.worker_ids,
+            &mut self.dp_ranks,
+            &mut self.device_blocks,
+            &mut self.host_blocks,
+            &mut self.disk_blocks,
+            &mut self.shared_blocks,
+            &mut self.active_requests,
+            &mut self.queue_depth,
+        ];
+        for (c, values) in u32_columns.into_iter().enumerate() {
+            column(values, counts, c, count);
+        }
+        let u64_columns = [
+            &mut self.indexed_blocks,
+            &mut self.active_prefill_tokens,
+            &mut self.active_decode_blocks,
+            &mut self.kv_capacity_blocks,
+        ];
+        for (c, values) in u64_columns.into_iter().enumerate() {
+            column(values, sizes, c, count);
+        }
+        column(&mut self.kv_usage, kv_usage, 0, count);
+        self.healthy.clear();
+        // No more than the lists could hold: `count` comes from the other side.
+        self.healthy.resize(count.min(counts.len()), true);
+    }
+
     /// Appends a candidate (for building inputs in tests).
     pub fn push(&mut self, worker: Worker) {
         self.worker_ids.push(worker.worker_id);
@@ -287,4 +327,72 @@ pub fn cheapest(costs: &[f64], workers: &Workers) -> Option<usize> {
                 .then(a.indexed_blocks.cmp(&b.indexed_blocks))
         })
         .map(|((i, _), _)| i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(i: u32) -> Worker {
+        Worker {
+            worker_id: i,
+            dp_rank: i % 2,
+            device_blocks: 10 + i,
+            host_blocks: 20 + i,
+            disk_blocks: 30 + i,
+            shared_blocks: 40 + i,
+            indexed_blocks: 50 + u64::from(i),
+            active_prefill_tokens: 60 + u64::from(i),
+            active_decode_blocks: 70 + u64::from(i),
+            active_requests: 80 + i,
+            kv_capacity_blocks: 90 + u64::from(i),
+            kv_usage: 0.25 * i as f32,
+            queue_depth: 100 + i,
+            healthy: true,
+        }
+    }
+
+    /// `w`'s columns as the host packs them (`packed-workers`' order).
+    fn pack(w: &Workers) -> (Vec<u32>, Vec<u64>) {
+        let counts = [
+            &w.worker_ids,
+            &w.dp_ranks,
+            &w.device_blocks,
+            &w.host_blocks,
+            &w.disk_blocks,
+            &w.shared_blocks,
+            &w.active_requests,
+            &w.queue_depth,
+        ];
+        let sizes = [
+            &w.indexed_blocks,
+            &w.active_prefill_tokens,
+            &w.active_decode_blocks,
+            &w.kv_capacity_blocks,
+        ];
+        (
+            counts.into_iter().flatten().copied().collect(),
+            sizes.into_iter().flatten().copied().collect(),
+        )
+    }
+
+    #[test]
+    fn unpack_restores_every_column_over_stale_ones() {
+        let workers: Workers = (0..5).map(row).collect();
+        let (counts, sizes) = pack(&workers);
+        let mut reused: Workers = (7..16).map(row).collect();
+        reused.unpack(5, &counts, &sizes, &workers.kv_usage);
+        assert_eq!(reused, workers);
+    }
+
+    #[test]
+    fn short_lists_give_fewer_candidates_not_a_panic() {
+        let workers: Workers = (0..4).map(row).collect();
+        let (counts, sizes) = pack(&workers);
+        let mut unpacked = Workers::default();
+        unpacked.unpack(4, &counts[..counts.len() - 1], &sizes, &workers.kv_usage);
+        assert_eq!(unpacked.len(), 3, "the last u32 column lost an entry");
+        unpacked.unpack(usize::MAX, &counts, &sizes, &[]);
+        assert_eq!(unpacked.len(), 0);
+    }
 }

@@ -2,9 +2,11 @@
 //! the cost of loading (compile + check + canary) a component.
 //!
 //! `cargo bench -p switchyard-policy-host --bench policy_call`
-//! Wasm guests: the built-in `kv-cost` component when `SWITCHYARD_KV_COST_WASM` names its file,
-//! always the inline WAT test router (`chosen(0)`, i.e. pure host overhead), and the C, JS and
-//! Python example guests when `examples/build-policies.sh` has built them (`target/examples/`).
+//! Wasm guests: always the inline WAT test router (`chosen(0)`, i.e. pure host overhead) with and
+//! without 1.2's `route-packed` and the 1.1 build of `kv-cost` (the compatibility fixture, which
+//! has no `route-packed`); the built-in `kv-cost` when `SWITCHYARD_KV_COST_WASM` names its file;
+//! the C, JS and Python example guests when `examples/build-policies.sh` has built them
+//! (`target/examples/`).
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use std::hint::black_box;
@@ -12,7 +14,7 @@ use std::sync::Arc;
 use switchyard_core::index::Overlap;
 use switchyard_core::router::{Candidate, KvCost, PolicyRequest, RoutingPolicy};
 use switchyard_core::worker::Rank;
-use switchyard_policy_host::test_util::{BareRoute, Router, noop_component};
+use switchyard_policy_host::test_util::{BareRoute, Router, noop_component, route};
 use switchyard_policy_host::{EngineConfig, PolicyEngine, PolicyStats, WasmRouter};
 
 const SIZES: [u32; 3] = [16, 64, 256];
@@ -47,7 +49,22 @@ fn request() -> PolicyRequest<'static> {
 
 /// Guests to measure: (label, bytes).
 fn guests() -> Vec<(String, Vec<u8>)> {
-    let mut guests = vec![("wat-pick-first".to_string(), Router::default().bytes())];
+    // The no-op router in both shapes: 1.1 (`route` only) and 1.2 (the host calls
+    // `route-packed`).
+    let packed = Router {
+        route_packed: Some(route::PICK_FIRST.into()),
+        ..Router::default()
+    };
+    let mut guests = vec![
+        ("wat-pick-first".to_string(), Router::default().bytes()),
+        ("wat-pick-first-packed".to_string(), packed.bytes()),
+    ];
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let v1_1 = manifest.join("tests/fixtures/wit-1.1/kv-cost.wasm");
+    match std::fs::read(&v1_1) {
+        Ok(bytes) => guests.push(("wasm-kv-cost-1.1".into(), bytes)),
+        Err(e) => eprintln!("skipping {}: {e}", v1_1.display()),
+    }
     if let Ok(path) = std::env::var("SWITCHYARD_KV_COST_WASM") {
         match std::fs::read(&path) {
             Ok(bytes) => guests.push(("wasm-kv-cost".into(), bytes)),
@@ -56,7 +73,7 @@ fn guests() -> Vec<(String, Vec<u8>)> {
     }
     // The example guests of examples/ (least-load in C, JavaScript and Python), when built by
     // examples/build-policies.sh.
-    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/examples");
+    let examples = manifest.join("../../target/examples");
     for lang in ["c", "js", "python"] {
         if let Ok(bytes) = std::fs::read(examples.join(format!("policy-{lang}.wasm"))) {
             guests.push((format!("example-{lang}"), bytes));
@@ -107,14 +124,21 @@ fn decision(c: &mut Criterion) {
                 Ok(component) => component,
                 Err(e) => panic!("{label}: {e}"),
             };
-            if label == "wat-pick-first" {
+            if label.starts_with("wat-pick-first") {
                 // The same guest and arguments through wasmtime's bindings alone: what the host
                 // adds is the difference to `reused-store`.
                 let mut bare = BareRoute::new(&component, &req, &workers)
                     .unwrap_or_else(|e| panic!("{label}: {e}"));
-                group.bench_function(BenchmarkId::new(format!("{label}/bare-route"), n), |b| {
-                    b.iter(|| black_box(bare.call()));
-                });
+                if component.has_route_packed() {
+                    group.bench_function(
+                        BenchmarkId::new(format!("{label}/bare-route-packed"), n),
+                        |b| b.iter(|| black_box(bare.call_packed())),
+                    );
+                } else {
+                    group.bench_function(BenchmarkId::new(format!("{label}/bare-route"), n), |b| {
+                        b.iter(|| black_box(bare.call()))
+                    });
+                }
             }
             let mut reused = WasmRouter::new(component.clone(), Arc::new(PolicyStats::default()));
             group.bench_with_input(

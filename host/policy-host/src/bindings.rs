@@ -1,8 +1,9 @@
 //! Host bindings of the policy worlds, generated from the repository's `wit/` (the only copy).
 //!
 //! Each world is bound as its frozen 1.0 core (`router-core`, ...), which every component of the
-//! world exports, plus one small binding per 1.1 addition (`configurable`, `router-arrival`,
-//! `admission-placement`, `kv-hints-outcomes`), linked only when the component exports it: the
+//! world exports, plus one small binding per later addition (1.1: `configurable`,
+//! `router-arrival`, `admission-placement`, `kv-hints-outcomes`; 1.2: `router-packed`), linked
+//! only when the component exports it: the
 //! host dispatches on what a component exports, so a 1.0 component keeps working. The
 //! `router-core` bindings own the shared interfaces (`types`, `host`); the others reuse them
 //! through `with`, so one `HostState` implementation serves every world.
@@ -14,7 +15,7 @@ wasmtime::component::bindgen!({
 
 pub(crate) use switchyard::policy::host::Host;
 pub(crate) use switchyard::policy::types::{
-    CostOverrides, CostWeights, Host as TypesHost, LogLevel,
+    CostOverrides, CostWeights, Host as TypesHost, LogLevel, PackedWorkers,
 };
 
 /// The `admission` world's 1.0 core.
@@ -66,6 +67,17 @@ pub(crate) mod router_arrival {
     wasmtime::component::bindgen!({
         path: "../../wit",
         world: "router-arrival",
+        with: {
+            "switchyard:policy/types": super::switchyard::policy::types,
+        },
+    });
+}
+
+/// 1.2: the router's `route-packed`.
+pub(crate) mod router_packed {
+    wasmtime::component::bindgen!({
+        path: "../../wit",
+        world: "router-packed",
         with: {
             "switchyard:policy/types": super::switchyard::policy::types,
         },

@@ -6,7 +6,7 @@
 use crate::bindings::configurable::{Configurable, ConfigurableIndices};
 use crate::bindings::{self, PolicyMetadata};
 use crate::bindings::{
-    admission, admission_placement, kv_hints, kv_hints_outcomes, router_arrival,
+    admission, admission_placement, kv_hints, kv_hints_outcomes, router_arrival, router_packed,
 };
 use crate::engine::{ContentHash, HostState, PolicyEngine, WIT_MAJOR};
 use crate::error::PolicyError;
@@ -52,13 +52,15 @@ fn optional<I>(
     }
 }
 
-/// Define a world's instance and pre-linked types: its generated 1.0 core, `configure`, and
-/// the world's own 1.1 export set (`$extra`, loaded when the component exports `$export`).
+/// Define a world's instance and pre-linked types: its generated 1.0 core, `configure`, the
+/// world's own 1.1 export set (`$extra`, loaded when the component exports `$export`), and any
+/// later ones (`$later`, since version `$since`).
 macro_rules! world {
     (
         $(#[$doc:meta])* $instance:ident, $pre:ident, $name:literal,
         core: $core:ty, $core_indices:ty,
         $extra:ident: $extra_ty:ty, $extra_indices:ty, $export:literal
+        $(, $later:ident: $later_ty:ty, $later_indices:ty, $later_export:literal, $since:literal)*
     ) => {
         $(#[$doc])*
         pub(crate) struct $instance {
@@ -68,6 +70,10 @@ macro_rules! world {
             pub(crate) configure: Option<Configurable>,
             #[doc = concat!("1.1 `", $export, "`, if exported.")]
             pub(crate) $extra: Option<$extra_ty>,
+            $(
+                #[doc = concat!($since, " `", $later_export, "`, if exported.")]
+                pub(crate) $later: Option<$later_ty>,
+            )*
         }
 
         #[doc = concat!("[`", stringify!($instance), "`], pre-linked.")]
@@ -77,6 +83,7 @@ macro_rules! world {
             core: $core_indices,
             configure: Option<ConfigurableIndices>,
             $extra: Option<$extra_indices>,
+            $($later: Option<$later_indices>,)*
         }
 
         impl World for $instance {
@@ -88,6 +95,7 @@ macro_rules! world {
                     core: <$core_indices>::new(&pre)?,
                     configure: optional(&pre, "configure", ConfigurableIndices::new)?,
                     $extra: optional(&pre, $export, <$extra_indices>::new)?,
+                    $($later: optional(&pre, $later_export, <$later_indices>::new)?,)*
                     instance_pre: pre,
                 })
             }
@@ -109,6 +117,13 @@ macro_rules! world {
                         .as_ref()
                         .map(|i| i.load(&mut *store, &instance))
                         .transpose()?,
+                    $(
+                        $later: pre
+                            .$later
+                            .as_ref()
+                            .map(|i| i.load(&mut *store, &instance))
+                            .transpose()?,
+                    )*
                 })
             }
 
@@ -135,7 +150,8 @@ world!(
     /// A live `router` component.
     RouterInstance, RouterInstancePre, "router",
     core: bindings::RouterCore, bindings::RouterCoreIndices,
-    arrival: router_arrival::RouterArrival, router_arrival::RouterArrivalIndices, "queue-key-at"
+    arrival: router_arrival::RouterArrival, router_arrival::RouterArrivalIndices, "queue-key-at",
+    packed: router_packed::RouterPacked, router_packed::RouterPackedIndices, "route-packed", "1.2"
 );
 world!(
     /// A live `admission` component.
@@ -332,6 +348,11 @@ impl RouterComponent {
     /// Whether it exports 1.1's `queue-key-at`.
     pub fn has_queue_key_at(&self) -> bool {
         self.extended()
+    }
+
+    /// Whether it exports 1.2's `route-packed` (the host then calls it instead of `route`).
+    pub fn has_route_packed(&self) -> bool {
+        self.0.pre().packed.is_some()
     }
 }
 

@@ -1,7 +1,9 @@
 //! Between the core's policy types and the WIT types: candidates become columns, a decision
 //! becomes a checked [`Selection`].
 
-use crate::bindings::{CostOverrides, CostWeights, Decision, Outcome, Request, Workers};
+use crate::bindings::{
+    CostOverrides, CostWeights, Decision, Outcome, PackedWorkers, Request, Workers,
+};
 use crate::error::PolicyError;
 use switchyard_core::router::{self, Candidate, PolicyRequest, Selection};
 
@@ -77,37 +79,90 @@ pub(crate) fn empty_workers() -> Workers {
     }
 }
 
+/// The `u32` columns, in the order of 1.2's `packed-workers.counts`: `worker-ids`, `dp-ranks`,
+/// `device-blocks`, `host-blocks`, `disk-blocks`, `shared-blocks`, `active-requests`,
+/// `queue-depth`. The core does not know queue depth yet: its documented "unknown", 0.
+const COUNTS: [fn(&Candidate) -> u32; 8] = [
+    |c| c.rank.worker.0,
+    |c| c.rank.dp_rank,
+    |c| c.overlap.device,
+    |c| c.overlap.host,
+    |c| c.overlap.disk,
+    |c| c.shared_blocks,
+    |c| c.active_requests,
+    |_| 0,
+];
+
+/// The `u64` columns, in the order of `packed-workers.sizes`: `indexed-blocks`,
+/// `active-prefill-tokens`, `active-decode-blocks`, `kv-capacity-blocks` (unknown to the core:
+/// 0).
+const SIZES: [fn(&Candidate) -> u64; 4] = [
+    |c| c.indexed_blocks,
+    |c| c.active_prefill_tokens,
+    |c| c.active_decode_blocks,
+    |_| 0,
+];
+
 /// Write `candidates` into `w` as columns. The core does not know capacity, usage or queue depth
 /// yet: those columns carry their documented "unknown" value. One column at a time, each a
 /// tight loop over the candidates into a buffer kept from the last call.
 pub(crate) fn fill_workers(w: &mut Workers, candidates: &[Candidate]) {
-    fn column<T>(column: &mut Vec<T>, candidates: &[Candidate], field: impl Fn(&Candidate) -> T) {
+    let counts = [
+        &mut w.worker_ids,
+        &mut w.dp_ranks,
+        &mut w.device_blocks,
+        &mut w.host_blocks,
+        &mut w.disk_blocks,
+        &mut w.shared_blocks,
+        &mut w.active_requests,
+        &mut w.queue_depth,
+    ];
+    for (column, field) in counts.into_iter().zip(COUNTS) {
         column.clear();
         column.extend(candidates.iter().map(field));
     }
-    fn constant<T: Clone>(column: &mut Vec<T>, n: usize, value: T) {
+    let sizes = [
+        &mut w.indexed_blocks,
+        &mut w.active_prefill_tokens,
+        &mut w.active_decode_blocks,
+        &mut w.kv_capacity_blocks,
+    ];
+    for (column, field) in sizes.into_iter().zip(SIZES) {
         column.clear();
-        column.resize(n, value);
+        column.extend(candidates.iter().map(field));
     }
-    let n = candidates.len();
-    column(&mut w.worker_ids, candidates, |c| c.rank.worker.0);
-    column(&mut w.dp_ranks, candidates, |c| c.rank.dp_rank);
-    column(&mut w.device_blocks, candidates, |c| c.overlap.device);
-    column(&mut w.host_blocks, candidates, |c| c.overlap.host);
-    column(&mut w.disk_blocks, candidates, |c| c.overlap.disk);
-    column(&mut w.shared_blocks, candidates, |c| c.shared_blocks);
-    column(&mut w.indexed_blocks, candidates, |c| c.indexed_blocks);
-    column(&mut w.active_prefill_tokens, candidates, |c| {
-        c.active_prefill_tokens
-    });
-    column(&mut w.active_decode_blocks, candidates, |c| {
-        c.active_decode_blocks
-    });
-    column(&mut w.active_requests, candidates, |c| c.active_requests);
-    constant(&mut w.kv_capacity_blocks, n, 0);
-    constant(&mut w.kv_usage, n, 0.0);
-    constant(&mut w.queue_depth, n, 0);
-    constant(&mut w.healthy, n, true);
+    w.kv_usage.clear();
+    w.kv_usage.resize(candidates.len(), 0.0);
+    w.healthy.clear();
+    w.healthy.resize(candidates.len(), true);
+}
+
+/// Empty packed columns, to be filled by [`fill_packed`] (kept between calls).
+pub(crate) fn empty_packed() -> PackedWorkers {
+    PackedWorkers {
+        count: 0,
+        counts: Vec::new(),
+        sizes: Vec::new(),
+        kv_usage: Vec::new(),
+        extra_columns: Vec::new(),
+        extensions: Vec::new(),
+    }
+}
+
+/// Write `candidates` into `w` as 1.2's packed columns: the values [`fill_workers`] writes, each
+/// column after the one before in its list.
+pub(crate) fn fill_packed(w: &mut PackedWorkers, candidates: &[Candidate]) {
+    w.count = u32::try_from(candidates.len()).unwrap_or(u32::MAX);
+    w.counts.clear();
+    for field in COUNTS {
+        w.counts.extend(candidates.iter().map(field));
+    }
+    w.sizes.clear();
+    for field in SIZES {
+        w.sizes.extend(candidates.iter().map(field));
+    }
+    w.kv_usage.clear();
+    w.kv_usage.resize(candidates.len(), 0.0);
 }
 
 pub(crate) fn outcome(o: &router::Outcome) -> Outcome {

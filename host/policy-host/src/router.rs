@@ -28,8 +28,16 @@ pub struct WasmRouter {
     guest: Guest<RouterComponent>,
     fallback: Box<dyn RoutingPolicy>,
     model: String,
-    /// Reused column buffers.
-    columns: bindings::Workers,
+    /// Reused column buffers: `route`'s, or 1.2 `route-packed`'s when the component has it.
+    columns: Columns,
+}
+
+/// The candidates' columns in the shape the component takes, kept between calls.
+#[derive(Debug)]
+enum Columns {
+    /// Boxed: sixteen columns against the packed five.
+    Workers(Box<bindings::Workers>),
+    Packed(bindings::PackedWorkers),
 }
 
 impl WasmRouter {
@@ -47,11 +55,16 @@ impl WasmRouter {
         stats: Arc<PolicyStats>,
         fallback: Box<dyn RoutingPolicy>,
     ) -> Self {
+        let columns = if component.has_route_packed() {
+            Columns::Packed(convert::empty_packed())
+        } else {
+            Columns::Workers(Box::new(convert::empty_workers()))
+        };
         Self {
             guest: Guest::new(component, stats),
             fallback,
             model: String::new(),
-            columns: convert::empty_workers(),
+            columns,
         }
     }
 
@@ -136,18 +149,31 @@ fn ask_queue_key_at(
     Ok(key)
 }
 
-/// One `route` call: the candidates as columns in, the decision checked against them.
+/// One `route` call (1.2 `route-packed` when the component has it): the candidates as columns
+/// in, the decision checked against them.
 fn ask_route(
     guest: &mut Guest<RouterComponent>,
-    columns: &mut bindings::Workers,
+    columns: &mut Columns,
     model: &str,
     request: &PolicyRequest<'_>,
     candidates: &[Candidate],
 ) -> Result<Selection, PolicyError> {
-    convert::fill_workers(columns, candidates);
     let req = convert::route_request(request, model, candidates);
-    let columns = &*columns;
-    let decision = guest.call(|instance, store| instance.core.call_route(store, &req, columns))?;
+    let decision = match columns {
+        Columns::Workers(workers) => {
+            convert::fill_workers(workers, candidates);
+            let workers = &**workers;
+            guest.call(|instance, store| instance.core.call_route(store, &req, workers))?
+        }
+        Columns::Packed(packed) => {
+            convert::fill_packed(packed, candidates);
+            let packed = &*packed;
+            guest.call(|instance, store| match &instance.packed {
+                Some(exports) => exports.call_route_packed(store, &req, packed),
+                None => Err(wasmtime::format_err!("the component lost `route-packed`")),
+            })?
+        }
+    };
     convert::selection(decision, candidates.len())
 }
 

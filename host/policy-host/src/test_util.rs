@@ -7,6 +7,8 @@
 //! Results wider than one value (`decision`, `policy-metadata`) are returned as a pointer.
 //! `observe`'s `outcome` flattens to exactly 16 values, so it arrives flat.
 
+use switchyard_core::router::Selection;
+
 /// Tokens that make the "sometimes" variants misbehave; the canary uses 100.
 pub const POISON_TOKENS: u32 = 13;
 
@@ -78,6 +80,9 @@ pub struct Router<'a> {
     pub pages: u32,
     /// Leave out the `queue-key` export.
     pub without_queue_key: bool,
+    /// Body of a 1.2 `route-packed` export (the arguments' pointer is local 0, as for
+    /// `route`); `None`: no such export, a 1.1 component.
+    pub route_packed: Option<String>,
 }
 
 impl Default for Router<'_> {
@@ -87,6 +92,7 @@ impl Default for Router<'_> {
             route: route::PICK_FIRST.into(),
             pages: 1,
             without_queue_key: false,
+            route_packed: None,
         }
     }
 }
@@ -164,6 +170,10 @@ const TYPES: &str = r#"
     (field "queue-depth" (list u32)) (field "healthy" (list bool))
     (field "extra-columns" (list (tuple string (list f64)))) (field "extensions" $kv)))
   (export $workers "workers" (type $workers'))
+  (type $packed' (record (field "count" u32) (field "counts" (list u32)) (field "sizes" (list u64))
+    (field "kv-usage" (list f32)) (field "extra-columns" (list (tuple string (list f64))))
+    (field "extensions" $kv)))
+  (export $packed "packed-workers" (type $packed'))
   (type $decision' (variant (case "chosen" u32) (case "costs" (list f64)) (case "queue" string)
     (case "reject" string)))
   (export $decision "decision" (type $decision'))
@@ -183,6 +193,18 @@ impl Router<'_> {
             r#"(func (export "queue-key") (param "req" $request) (result f64)
     (canon lift (core func $i "queue-key") (memory (core memory $i "memory")) (realloc (core func $i "realloc"))))"#
         };
+        let (packed_core, packed_export) = match &self.route_packed {
+            Some(body) => (
+                format!(
+                    r#"(func (export "route-packed") (param i32) (result i32)
+      (global.set $heap (i32.const 8192))
+      {body})"#
+                ),
+                r#"(func (export "route-packed") (param "req" $request) (param "candidates" $packed) (result $decision)
+    (canon lift (core func $i "route-packed") (memory (core memory $i "memory")) (realloc (core func $i "realloc"))))"#,
+            ),
+            None => (String::new(), ""),
+        };
         format!(
             r#"(component
   (core module $m
@@ -191,6 +213,7 @@ impl Router<'_> {
     (func (export "route") (param i32) (result i32)
       (global.set $heap (i32.const 8192))
       {route})
+    {packed_core}
     (func (export "observe") (param i32 i32 i32 i32 i32 i32 i32 f64 i32 f64 i32 i32 i32 i32 i32 i32))
     (func (export "queue-key") (param i32) (result f64)
       (global.set $heap (i32.const 8192))
@@ -206,6 +229,7 @@ impl Router<'_> {
   (func (export "observe") (param "feedback" $outcome)
     (canon lift (core func $i "observe") (memory (core memory $i "memory")) (realloc (core func $i "realloc"))))
   {queue_key_export}
+  {packed_export}
 )"#,
             pages = self.pages,
             route = self.route,
@@ -242,17 +266,20 @@ pub fn noop_component() -> Vec<u8> {
     )
 }
 
-/// `route` on a live instance through wasmtime's generated bindings alone: the request and the
-/// columns are converted once, outside the call, and there is no deadline to arm, no counter
-/// and no check of the answer. Against [`crate::WasmRouter`]'s `select` on the same guest it
-/// tells wasmtime's share of a call (entering the guest, lowering the request and each column
-/// through the guest's `realloc`, lifting the decision) from the host's own.
+/// `route` (or 1.2's `route-packed`) on a live instance through wasmtime's generated bindings
+/// alone: the request and the columns are converted once, outside the call, and there is no
+/// deadline to arm, no counter and ([`BareRoute::call`], [`BareRoute::call_packed`]) no check
+/// of the answer. Against [`crate::WasmRouter`]'s `select` on the same guest it tells
+/// wasmtime's share of a call (entering the guest, lowering the request and each column through
+/// the guest's `realloc`, lifting the decision) from the host's own. [`BareRoute::route`] and
+/// [`BareRoute::route_packed`] check the answer as the host does, for tests that compare them.
 #[doc(hidden)]
 pub struct BareRoute {
     store: wasmtime::Store<crate::engine::HostState>,
     instance: crate::component::RouterInstance,
     request: crate::bindings::Request,
     columns: crate::bindings::Workers,
+    packed: crate::bindings::PackedWorkers,
 }
 
 impl std::fmt::Debug for BareRoute {
@@ -272,14 +299,26 @@ impl BareRoute {
         let (mut store, instance) = component.loaded().instantiate(false)?;
         // A deadline no benchmark reaches, set once.
         store.set_epoch_deadline(u64::MAX / 2);
-        let mut columns = crate::convert::empty_workers();
-        crate::convert::fill_workers(&mut columns, candidates);
-        Ok(Self {
+        let mut bare = Self {
             store,
             instance,
             request: crate::convert::route_request(request, "", candidates),
-            columns,
-        })
+            columns: crate::convert::empty_workers(),
+            packed: crate::convert::empty_packed(),
+        };
+        bare.set_candidates(request, candidates);
+        Ok(bare)
+    }
+
+    /// Convert `request` and `candidates` as the arguments of the next calls.
+    pub fn set_candidates(
+        &mut self,
+        request: &switchyard_core::router::PolicyRequest<'_>,
+        candidates: &[switchyard_core::router::Candidate],
+    ) {
+        crate::convert::fill_workers(&mut self.columns, candidates);
+        crate::convert::fill_packed(&mut self.packed, candidates);
+        self.request = crate::convert::route_request(request, "", candidates);
     }
 
     /// One `route` call; whether the guest answered.
@@ -288,6 +327,35 @@ impl BareRoute {
             .core
             .call_route(&mut self.store, &self.request, &self.columns)
             .is_ok()
+    }
+
+    /// One 1.2 `route-packed` call; whether the guest answered (`false` without the export).
+    pub fn call_packed(&mut self) -> bool {
+        self.instance.packed.as_ref().is_some_and(|exports| {
+            exports
+                .call_route_packed(&mut self.store, &self.request, &self.packed)
+                .is_ok()
+        })
+    }
+
+    /// The guest's answer through `route`, checked as the host checks it.
+    pub fn route(&mut self) -> Result<Selection, crate::PolicyError> {
+        let decision = self
+            .instance
+            .core
+            .call_route(&mut self.store, &self.request, &self.columns)
+            .map_err(|e| crate::PolicyError::from_call(&e, self.store.data()))?;
+        crate::convert::selection(decision, self.columns.worker_ids.len())
+    }
+
+    /// The guest's answer through 1.2 `route-packed`, checked; `None` without the export.
+    pub fn route_packed(&mut self) -> Option<Result<Selection, crate::PolicyError>> {
+        let exports = self.instance.packed.as_ref()?;
+        let answer = exports
+            .call_route_packed(&mut self.store, &self.request, &self.packed)
+            .map_err(|e| crate::PolicyError::from_call(&e, self.store.data()))
+            .and_then(|decision| crate::convert::selection(decision, self.packed.count as usize));
+        Some(answer)
     }
 }
 

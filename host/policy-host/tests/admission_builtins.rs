@@ -352,7 +352,7 @@ fn every_admission_builtin_loads_and_passes_the_canary() {
             .unwrap()
             .metadata()
             .clone();
-        assert_eq!(metadata.wit_version, "1.1.0", "{name}");
+        assert_eq!(metadata.wit_version, "1.2.0", "{name}");
     }
 }
 

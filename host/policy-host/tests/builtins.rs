@@ -9,6 +9,7 @@ use switchyard_core::router::{
     Candidate, CostWeights, KvCost, Outcome, PolicyRequest, RoutingPolicy, Selection,
 };
 use switchyard_core::worker::Rank;
+use switchyard_policy_host::test_util::BareRoute;
 use switchyard_policy_host::{PolicyStats, WasmRouter};
 
 fn router(bytes: &[u8]) -> WasmRouter {
@@ -100,6 +101,36 @@ proptest! {
             for (a, b) in w.iter().zip(n) {
                 prop_assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "{} vs {}", a, b);
             }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// 1.2's `route-packed` answers exactly as `route` (the SDK unpacks the columns the host
+    /// packed): every built-in router, each export on its own fresh instance so stateful ones
+    /// (round robin, the bandit) start alike.
+    #[test]
+    fn route_packed_answers_as_route(
+        candidates in prop::collection::vec(candidate(), 1..48),
+        tokens in 1u32..20_000,
+        weights in weights(),
+    ) {
+        let request = PolicyRequest {
+            tokens,
+            blocks: tokens.div_ceil(16),
+            block_size: 16,
+            weights,
+            session_id: Some("packed"),
+            ..PolicyRequest::default()
+        };
+        for (name, bytes) in switchyard_policy_artifacts::builtin_for("router") {
+            let component = crate::patient_engine().load_router(bytes).unwrap();
+            prop_assert!(component.has_route_packed(), "{}", name);
+            let bare = || BareRoute::new(&component, &request, &candidates).unwrap();
+            let packed = bare().route_packed().expect("exported");
+            prop_assert_eq!(packed, bare().route(), "{}", name);
         }
     }
 }

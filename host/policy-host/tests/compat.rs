@@ -1,8 +1,10 @@
-//! WIT 1.1 on the host: 1.0 components (prebuilt, `tests/fixtures/wit-1.0/`) keep loading and
-//! deciding as before, and refuse parameters they cannot take; 1.1 components get their
-//! parameters (which change their decisions), refuse bad ones with their reason, and hear what
-//! became of their hints. (The 1.0 fixtures also run the native/Wasm equality properties of
-//! `builtins`, `admission_builtins` and `kv_hints::builtins`.)
+//! WIT 1.1 and 1.2 on the host: 1.0 components (prebuilt, `tests/fixtures/wit-1.0/`) keep
+//! loading and deciding as before, and refuse parameters they cannot take; 1.1 components get
+//! their parameters (which change their decisions), refuse bad ones with their reason, and hear
+//! what became of their hints; a 1.1 router (prebuilt, `tests/fixtures/wit-1.1/`) is asked
+//! through `route`, a 1.2 one through `route-packed`. (The 1.0 fixtures also run the
+//! native/Wasm equality properties of `builtins`, `admission_builtins` and
+//! `kv_hints::builtins`.)
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -19,30 +21,30 @@ use switchyard_policy_host::{
     split_params,
 };
 
-/// Prefix of a test policy name meaning "the prebuilt 1.0 component of".
-const V1_0: &str = "wit-1.0:";
 /// The 1.0 build of demote-on-tool-call.
 pub(crate) const V1_0_DEMOTE: &str = "wit-1.0:demote-on-tool-call";
 /// The 1.0 build of thunder-agent.
 pub(crate) const V1_0_THUNDER: &str = "wit-1.0:thunder-agent";
 /// The 1.0 build of kv-cost.
 const V1_0_KV_COST: &str = "wit-1.0:kv-cost";
+/// The 1.1 build of kv-cost (no `route-packed`).
+const V1_1_KV_COST: &str = "wit-1.1:kv-cost";
 
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/wit-1.0/{name}.wasm"))
-}
-
-/// The component bytes of `name`: a built-in, or with [`V1_0`] the 1.0 fixture.
+/// The component bytes of `name`: a built-in, or with a `wit-1.x:` prefix the prebuilt fixture
+/// of that version.
 pub(crate) fn bytes(name: &str) -> Vec<u8> {
-    match name.strip_prefix(V1_0) {
-        Some(fixture_name) => std::fs::read(fixture(fixture_name)).unwrap(),
+    match name.split_once(':') {
+        Some((version, fixture)) => {
+            let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+            std::fs::read(dir.join(version).join(format!("{fixture}.wasm"))).unwrap()
+        }
         None => switchyard_policy_artifacts::find(name).unwrap().to_vec(),
     }
 }
 
 /// The native twin of `name`.
 pub(crate) fn native_name(name: &str) -> &str {
-    name.strip_prefix(V1_0).unwrap_or(name)
+    name.split_once(':').map_or(name, |(_, fixture)| fixture)
 }
 
 fn params(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -81,31 +83,69 @@ fn v1_0_components_load_export_nothing_new_and_take_no_parameters() {
     assert!(wasm.configure(params(&[("x", "1")])).is_err());
 }
 
-#[test]
-fn a_v1_0_router_decides_as_before() {
-    let component = crate::patient_engine()
-        .load_router(&bytes(V1_0_KV_COST))
-        .unwrap();
+/// `name`, loaded, passes the conformance suite and decides like the native `KvCost`.
+fn decides_like_native_kv_cost(name: &str) -> WasmRouter {
+    let component = crate::patient_engine().load_router(&bytes(name)).unwrap();
     let mut wasm = WasmRouter::new(component, Arc::new(PolicyStats::default()));
-    crate::builtins::conforms("kv-cost 1.0", &mut wasm);
-    let request = PolicyRequest {
+    crate::builtins::conforms(name, &mut wasm);
+    for n in [1, 7, 64] {
+        let candidates = crate::candidates(n);
+        let ours = wasm.try_select(&kv_request(), &candidates).unwrap();
+        let native = KvCost.select(&kv_request(), &candidates);
+        assert_eq!(
+            crate::builtins::cheapest(&ours),
+            crate::builtins::cheapest(&native),
+            "{name}"
+        );
+    }
+    wasm
+}
+
+fn kv_request() -> PolicyRequest<'static> {
+    PolicyRequest {
         tokens: 640,
         blocks: 40,
         block_size: 16,
         ..PolicyRequest::default()
-    };
-    for n in [1, 7, 64] {
-        let candidates = crate::candidates(n);
-        let ours = wasm.try_select(&request, &candidates).unwrap();
-        let native = KvCost.select(&request, &candidates);
-        assert_eq!(
-            crate::builtins::cheapest(&ours),
-            crate::builtins::cheapest(&native)
-        );
     }
+}
+
+#[test]
+fn a_v1_0_router_decides_as_before() {
+    let mut wasm = decides_like_native_kv_cost(V1_0_KV_COST);
     // Without `queue-key-at` the queue keeps its own order, as for any 1.0 router.
+    let request = kv_request();
     assert_eq!(wasm.try_queue_key_at(&request, Duration::ZERO), Ok(None));
     assert_eq!(wasm.queue_key_at(&request, Duration::ZERO), None);
+}
+
+#[test]
+fn a_v1_1_router_decides_through_route() {
+    let wasm = decides_like_native_kv_cost(V1_1_KV_COST);
+    let component = wasm.component();
+    assert_eq!(component.metadata().wit_version, "1.1.0");
+    assert!(component.has_queue_key_at() && !component.has_route_packed());
+    let current = decides_like_native_kv_cost("kv-cost");
+    assert!(current.component().has_route_packed());
+}
+
+#[test]
+fn a_v1_2_router_is_asked_through_route_packed() {
+    use switchyard_policy_host::test_util::{self, Router, route};
+    let both = Router {
+        route: test_util::TRAP.into(),
+        route_packed: Some(route::PICK_FIRST.into()),
+        ..Router::default()
+    };
+    let component = crate::patient_engine().load_router(&both.bytes()).unwrap();
+    assert!(component.has_route_packed());
+    let mut wasm = WasmRouter::new(component, Arc::new(PolicyStats::default()));
+    let candidates = crate::candidates(5);
+    assert_eq!(
+        wasm.try_select(&kv_request(), &candidates),
+        Ok(switchyard_core::router::Selection::Pick(0)),
+        "`route` traps: only `route-packed` answers"
+    );
 }
 
 #[test]
@@ -255,11 +295,7 @@ fn a_v1_1_component_hears_what_became_of_its_hints() {
 #[test]
 fn the_registry_passes_spec_parameters_and_refuses_what_cannot_take_them() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(
-        fixture("demote-on-tool-call"),
-        dir.path().join("old-demote.wasm"),
-    )
-    .unwrap();
+    std::fs::write(dir.path().join("old-demote.wasm"), bytes(V1_0_DEMOTE)).unwrap();
     let registry = PolicyRegistry::new(
         crate::patient_engine(),
         Some(dir.path().to_path_buf()),

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use switchyard_core::index::Overlap;
 use switchyard_core::router::{Candidate, PolicyRequest, RoutingPolicy};
 use switchyard_core::worker::Rank;
+use switchyard_policy_host::test_util::BareRoute;
 use switchyard_policy_host::{PolicyRegistry, PolicySource, PolicyStats, Role, WasmRouter};
 
 /// Where `examples/build-policies.sh` puts the `lang` guest.
@@ -80,7 +81,7 @@ fn example_conforms(lang: &str) {
 
     let component = engine.load_router_file(&path).unwrap();
     assert_eq!(component.metadata().name, name);
-    assert_eq!(component.metadata().wit_version, "1.1.0");
+    assert_eq!(component.metadata().wit_version, "1.2.0");
     let mut policy = WasmRouter::new(component, Arc::new(PolicyStats::default()));
     conforms(&name, &mut policy);
 
@@ -95,6 +96,9 @@ fn example_conforms(lang: &str) {
         block_size: 16,
         ..PolicyRequest::default()
     };
+    let component = policy.component().clone();
+    assert!(component.has_route_packed(), "{name}");
+    let mut bare = None;
     for seed in 0..64 {
         let candidates = workers(1 + seed % 40, seed);
         let ours = policy.select(&request, &candidates);
@@ -104,6 +108,11 @@ fn example_conforms(lang: &str) {
             cheapest(&expected),
             "{name} on seed {seed}: {ours:?}, the Rust least-load {expected:?}"
         );
+        // The host asks `route-packed`; `route` (for 1.1 hosts) must answer alike. One
+        // instance for all seeds: a language runtime's start-up is slow.
+        let bare = bare.get_or_insert_with(|| BareRoute::new(&component, &request, &[]).unwrap());
+        bare.set_candidates(&request, &candidates);
+        assert_eq!(bare.route(), Ok(ours), "{name} on seed {seed}: `route`");
     }
     let stats = policy.stats().snapshot();
     assert_eq!(stats.fallbacks_total(), 0, "{name}: {stats:?}");

@@ -5,7 +5,7 @@ use super::router_world::switchyard::policy::types as wit;
 use crate::router::{Decision, Outcome, RouterPolicy, Workers};
 
 pub use wit::{Decision as WitDecision, Outcome as WitOutcome, PolicyMetadata as WitMetadata};
-pub use wit::{Request as WitRequest, Workers as WitWorkers};
+pub use wit::{PackedWorkers as WitPackedWorkers, Request as WitRequest, Workers as WitWorkers};
 
 /// `metadata` export.
 pub fn metadata<P: RouterPolicy>(policy: &P) -> WitMetadata {
@@ -33,7 +33,31 @@ pub fn route<P: RouterPolicy>(policy: &mut P, req: WitRequest, workers: WitWorke
         extra_columns: workers.extra_columns,
         extensions: workers.extensions,
     };
-    match policy.select(&request, &workers) {
+    decision(policy.select(&request, &workers))
+}
+
+/// `route-packed` export (1.2): the columns unpacked into a `Workers` this instance keeps, so a
+/// call allocates nothing for them once the buffers have grown.
+pub fn route_packed<P: RouterPolicy>(
+    policy: &mut P,
+    req: WitRequest,
+    packed: WitPackedWorkers,
+) -> WitDecision {
+    std::thread_local! {
+        static COLUMNS: std::cell::RefCell<Workers> = std::cell::RefCell::default();
+    }
+    let request = common::request(req);
+    COLUMNS.with_borrow_mut(|workers| {
+        let count = packed.count as usize;
+        workers.unpack(count, &packed.counts, &packed.sizes, &packed.kv_usage);
+        workers.extra_columns = packed.extra_columns;
+        workers.extensions = packed.extensions;
+        decision(policy.select(&request, workers))
+    })
+}
+
+fn decision(decision: Decision) -> WitDecision {
+    match decision {
         // An index past u32 is out of range for the host too: it rejects it and falls back.
         Decision::Chosen(i) => WitDecision::Chosen(u32::try_from(i).unwrap_or(u32::MAX)),
         Decision::Costs(costs) => WitDecision::Costs(costs),
