@@ -322,6 +322,9 @@ pub struct Simulation<'w> {
     translation: Option<hints::HashTranslation>,
     /// `Hints` events in the queue: ticks stop once nothing else is.
     queued_hint_rounds: usize,
+    /// Whether the engines' KV events reach the replicas' indexes: only when something reads
+    /// them (see [`Simulation::new`]).
+    feeds_index: bool,
 }
 
 impl<'w> Simulation<'w> {
@@ -443,7 +446,7 @@ impl<'w> Simulation<'w> {
             }
             None => (0..config.replicas).map(|_| None).collect(),
         };
-        let replicas = policies
+        let replicas: Vec<Replica> = policies
             .into_iter()
             .zip(admissions)
             .enumerate()
@@ -500,7 +503,18 @@ impl<'w> Simulation<'w> {
             .kv_hints
             .is_some()
             .then(|| hints::HashTranslation::new(hints::translation_capacity(&config)));
+        // The index is read by a routing policy that weighs the cache, by the router queue
+        // (its thresholds count the prefill the index says is cached), by KV hints and by the
+        // shared pool's prefix runs. Round robin alone reads none of it, so its engines' events
+        // go nowhere (Dynamo's replay keeps no index for round robin either): the same results
+        // for a third of the work.
+        let feeds_index = config.index == IndexMode::Events
+            && (replicas.iter().any(|r| r.router.policy_reads_index())
+                || config.queue.is_some()
+                || config.kv_hints.is_some()
+                || pool.is_some());
         Ok(Self {
+            feeds_index,
             replicas,
             translation,
             queued_hint_rounds: 0,
@@ -1023,8 +1037,9 @@ impl<'w> Simulation<'w> {
         }
         // Load dropped (first tokens, ends): the router queue may let requests go.
         self.drain(now, progress);
-        // Approximate replicas subscribe to nothing: no message to carry.
-        if !step.events.is_empty() && self.config.index == IndexMode::Events {
+        // Approximate replicas subscribe to nothing, nor do indexes nothing reads: no message to
+        // carry.
+        if !step.events.is_empty() && self.feeds_index {
             let message = self.workers[w].publish(step.events, now);
             self.queue
                 .push(now + self.config.event_delay, Event::KvEvents(w, message));

@@ -279,6 +279,12 @@ impl Router {
         self.policy.name()
     }
 
+    /// Whether the routing policy reads the KV index's view of the candidates
+    /// ([`RoutingPolicy::reads_index`]).
+    pub fn policy_reads_index(&self) -> bool {
+        self.policy.reads_index()
+    }
+
     /// Take new cost weights, temperature and lifetimes (a configuration reload); bookings, ranks
     /// and predictions are kept. The block size, the prediction bound and the seed shape state
     /// already built and stay as they are.

@@ -136,6 +136,13 @@ pub trait RoutingPolicy: Send + std::fmt::Debug {
     fn queue_key_at(&mut self, request: &PolicyRequest<'_>, _arrival: Duration) -> Option<f64> {
         self.queue_key(request)
     }
+    /// Whether [`select`](Self::select) reads what the KV index says of the candidates
+    /// (`overlap`, `shared_blocks`, `indexed_blocks`). A driver may keep no index for a policy
+    /// that does not: the simulator then skips the engines' KV events, as Dynamo's replay does
+    /// for round robin. Default: yes.
+    fn reads_index(&self) -> bool {
+        true
+    }
 }
 
 /// The KV-aware cost of agentic-serving.md section 3.
@@ -184,6 +191,10 @@ impl RoutingPolicy for RoundRobin {
         let i = self.next % candidates.len();
         self.next = self.next.wrapping_add(1);
         Selection::Pick(i)
+    }
+
+    fn reads_index(&self) -> bool {
+        false
     }
 }
 
