@@ -31,7 +31,7 @@ const TAIL_SALT: u64 = 0x7461_696c_5f74_6f6b;
 /// function of `seed` only, and cheap: synthesising prompts was a tenth of a simulation.
 fn extend(tokens: &mut Vec<u32>, seed: u64, n: usize) {
     let span = u64::from(VOCAB.end - VOCAB.start);
-    let token = |half: u64| VOCAB.start + ((half & 0xffff_ffff) * span >> 32) as u32;
+    let token = |half: u64| VOCAB.start + (((half & 0xffff_ffff) * span) >> 32) as u32;
     let mut state = seed;
     let mut next = move || {
         state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -73,7 +73,7 @@ mod tests {
         // half gives the first token, its high half the second.
         let z: u64 = 0xe220_a839_7b1d_cdaf;
         let span = u64::from(VOCAB.end - VOCAB.start);
-        let on_vocab = |half: u64| VOCAB.start + (half * span >> 32) as u32;
+        let on_vocab = |half: u64| VOCAB.start + ((half * span) >> 32) as u32;
         assert_eq!(
             prompt(&[0], 4, 2, 9),
             [on_vocab(z & 0xffff_ffff), on_vocab(z >> 32)]
