@@ -922,14 +922,16 @@ impl<'w> Simulation<'w> {
             record.admitted = Some(now);
             record.cached_tokens = admitted.cached_tokens as u32;
             let hashes = self.unadmitted.remove(&admitted.id).unwrap_or_default();
+            // The cached prefix was computed once already, so it is in `computed`: only the
+            // blocks computed now are looked up, and one probe tells a first computation from
+            // a recomputation.
             let cached_blocks = admitted.cached_tokens / block_size;
             for hash in &hashes[cached_blocks.min(hashes.len())..] {
-                if self.computed.contains_key(hash.0) {
+                let known = self.computed.len();
+                self.computed.get_or_insert(hash.0, ());
+                if self.computed.len() == known {
                     self.recomputed_tokens += block_size as u64;
                 }
-            }
-            for hash in hashes {
-                self.computed.get_or_insert(hash.0, ());
             }
         }
         self.queue_step_end(w, now + step.duration);
