@@ -144,8 +144,7 @@ pub(crate) fn empty_packed() -> PackedWorkers {
         counts: Vec::new(),
         sizes: Vec::new(),
         kv_usage: Vec::new(),
-        extra_columns: Vec::new(),
-        extensions: Vec::new(),
+        trials: None,
     }
 }
 

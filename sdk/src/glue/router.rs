@@ -50,8 +50,16 @@ pub fn route_packed<P: RouterPolicy>(
     COLUMNS.with_borrow_mut(|workers| {
         let count = packed.count as usize;
         workers.unpack(count, &packed.counts, &packed.sizes, &packed.kv_usage);
-        workers.extra_columns = packed.extra_columns;
-        workers.extensions = packed.extensions;
+        match packed.trials {
+            Some(trials) => {
+                workers.extra_columns = trials.extra_columns;
+                workers.extensions = trials.extensions;
+            }
+            None => {
+                workers.extra_columns.clear();
+                workers.extensions.clear();
+            }
+        }
         decision(policy.select(&request, workers))
     })
 }
