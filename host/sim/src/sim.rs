@@ -507,7 +507,7 @@ impl<'w> Simulation<'w> {
         // (its thresholds count the prefill the index says is cached), by KV hints and by the
         // shared pool's prefix runs. Round robin alone reads none of it, so its engines' events
         // go nowhere (Dynamo's replay keeps no index for round robin either): the same results
-        // for a third of the work.
+        // for half the CPU.
         let feeds_index = config.index == IndexMode::Events
             && (replicas.iter().any(|r| r.router.policy_reads_index())
                 || config.queue.is_some()
