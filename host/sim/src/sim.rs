@@ -927,9 +927,7 @@ impl<'w> Simulation<'w> {
             // a recomputation.
             let cached_blocks = admitted.cached_tokens / block_size;
             for hash in &hashes[cached_blocks.min(hashes.len())..] {
-                let known = self.computed.len();
-                self.computed.get_or_insert(hash.0, ());
-                if self.computed.len() == known {
+                if !self.computed.insert_if_absent(hash.0, ()) {
                     self.recomputed_tokens += block_size as u64;
                 }
             }

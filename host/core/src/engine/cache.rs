@@ -381,14 +381,13 @@ impl KvCache {
                 None => self.hasher.chain(parent, self.hasher.local(block)).0,
             };
             table.hashes.push(hash);
-            if self.cached.contains_key(hash) {
+            if !self.cached.insert_if_absent(hash, table.blocks[i]) {
                 // Another block already caches these tokens (two identical prompts prefilled at
                 // once): this copy stays anonymous and is freed without an event.
                 self.store_run(table, tokens, run_start..i);
                 run_start = i + 1;
                 continue;
             }
-            self.cached.get_or_insert(hash, table.blocks[i]);
             self.blocks[table.blocks[i] as usize].hash = Some(hash);
             if let Some(contents) = &mut self.contents {
                 contents.record(table.blocks[i], parent.map(|p| p.0), block);

@@ -142,6 +142,15 @@ impl<V: Copy + Default> U64Map<V> {
         }
     }
 
+    /// Insert `key` with `value` unless it is present (then its value stays); whether it was
+    /// absent. One probe, where `contains_key` then an insert would take two.
+    #[inline]
+    pub fn insert_if_absent(&mut self, key: u64, value: V) -> bool {
+        let len = self.len();
+        self.get_or_insert(key, value);
+        self.len() != len
+    }
+
     /// Remove `key`, returning its value.
     pub fn remove(&mut self, key: u64) -> Option<V> {
         if key == EMPTY {
@@ -286,10 +295,15 @@ mod tests {
                 // Spread some keys over the whole range; keep small ones to hit key 0.
                 let key = if key % 3 == 0 { key } else { key.wrapping_mul(0xD6E8_FEB8_6659_FD93) };
                 match op {
-                    0 | 1 => {
+                    0 => {
                         let got = *map.get_or_insert(key, value);
                         let want = *model.entry(key).or_insert(value);
                         prop_assert_eq!(got, want);
+                    }
+                    1 => {
+                        let absent = !model.contains_key(&key);
+                        model.entry(key).or_insert(value);
+                        prop_assert_eq!(map.insert_if_absent(key, value), absent);
                     }
                     2 => prop_assert_eq!(map.remove(key), model.remove(&key)),
                     3 => {
