@@ -5,8 +5,9 @@
 //! [`RankUtilization`] rows, with the host's trial signals (the `switchyard.*` extension
 //! columns, [`columns`](crate::columns)) decoded into typed fields.
 
-use crate::columns::{find_column, join_column};
+use crate::columns::{find_fields, join_column};
 use crate::types::{Extensions, PolicyMetadata, Request};
+use std::borrow::Cow;
 
 /// Sessions extension: each session's last rank as `worker.dp-rank`, empty for a new program.
 pub const RANK_COLUMN: &str = "switchyard.rank";
@@ -181,16 +182,14 @@ impl Sessions {
     /// per call: call it once per decision).
     pub fn rows(&self) -> Vec<SessionView> {
         let n = self.len();
-        let column = |key| find_column(&self.extensions, key, n);
+        // Borrowed fields: only a tool name is copied out.
+        let column = |key| find_fields(&self.extensions, key, n);
         let ranks = column(RANK_COLUMN);
         let paused = column(PAUSED_COLUMN);
         let paused_for = column(PAUSED_FOR_COLUMN);
         let service = column(SERVICE_COLUMN);
         let tools = column(TOOL_COLUMN);
-        let field = |column: &Option<Vec<Option<String>>>, i: usize| {
-            column.as_ref().and_then(|c| c[i].clone())
-        };
-        let millis = |column: &Option<Vec<Option<String>>>, i: usize| {
+        let millis = |column: &Option<Vec<Option<Cow<'_, str>>>>, i: usize| {
             field(column, i).and_then(|v| v.parse().ok()).unwrap_or(0)
         };
         (0..n)
@@ -206,19 +205,24 @@ impl Sessions {
                     context_tokens: self.context_tokens[i],
                     age_ms: self.age_ms[i],
                     idle_ms: self.idle_ms[i],
-                    rank: field(&ranks, i).and_then(|r| Rank::parse(&r)),
-                    paused: match field(&paused, i).as_deref() {
+                    rank: field(&ranks, i).and_then(Rank::parse),
+                    paused: match field(&paused, i) {
                         Some("1" | "true") => true,
                         Some("0" | "false") => false,
                         _ => phase == SessionPhase::Paused,
                     },
                     paused_for_ms: millis(&paused_for, i),
                     service_ms: millis(&service, i),
-                    tool: field(&tools, i),
+                    tool: field(&tools, i).map(str::to_owned),
                 }
             })
             .collect()
     }
+}
+
+/// Row `i` of a borrowed column, if the host sent the column and the row is known.
+fn field<'c>(column: &'c Option<Vec<Option<Cow<'_, str>>>>, i: usize) -> Option<&'c str> {
+    column.as_ref().and_then(|c| c[i].as_deref())
 }
 
 impl FromIterator<SessionView> for Sessions {
@@ -313,7 +317,7 @@ impl Utilization {
     /// Every rank as a row, in order, with [`KV_CAPACITY_COLUMN`] decoded.
     pub fn rows(&self) -> Vec<RankUtilization> {
         let n = self.len();
-        let capacity = find_column(&self.extensions, KV_CAPACITY_COLUMN, n);
+        let capacity = find_fields(&self.extensions, KV_CAPACITY_COLUMN, n);
         (0..n)
             .map(|i| RankUtilization {
                 rank: Rank::new(self.worker_ids[i], self.dp_ranks[i]),

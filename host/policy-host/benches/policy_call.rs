@@ -11,11 +11,16 @@
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use std::hint::black_box;
 use std::sync::Arc;
+use std::time::Duration;
+use switchyard_core::admission::{
+    AdmissionPolicy, AdmissionView, Arrival, RankUtilization, SessionPhase, SessionView,
+    ThunderAgent,
+};
 use switchyard_core::index::Overlap;
 use switchyard_core::router::{Candidate, KvCost, PolicyRequest, RoutingPolicy};
 use switchyard_core::worker::Rank;
 use switchyard_policy_host::test_util::{BareRoute, Router, noop_component, route};
-use switchyard_policy_host::{EngineConfig, PolicyEngine, PolicyStats, WasmRouter};
+use switchyard_policy_host::{EngineConfig, PolicyEngine, PolicyStats, WasmAdmission, WasmRouter};
 
 const SIZES: [u32; 3] = [16, 64, 256];
 
@@ -86,7 +91,7 @@ fn guests() -> Vec<(String, Vec<u8>)> {
 /// fallback would measure the native policy instead (counted and reported below if any).
 fn patient() -> EngineConfig {
     EngineConfig {
-        deadline: std::time::Duration::from_secs(1),
+        deadline: Duration::from_secs(1),
         ..EngineConfig::default()
     }
 }
@@ -203,5 +208,86 @@ fn load(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, decision, load);
+/// An admission view of `n` programs on 4 ranks: every phase, ranks, pauses, tools, as the
+/// gateway's controller builds it.
+fn admission_view(n: u32) -> AdmissionView {
+    let phases = [
+        SessionPhase::Running,
+        SessionPhase::ToolCall,
+        SessionPhase::Paused,
+        SessionPhase::Queued,
+    ];
+    let sessions = (0..n)
+        .map(|i| SessionView {
+            session_id: format!("session-{i:04}"),
+            parent_session_id: (i % 5 == 4).then(|| format!("session-{:04}", i - 1)),
+            phase: phases[i as usize % phases.len()],
+            priority: 0,
+            active_requests: u32::from(i % 4 == 0),
+            queued_requests: u32::from(i % 4 == 2),
+            context_tokens: 20_000 + u64::from(i) * 1_500,
+            age: Duration::from_secs(60 + u64::from(i)),
+            idle: Duration::from_millis(u64::from(i % 4) * 700),
+            rank: (i % 7 != 6).then(|| Rank::new(i % 4, 0)),
+            paused: i % 4 == 2,
+            paused_for: Duration::from_millis(u64::from(i % 4 == 2) * 1_500),
+            service: Duration::from_secs(u64::from(i % 9)),
+            tool: (i % 4 == 1).then(|| "Bash".to_owned()),
+        })
+        .collect();
+    let workers = (0..4)
+        .map(|w| RankUtilization {
+            rank: Rank::new(w, 0),
+            kv_usage: 0.7 + 0.05 * w as f32,
+            active_requests: 4 + w,
+            queue_depth: w,
+            healthy: true,
+            kv_capacity_tokens: 1 << 20,
+        })
+        .collect();
+    AdmissionView { sessions, workers }
+}
+
+/// One admission `arrival` (the call every request makes when an admission policy is on):
+/// ThunderAgent native against its Wasm twin, over 16 to 256 programs.
+fn admission(c: &mut Criterion) {
+    let engine = match PolicyEngine::new(patient()) {
+        Ok(engine) => engine,
+        Err(e) => panic!("engine: {e}"),
+    };
+    let component = match engine.load_admission(switchyard_policy_artifacts::THUNDER_AGENT) {
+        Ok(component) => component,
+        Err(e) => panic!("thunder-agent: {e}"),
+    };
+    let mut group = c.benchmark_group("policy-host/admission-arrival");
+    for n in [16, 64, 256] {
+        let view = admission_view(n);
+        let arrival = Arrival {
+            request: PolicyRequest {
+                session_id: Some("session-0001"),
+                ..request()
+            },
+            waited: Duration::ZERO,
+        };
+        let now = Duration::from_secs(600);
+        group.bench_with_input(
+            BenchmarkId::new("native-thunder-agent", n),
+            &view,
+            |b, v| {
+                let mut policy = ThunderAgent::default();
+                b.iter(|| black_box(policy.arrival(black_box(v), &arrival, now)));
+            },
+        );
+        let mut wasm = WasmAdmission::new(component.clone(), Arc::new(PolicyStats::default()));
+        group.bench_with_input(BenchmarkId::new("wasm-thunder-agent", n), &view, |b, v| {
+            b.iter(|| black_box(wasm.try_arrival(black_box(v), &arrival, now)));
+        });
+        if let Err(e) = wasm.try_arrival(&view, &arrival, now) {
+            panic!("wasm thunder-agent on {n} programs: {e}");
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, decision, admission, load);
 criterion_main!(benches);

@@ -244,45 +244,44 @@ const KV_CAPACITY_EXTENSION: &str = "switchyard.kv-capacity-tokens";
 
 /// A column as one extension: one CSV field per row, in the record's order, empty where
 /// unknown, quoted (`"` doubled) when empty or holding `,` or `"`; no entry at all when every
-/// value is unknown (or there are no rows).
-pub(crate) fn column(
+/// value is unknown (or there are no rows). Each value is written straight into the row through
+/// one scratch buffer: a column of hundreds of sessions is built on every admission call.
+pub(crate) fn column<V: std::fmt::Display>(
     key: &str,
-    values: impl Iterator<Item = Option<String>>,
+    values: impl Iterator<Item = Option<V>>,
 ) -> Option<(String, String)> {
-    let values: Vec<Option<String>> = values.collect();
-    if values.iter().all(Option::is_none) {
-        return None;
+    use std::fmt::Write;
+    let (mut row, mut field) = (String::new(), String::new());
+    let mut known = false;
+    for (i, value) in values.enumerate() {
+        if i > 0 {
+            row.push(',');
+        }
+        let Some(value) = value else { continue };
+        known = true;
+        field.clear();
+        // Writing to a `String` cannot fail.
+        let _ = write!(field, "{value}");
+        if field.is_empty() || field.contains([',', '"']) {
+            row.push('"');
+            row.push_str(&field.replace('"', "\"\""));
+            row.push('"');
+        } else {
+            row.push_str(&field);
+        }
     }
-    let fields: Vec<String> = values
-        .into_iter()
-        .map(|value| match value {
-            None => String::new(),
-            Some(v) if v.is_empty() || v.contains([',', '"']) => {
-                format!("\"{}\"", v.replace('"', "\"\""))
-            }
-            Some(v) => v,
-        })
-        .collect();
-    Some((key.to_string(), fields.join(",")))
+    known.then(|| (key.to_string(), row))
 }
 
 fn sessions(view: &AdmissionView) -> Sessions {
     let s = &view.sessions;
-    let millis = |d: Duration| Some(convert::millis(d).to_string());
+    let millis = |d: Duration| Some(convert::millis(d));
     let extensions = [
-        column(
-            RANK_EXTENSION,
-            s.iter()
-                .map(|s| s.rank.map(|r| format!("{}.{}", r.worker.0, r.dp_rank))),
-        ),
-        column(
-            PAUSED_EXTENSION,
-            s.iter()
-                .map(|s| Some(if s.paused { "1" } else { "0" }.to_string())),
-        ),
+        column(RANK_EXTENSION, s.iter().map(|s| s.rank)),
+        column(PAUSED_EXTENSION, s.iter().map(|s| Some(u8::from(s.paused)))),
         column(PAUSED_FOR_EXTENSION, s.iter().map(|s| millis(s.paused_for))),
         column(SERVICE_EXTENSION, s.iter().map(|s| millis(s.service))),
-        column(TOOL_EXTENSION, s.iter().map(|s| s.tool.clone())),
+        column(TOOL_EXTENSION, s.iter().map(|s| s.tool.as_deref())),
     ];
     Sessions {
         session_ids: s.iter().map(|s| s.session_id.clone()).collect(),
@@ -320,7 +319,7 @@ fn utilization(view: &AdmissionView) -> Utilization {
         extensions: column(
             KV_CAPACITY_EXTENSION,
             w.iter()
-                .map(|w| (w.kv_capacity_tokens > 0).then(|| w.kv_capacity_tokens.to_string())),
+                .map(|w| (w.kv_capacity_tokens > 0).then_some(w.kv_capacity_tokens)),
         )
         .into_iter()
         .collect(),

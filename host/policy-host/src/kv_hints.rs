@@ -215,31 +215,28 @@ fn wit_events(events: &[LifecycleEvent]) -> (Vec<WitEvent>, Vec<(String, String)
             _ => wit.extend(event(e)),
         }
     }
-    let text = |n: u64| Some(n.to_string());
     let columns = [
         column(
             TOOL_RESULT_SESSION,
-            results.iter().map(|(e, ..)| Some(e.session_id.clone())),
+            results.iter().map(|(e, ..)| Some(&e.session_id)),
         ),
         column(
             TOOL_RESULT_TOOL,
-            results.iter().map(|(_, tool, ..)| (*tool).clone()),
+            results.iter().map(|(_, tool, ..)| tool.as_deref()),
         ),
         column(
             TOOL_RESULT_WAITED,
             results
                 .iter()
-                .map(|(_, _, waited, _)| text(convert::millis(*waited))),
+                .map(|(_, _, waited, _)| Some(convert::millis(*waited))),
         ),
         column(
             TOOL_RESULT_AT,
-            results.iter().map(|(e, ..)| text(convert::millis(e.at))),
+            results.iter().map(|(e, ..)| Some(convert::millis(e.at))),
         ),
         column(
             TOOL_RESULT_POSITION,
-            results
-                .iter()
-                .map(|(.., position)| Some(position.to_string())),
+            results.iter().map(|(.., position)| Some(*position)),
         ),
     ];
     (wit, columns.into_iter().flatten().collect())
