@@ -308,7 +308,7 @@ impl BareRoute {
             columns: crate::convert::empty_workers(),
             packed: crate::convert::empty_packed(),
         };
-        bare.set_candidates(request, candidates);
+        bare.fill(candidates);
         Ok(bare)
     }
 
@@ -318,9 +318,14 @@ impl BareRoute {
         request: &switchyard_core::router::PolicyRequest<'_>,
         candidates: &[switchyard_core::router::Candidate],
     ) {
+        self.request = crate::convert::route_request(request, "", candidates);
+        self.fill(candidates);
+    }
+
+    /// Both shapes of the columns, from `candidates`.
+    fn fill(&mut self, candidates: &[switchyard_core::router::Candidate]) {
         crate::convert::fill_workers(&mut self.columns, candidates);
         crate::convert::fill_packed(&mut self.packed, candidates);
-        self.request = crate::convert::route_request(request, "", candidates);
     }
 
     /// One `route` call; whether the guest answered.
