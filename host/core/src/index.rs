@@ -17,7 +17,9 @@
 //! A caller that holds a prompt's local hashes only (Dynamo's `find_matches` protocol) would
 //! have to chain every sequence hash to walk. Stores that come with their local hashes link each
 //! log entry to the one before it when that is its parent, so [`KvIndex::find_matches_locals_into`]
-//! compares local hashes along those links and chains only where it leaves them.
+//! compares local hashes along those links and chains only where it leaves them. Where every rank
+//! still matching holds the linked entries on the device, it passes them a chunk at a time,
+//! reading only the link and owner columns (the log is stored column by column).
 //! `docs/benchmarks.md` section (a2) has the measurements behind this layout.
 //!
 //! The index is a plain value: `apply` takes `&mut self`. Concurrency (readers that never wait behind
@@ -131,19 +133,15 @@ const PROBE_BATCH: usize = 8;
 /// small under test so that the property tests compact.
 const COMPACT_MIN: usize = if cfg!(test) { 4 } else { 4_096 };
 
-/// One block in a group's log: its hash and the owner bits of the group's ranks
-/// (`slot % GROUP`) holding it on the device.
-#[derive(Debug, Clone, Copy)]
-struct Entry {
-    hash: u64,
-    device: u64,
-}
+/// A `links` entry that links nothing. A chain's real local hash 0 is stored as not linked too:
+/// the walk then chains that block's hash and asks the map, which gives the same answer.
+const NO_LINK: u64 = 0;
 
-/// Owners of log entry `at` (with `lower` beside `log`, or empty) as cumulative masks: on
+/// Owners of log entry `at` (`device`, with `lower` beside it or empty) as cumulative masks: on
 /// device, on device or host, anywhere.
 #[inline]
-fn cumulative(log: &[Entry], lower: &[[u64; 2]], at: usize) -> [u64; 3] {
-    let device = log[at].device;
+fn cumulative(device: &[u64], lower: &[[u64; 2]], at: usize) -> [u64; 3] {
+    let device = device[at];
     match lower.get(at) {
         Some(&[host, disk]) => [device, device | host, device | host | disk],
         None => [device; 3],
@@ -153,17 +151,20 @@ fn cumulative(log: &[Entry], lower: &[[u64; 2]], at: usize) -> [u64; 3] {
 /// The nodes of one group of up to 64 ranks.
 #[derive(Debug, Clone, Default)]
 struct Group {
-    /// Sequence hash -> position of its live node in `log`.
+    /// Sequence hash -> position of its live node in the log.
     nodes: U64Map<u32>,
-    /// Nodes in the order they were first stored (see the module docs).
-    log: Vec<Entry>,
-    /// Host and disk owner bits, beside `log` entry for entry once the group has stored any block
-    /// in those tiers; empty until then (an index of device blocks only reads half the bytes).
+    /// The log, nodes in the order they were first stored (see the module docs), one column per
+    /// field so that a walk reads only what it compares: each node's sequence hash,
+    hashes: Vec<u64>,
+    /// the owner bits of the group's ranks (`slot % GROUP`) holding it on the device,
+    device: Vec<u64>,
+    /// their host and disk owner bits once the group has stored any block in those tiers; empty
+    /// until then (an index of device blocks only reads half the bytes),
     lower: Vec<[u64; 2]>,
-    /// Beside `log` once any store came with local hashes: an entry's local hash when its parent
-    /// is the entry before it (they were stored as one chain), for lookups by local hash.
-    links: Vec<Option<u64>>,
-    /// Entries of `log` that are dead: no owner in any tier, no longer in `nodes`.
+    /// once any store came with local hashes, its local hash when its parent is the entry before
+    /// it (they were stored as one chain), else [`NO_LINK`]; for lookups by local hash.
+    links: Vec<u64>,
+    /// Entries of the log that are dead: no owner in any tier, no longer in `nodes`.
     dead: usize,
 }
 
@@ -179,19 +180,21 @@ impl Group {
     /// before it).
     #[inline]
     fn find_or_append(&mut self, hash: u64, local: Option<u64>, parent: Option<usize>) -> usize {
-        let end = self.log.len();
+        let end = self.hashes.len();
         let at = *self.nodes.get_or_insert(hash, end as u32) as usize;
         if at == end {
-            self.log.push(Entry { hash, device: 0 });
+            self.hashes.push(hash);
+            self.device.push(0);
             if !self.lower.is_empty() {
                 self.lower.push([0; 2]);
             }
             if local.is_some() && self.links.is_empty() {
-                self.links = vec![None; end];
+                self.links = vec![NO_LINK; end];
             }
             if !self.links.is_empty() {
                 let follows = end > 0 && parent == Some(end - 1);
-                self.links.push(local.filter(|_| follows));
+                self.links
+                    .push(local.filter(|_| follows).unwrap_or(NO_LINK));
             }
         }
         at
@@ -200,17 +203,17 @@ impl Group {
     /// Touch node `at`'s log entry (see [`U64Map::prefetch`]).
     #[inline]
     fn prefetch(&self, at: usize) {
-        std::hint::black_box(self.log[at].device);
+        std::hint::black_box(self.device[at]);
     }
 
     /// The owner bits of node `at` in `tier`.
     #[inline]
     fn owners_mut(&mut self, at: usize, tier: usize) -> &mut u64 {
         if tier == 0 {
-            return &mut self.log[at].device;
+            return &mut self.device[at];
         }
         if self.lower.is_empty() {
-            self.lower = vec![[0; 2]; self.log.len()];
+            self.lower = vec![[0; 2]; self.device.len()];
         }
         &mut self.lower[at][tier - 1]
     }
@@ -218,13 +221,17 @@ impl Group {
     /// Owners of node `at` as cumulative masks: on device, on device or host, anywhere.
     #[inline]
     fn cumulative(&self, at: usize) -> [u64; 3] {
-        cumulative(&self.log, &self.lower, at)
+        cumulative(&self.device, &self.lower, at)
     }
 
     /// Whether node `at` has an owner.
     #[inline]
     fn alive(&self, at: usize) -> bool {
-        self.cumulative(at)[2] != 0
+        self.device[at] != 0
+            || self
+                .lower
+                .get(at)
+                .is_some_and(|&[host, disk]| host | disk != 0)
     }
 
     /// Where a lookup at log position `at` goes for `hash`, the next block of its chain: the next
@@ -238,8 +245,8 @@ impl Group {
     /// `at + 1` if the log's next entry is `hash`'s live node.
     #[inline]
     fn next_entry(&self, at: usize, hash: u64) -> Option<usize> {
-        let entry = self.log.get(at + 1)?;
-        (entry.hash == hash && self.alive(at + 1)).then_some(at + 1)
+        let next = self.hashes.get(at + 1)?;
+        (*next == hash && self.alive(at + 1)).then_some(at + 1)
     }
 
     /// Set `bit` in `tier` of each of `hashes`' nodes, appending those it lacks. How many bits
@@ -342,13 +349,13 @@ impl Group {
         for owners in self.lower.iter_mut().flatten() {
             *owners &= !bit;
         }
-        for entry in &mut self.log {
-            entry.device &= !bit;
+        for owners in &mut self.device {
+            *owners &= !bit;
         }
         let live = self.nodes.len();
-        let (log, lower) = (&self.log, &self.lower);
+        let (device, lower) = (&self.device, &self.lower);
         self.nodes
-            .retain(|_, &mut at| cumulative(log, lower, at as usize)[2] != 0);
+            .retain(|_, &mut at| cumulative(device, lower, at as usize)[2] != 0);
         self.dead += live - self.nodes.len();
     }
 
@@ -360,7 +367,7 @@ impl Group {
         }
         // Move the live entries down, then renumber the map in one pass over its table (no
         // probes): `moved[i]` is where entry `i` went.
-        let mut moved = vec![0u32; self.log.len()];
+        let mut moved = vec![0u32; self.hashes.len()];
         let mut kept = 0;
         let mut previous_kept = false;
         for (i, moved) in moved.iter_mut().enumerate() {
@@ -369,13 +376,18 @@ impl Group {
                 continue;
             }
             *moved = kept as u32;
-            self.log[kept] = self.log[i];
+            self.hashes[kept] = self.hashes[i];
+            self.device[kept] = self.device[i];
             if !self.lower.is_empty() {
                 self.lower[kept] = self.lower[i];
             }
             if !self.links.is_empty() {
                 // A block still follows the entry before it only if that entry was its parent.
-                self.links[kept] = self.links[i].filter(|_| previous_kept);
+                self.links[kept] = if previous_kept {
+                    self.links[i]
+                } else {
+                    NO_LINK
+                };
             }
             previous_kept = true;
             kept += 1;
@@ -383,8 +395,10 @@ impl Group {
         for at in self.nodes.values_mut() {
             *at = moved[*at as usize];
         }
-        self.log.truncate(kept);
-        self.log.shrink_to(kept * 2);
+        for column in [&mut self.hashes, &mut self.device] {
+            column.truncate(kept);
+            column.shrink_to(kept * 2);
+        }
         if !self.lower.is_empty() {
             self.lower.truncate(kept);
             self.lower.shrink_to(kept * 2);
@@ -398,9 +412,9 @@ impl Group {
 
     fn heap_bytes(&self) -> usize {
         self.nodes.heap_bytes()
-            + self.log.capacity() * std::mem::size_of::<Entry>()
+            + (self.hashes.capacity() + self.device.capacity()) * std::mem::size_of::<u64>()
             + self.lower.capacity() * std::mem::size_of::<[u64; 2]>()
-            + self.links.capacity() * std::mem::size_of::<Option<u64>>()
+            + self.links.capacity() * std::mem::size_of::<u64>()
     }
 }
 
@@ -528,8 +542,7 @@ impl KvIndex {
     ) {
         let mut hashes = hashes.into_iter();
         let first = hashes.next().and_then(|first| group.find(first.0));
-        let step = |at| group.next(at, hashes.next()?.0);
-        self.match_group(g, group, first, step, out);
+        self.match_group(g, group, first, Hashes(hashes), out);
     }
 
     /// How far each rank holds the prefix whose blocks' local hashes are `locals`, as
@@ -549,43 +562,70 @@ impl KvIndex {
         };
         let first = hasher.chain(None, first).0;
         for (g, group) in self.groups.iter().enumerate() {
-            let mut rest = locals[1..].iter();
-            let step = |at: usize| {
-                let local = rest.next()?.0;
-                match group.links.get(at + 1) {
-                    Some(&Some(linked)) if linked == local && group.alive(at + 1) => Some(at + 1),
-                    _ => {
-                        let parent = Some(SequenceHash(group.log[at].hash));
-                        group.next(at, hasher.chain(parent, LocalBlockHash(local)).0)
-                    }
-                }
+            let rest = Locals {
+                rest: &locals[1..],
+                hasher,
             };
-            self.match_group(g, group, group.find(first), step, matches);
+            self.match_group(g, group, group.find(first), rest, matches);
         }
     }
 
     /// The walk of one group from node `first` (the prompt's first block), `step` giving the
-    /// next block's node or `None` where the walk ends: masks of the ranks still matching on
-    /// device / device or host / anywhere; a rank's depth is where it drops out.
+    /// next block's node or `None` where the walk ends.
     fn match_group(
         &self,
         g: usize,
         group: &Group,
         first: Option<usize>,
-        mut step: impl FnMut(usize) -> Option<usize>,
+        prompt: impl Prompt,
         out: &mut Matches,
     ) {
-        let Some(mut at) = first else {
+        let Some(first) = first else {
             return;
         };
-        let mut live = group.cumulative(at);
-        let holders = live[2];
-        let mut depth = [[0u32; GROUP]; 3];
+        // A group without host or disk blocks tracks one mask instead of three.
+        if group.lower.is_empty() {
+            self.walk::<1>(g, group, first, prompt, out);
+        } else {
+            self.walk::<3>(g, group, first, prompt, out);
+        }
+    }
+
+    /// [`match_group`](Self::match_group) over `TIERS` cumulative masks (1: device only) of the
+    /// ranks still matching on device / device or host / anywhere; a rank's depth is where it
+    /// drops out.
+    #[inline]
+    fn walk<const TIERS: usize>(
+        &self,
+        g: usize,
+        group: &Group,
+        mut at: usize,
+        mut prompt: impl Prompt,
+        out: &mut Matches,
+    ) {
+        let owners = |at: usize| -> [u64; TIERS] {
+            let all = match TIERS {
+                1 => [group.device[at]; 3],
+                _ => group.cumulative(at),
+            };
+            std::array::from_fn(|tier| all[tier])
+        };
+        let mut live = owners(at);
+        let holders = live[TIERS - 1];
+        let mut depth = [[0u32; GROUP]; TIERS];
         let mut walked = 1u32;
-        while let Some(next) = step(at) {
+        loop {
+            if TIERS == 1 {
+                let passed = prompt.run(group, at, live[0]);
+                at += passed;
+                walked += passed as u32;
+            }
+            let Some(next) = prompt.step(group, at) else {
+                break;
+            };
             at = next;
-            let here = group.cumulative(at);
-            for tier in 0..3 {
+            let here = owners(at);
+            for tier in 0..TIERS {
                 let mut dropped = live[tier] & !here[tier];
                 while dropped != 0 {
                     depth[tier][dropped.trailing_zeros() as usize] = walked;
@@ -593,7 +633,7 @@ impl KvIndex {
                 }
                 live[tier] &= here[tier];
             }
-            if live[2] == 0 {
+            if live[TIERS - 1] == 0 {
                 break;
             }
             walked += 1;
@@ -608,7 +648,8 @@ impl KvIndex {
         while bits != 0 {
             let b = bits.trailing_zeros() as usize;
             bits &= bits - 1;
-            let (device, hot, any) = (depth[0][b], depth[1][b], depth[2][b]);
+            let depth = |tier: usize| depth[tier.min(TIERS - 1)][b];
+            let (device, hot, any) = (depth(0), depth(1), depth(2));
             let overlap = Overlap {
                 device,
                 host: hot - device,
@@ -661,7 +702,7 @@ impl KvIndex {
         let group = &self.groups[slot as usize / GROUP];
         let (bit, tier) = (1u64 << (slot as usize % GROUP), tier as usize);
         group.find(hash.0).is_some_and(|at| match tier {
-            0 => group.log[at].device & bit != 0,
+            0 => group.device[at] & bit != 0,
             _ => group.lower.get(at).is_some_and(|l| l[tier - 1] & bit != 0),
         })
     }
@@ -680,6 +721,79 @@ impl KvIndex {
         }
         self.slots.insert(rank, slot as u32);
         slot as u32
+    }
+}
+
+/// The rest of a prompt, as a walk through one group's log follows it.
+trait Prompt {
+    /// The node of the prompt's next block, the one after node `at`'s; `None` where the prompt
+    /// ends or no rank holds that block.
+    fn step(&mut self, group: &Group, at: usize) -> Option<usize>;
+
+    /// How many of the prompt's next blocks are the log entries right after `at`, each linked to
+    /// the one before it and held on the device by every rank in `live` (not empty): the walk
+    /// passes them without tracking owners, and they are consumed. 0 where the prompt cannot
+    /// tell cheaply.
+    fn run(&mut self, _group: &Group, _at: usize, _live: u64) -> usize {
+        0
+    }
+}
+
+/// A prompt as sequence hashes.
+struct Hashes<I>(I);
+
+impl<I: Iterator<Item = SequenceHash>> Prompt for Hashes<I> {
+    #[inline]
+    fn step(&mut self, group: &Group, at: usize) -> Option<usize> {
+        group.next(at, self.0.next()?.0)
+    }
+}
+
+/// A prompt as local hashes ([`KvIndex::find_matches_locals_into`]).
+struct Locals<'a> {
+    rest: &'a [LocalBlockHash],
+    hasher: &'a BlockHasher,
+}
+
+impl Prompt for Locals<'_> {
+    #[inline]
+    fn step(&mut self, group: &Group, at: usize) -> Option<usize> {
+        let (&local, rest) = self.rest.split_first()?;
+        self.rest = rest;
+        match group.links.get(at + 1) {
+            Some(&linked) if linked == local.0 && linked != NO_LINK && group.alive(at + 1) => {
+                Some(at + 1)
+            }
+            _ => {
+                let parent = Some(SequenceHash(group.hashes[at]));
+                group.next(at, self.hasher.chain(parent, local).0)
+            }
+        }
+    }
+
+    #[inline]
+    fn run(&mut self, group: &Group, at: usize, live: u64) -> usize {
+        let (Some(links), Some(device)) = (group.links.get(at + 1..), group.device.get(at + 1..))
+        else {
+            return 0;
+        };
+        let len = self.rest.len().min(links.len());
+        // `live` is not empty, so an entry that every rank of it holds is alive.
+        let held = |j: usize| {
+            let linked = links[j];
+            (linked == self.rest[j].0) & (linked != NO_LINK) & (live & !device[j] == 0)
+        };
+        // Whole chunks first: no branch per entry.
+        const CHUNK: usize = 8;
+        let mut passed = 0;
+        while passed + CHUNK <= len && (passed..passed + CHUNK).fold(true, |all, j| all & held(j)) {
+            passed += CHUNK;
+        }
+        while passed < len && held(passed) {
+            passed += 1;
+        }
+        self.rest = &self.rest[passed..];
+        passed
     }
 }
 
