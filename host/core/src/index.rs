@@ -200,10 +200,10 @@ impl Group {
         at
     }
 
-    /// Touch node `at`'s log entry (see [`U64Map::prefetch`]).
+    /// Start bringing node `at`'s owners into cache (see [`flat::prefetch`]).
     #[inline]
     fn prefetch(&self, at: usize) {
-        std::hint::black_box(self.device[at]);
+        flat::prefetch(&self.device[at]);
     }
 
     /// The owner bits of node `at` in `tier`.

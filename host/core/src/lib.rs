@@ -26,7 +26,7 @@
 //! assert_eq!(decision.rank, Rank::new(1, 0));
 //! ```
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 #![deny(missing_docs)]
 
 pub mod admission;

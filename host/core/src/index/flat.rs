@@ -94,12 +94,11 @@ impl<V: Copy + Default> U64Map<V> {
         self.find(key).map(|i| &self.slots[i].1)
     }
 
-    /// Touch `key`'s home slot so that a later access finds it in cache: issued for a batch of
-    /// keys before working on any, the loads' cache misses overlap instead of queueing.
+    /// Start bringing `key`'s home slot into cache (see [`prefetch`]).
     #[inline]
     pub fn prefetch(&self, key: u64) {
         if !self.slots.is_empty() {
-            std::hint::black_box(self.slots[self.home(key)].0);
+            prefetch(&self.slots[self.home(key)]);
         }
     }
 
@@ -276,6 +275,24 @@ impl<V: Copy + Default> U64Map<V> {
             self.slots[i] = (key, value);
         }
     }
+}
+
+/// Ask the CPU to bring `value`'s cache line in, without waiting for it: issued for a batch of
+/// table slots before working on any, their cache misses overlap. A plain load would not do: the
+/// core cannot retire it, nor anything after it, until the line arrives, so a batch of them
+/// stalls as long as the misses do. A no-op where the target has no stable prefetch intrinsic.
+#[inline(always)]
+pub(crate) fn prefetch<T>(value: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch reads nothing the program sees, never faults, and `value` is a live
+    // reference anyway; SSE is part of the x86_64 baseline.
+    #[allow(unsafe_code, reason = "the prefetch intrinsic is unsafe to call, see SAFETY")]
+    unsafe {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        _mm_prefetch::<_MM_HINT_T0>(std::ptr::from_ref(value).cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = value;
 }
 
 #[cfg(test)]
