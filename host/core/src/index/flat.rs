@@ -286,7 +286,10 @@ pub(crate) fn prefetch<T>(value: &T) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch reads nothing the program sees, never faults, and `value` is a live
     // reference anyway; SSE is part of the x86_64 baseline.
-    #[allow(unsafe_code, reason = "the prefetch intrinsic is unsafe to call, see SAFETY")]
+    #[allow(
+        unsafe_code,
+        reason = "the prefetch intrinsic is unsafe to call, see SAFETY"
+    )]
     unsafe {
         use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
         _mm_prefetch::<_MM_HINT_T0>(std::ptr::from_ref(value).cast());
