@@ -579,6 +579,9 @@ impl Ingestor {
             return (stored, Vec::new());
         };
         let mut chain = self.local_hashes && stored.is_empty();
+        for engine in engine_hashes {
+            self.blocks.prefetch(engine.0);
+        }
         let locals = self.hasher.locals(tokens);
         let hashes = self.hasher.sequence_from(parent_hash, &locals);
         let parents = std::iter::once(parent).chain(engine_hashes.iter().copied().map(Some));

@@ -46,6 +46,9 @@ pub enum CacheEvent {
 /// Marks the end of the free list.
 const NIL: u32 = u32::MAX;
 
+/// Victims whose table slots a write prefetches at once before evicting them.
+const VICTIM_BATCH: usize = 16;
+
 #[derive(Debug, Clone)]
 struct Block {
     /// Set while the block is cached (full, computed, and the only block with this hash).
@@ -366,8 +369,12 @@ impl KvCache {
     /// If `tokens` needs more blocks than [`KvCache::allocate`] reserved for the table.
     pub fn write(&mut self, table: &mut BlockTable, tokens: &[u32]) {
         let block_size = self.block_size();
-        while table.blocks.len() < tokens.len().div_ceil(block_size) {
+        let (had, needed) = (table.blocks.len(), tokens.len().div_ceil(block_size));
+        while table.blocks.len() < needed {
             assert!(table.reserved > 0, "sequence wrote past its reservation");
+            if (table.blocks.len() - had).is_multiple_of(VICTIM_BATCH) {
+                self.prefetch_victims((needed - table.blocks.len()).min(VICTIM_BATCH));
+            }
             let id = self.take_free();
             table.reserved -= 1;
             table.blocks.push(id);
@@ -496,6 +503,23 @@ impl KvCache {
         [self.free.head, self.retained.head]
             .into_iter()
             .find(|&id| id != NIL)
+    }
+
+    /// Start bringing the table slots of the next `count` victims into cache
+    /// ([`U64Map::prefetch`]), so that evicting them overlaps their misses.
+    fn prefetch_victims(&self, count: usize) {
+        let mut left = count;
+        for head in [self.free.head, self.retained.head] {
+            let mut id = head;
+            while id != NIL && left > 0 {
+                let block = &self.blocks[id as usize];
+                if let Some(hash) = block.hash {
+                    self.cached.prefetch(hash);
+                }
+                id = block.next;
+                left -= 1;
+            }
+        }
     }
 
     /// Take the next victim off its free list and un-cache it (an event if it was cached).
