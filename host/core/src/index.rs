@@ -268,6 +268,7 @@ impl Group {
         let mut added = 0;
         let mut rest = hashes;
         let mut last = None;
+        let mut prefetched = 0;
         while !rest.is_empty() {
             if let Some(mut at) = last {
                 let mut followed = 0;
@@ -288,9 +289,13 @@ impl Group {
             let batch = &rest[..rest.len().min(PROBE_BATCH)];
             let first = hashes.len() - rest.len();
             let mut at = [0; PROBE_BATCH];
-            for hash in batch {
+            // This batch's slots and the next one's: each batch's misses overlap the previous
+            // batch's work.
+            let ahead = hashes.len().min(first + 2 * PROBE_BATCH);
+            for hash in &hashes[prefetched.max(first)..ahead] {
                 self.nodes.prefetch(hash.0);
             }
+            prefetched = ahead;
             for (j, hash) in batch.iter().enumerate() {
                 let parent = if j == 0 { last } else { Some(at[j - 1]) };
                 at[j] = self.find_or_append(hash.0, local(first + j), parent);
@@ -314,16 +319,30 @@ impl Group {
         added
     }
 
-    /// Clear `bit` in `tier` of each of `hashes`' nodes (a batch, as [`store`](Self::store));
+    /// Clear `bit` in `tier` of each of `hashes`' nodes (in batches, as [`store`](Self::store));
     /// a node leaves the map with its last owner. How many bits were set.
     fn remove(&mut self, hashes: &[SequenceHash], tier: usize, bit: u64) -> u64 {
         if tier > 0 && self.lower.is_empty() {
             return 0; // no block is held in that tier
         }
-        let mut at = [None; PROBE_BATCH];
-        for hash in hashes {
+        let mut batches = hashes.chunks(PROBE_BATCH).peekable();
+        for hash in batches.peek().copied().unwrap_or_default() {
             self.nodes.prefetch(hash.0);
         }
+        let mut removed = 0;
+        while let Some(batch) = batches.next() {
+            // The next batch's misses overlap this one's work.
+            for hash in batches.peek().copied().unwrap_or_default() {
+                self.nodes.prefetch(hash.0);
+            }
+            removed += self.remove_batch(batch, tier, bit);
+        }
+        removed
+    }
+
+    /// [`remove`](Self::remove) of one batch whose map slots are on their way.
+    fn remove_batch(&mut self, hashes: &[SequenceHash], tier: usize, bit: u64) -> u64 {
+        let mut at = [None; PROBE_BATCH];
         for (at, hash) in at.iter_mut().zip(hashes) {
             *at = self.find(hash.0);
             at.inspect(|&at| self.prefetch(at));
@@ -467,10 +486,7 @@ impl KvIndex {
                 let slot = slot as usize;
                 let bit = 1u64 << (slot % GROUP);
                 let (group, tier) = (&mut self.groups[slot / GROUP], *tier as usize);
-                let removed: u64 = blocks
-                    .chunks(PROBE_BATCH)
-                    .map(|batch| group.remove(batch, tier, bit))
-                    .sum();
+                let removed = group.remove(blocks, tier, bit);
                 group.compact_if_sparse();
                 self.ranks[slot].blocks[tier] -= removed;
             }
