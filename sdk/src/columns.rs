@@ -92,17 +92,24 @@ pub fn join_column<S: AsRef<str>>(values: impl IntoIterator<Item = Option<S>>) -
         if i > 0 {
             out.push(',');
         }
-        let Some(value) = value else { continue };
-        let value = value.as_ref();
-        if value.is_empty() || value.contains([',', '"']) {
-            out.push('"');
-            out.push_str(&value.replace('"', "\"\""));
-            out.push('"');
-        } else {
-            out.push_str(value);
+        if let Some(value) = value {
+            push_field(&mut out, value.as_ref());
         }
     }
     out
+}
+
+/// Append one known field to a column value (the `,` between fields is the caller's): in double
+/// quotes with `"` doubled when it is empty or holds `,` or `"`, else as it is. The host writes
+/// its columns with this too, so both sides share one definition of the format.
+pub fn push_field(out: &mut String, value: &str) {
+    if value.is_empty() || value.contains([',', '"']) {
+        out.push('"');
+        out.push_str(&value.replace('"', "\"\""));
+        out.push('"');
+    } else {
+        out.push_str(value);
+    }
 }
 
 /// The column `key` of `extensions`, split into exactly `rows` fields (missing ones unknown,

@@ -242,9 +242,9 @@ const TOOL_EXTENSION: &str = "switchyard.tool";
 /// Utilization: each rank's KV capacity in tokens, empty where unknown.
 const KV_CAPACITY_EXTENSION: &str = "switchyard.kv-capacity-tokens";
 
-/// A column as one extension: one CSV field per row, in the record's order, empty where
-/// unknown, quoted (`"` doubled) when empty or holding `,` or `"`; no entry at all when every
-/// value is unknown (or there are no rows). Each value is written straight into the row through
+/// A column as one extension: one field per row, in the record's order, empty where unknown,
+/// in the SDK's format (`switchyard_policy_sdk::columns`, which guests decode it with); no entry
+/// at all when every value is unknown (or there are no rows). Each value is written straight into the row through
 /// one scratch buffer: a column of hundreds of sessions is built on every admission call.
 pub(crate) fn column<V: std::fmt::Display>(
     key: &str,
@@ -262,13 +262,7 @@ pub(crate) fn column<V: std::fmt::Display>(
         field.clear();
         // Writing to a `String` cannot fail.
         let _ = write!(field, "{value}");
-        if field.is_empty() || field.contains([',', '"']) {
-            row.push('"');
-            row.push_str(&field.replace('"', "\"\""));
-            row.push('"');
-        } else {
-            row.push_str(&field);
-        }
+        switchyard_policy_sdk::columns::push_field(&mut row, &field);
     }
     known.then(|| (key.to_string(), row))
 }
