@@ -224,6 +224,17 @@ impl Group {
         cumulative(&self.device, &self.lower, at)
     }
 
+    /// Owners of node `at` as the first `TIERS` cumulative masks (1: the device only, for a group
+    /// without host or disk blocks).
+    #[inline]
+    fn owners<const TIERS: usize>(&self, at: usize) -> [u64; TIERS] {
+        let all = match TIERS {
+            1 => [self.device[at]; 3],
+            _ => self.cumulative(at),
+        };
+        std::array::from_fn(|tier| all[tier])
+    }
+
     /// Whether node `at` has an owner.
     #[inline]
     fn alive(&self, at: usize) -> bool {
@@ -509,7 +520,22 @@ impl KvIndex {
 
     /// How far each rank holds the prefix named by `hashes` (a request's sequence hashes).
     pub fn find_matches(&self, hashes: &[SequenceHash]) -> Matches {
-        self.find_matches_iter(hashes.iter().copied())
+        let mut matches = Matches::new();
+        self.find_matches_slice_into(hashes, &mut matches);
+        matches
+    }
+
+    /// [`find_matches`](Self::find_matches) into a caller's buffer (cleared first). With the hashes
+    /// at hand, a walk along a chain stored in order compares them a chunk at a time, reading
+    /// only the log's hash and owner columns: the decision path's lookup.
+    pub fn find_matches_slice_into(&self, hashes: &[SequenceHash], matches: &mut Matches) {
+        matches.clear();
+        let Some((first, rest)) = hashes.split_first() else {
+            return;
+        };
+        for (g, group) in self.groups.iter().enumerate() {
+            self.match_group(g, group, group.find(first.0), Slice(rest), matches);
+        }
     }
 
     /// [`find_matches`](Self::find_matches) over hashes produced on demand: the walk stops at the
@@ -619,23 +645,15 @@ impl KvIndex {
         mut prompt: impl Prompt,
         out: &mut Matches,
     ) {
-        let owners = |at: usize| -> [u64; TIERS] {
-            let all = match TIERS {
-                1 => [group.device[at]; 3],
-                _ => group.cumulative(at),
-            };
-            std::array::from_fn(|tier| all[tier])
-        };
+        let owners = |at: usize| group.owners::<TIERS>(at);
         let mut live = owners(at);
         let holders = live[TIERS - 1];
         let mut depth = [[0u32; GROUP]; TIERS];
         let mut walked = 1u32;
         loop {
-            if TIERS == 1 {
-                let passed = prompt.run(group, at, live[0]);
-                at += passed;
-                walked += passed as u32;
-            }
+            let passed = prompt.run(group, at, &live);
+            at += passed;
+            walked += passed as u32;
             let Some(next) = prompt.step(group, at) else {
                 break;
             };
@@ -746,11 +764,16 @@ trait Prompt {
     /// ends or no rank holds that block.
     fn step(&mut self, group: &Group, at: usize) -> Option<usize>;
 
-    /// How many of the prompt's next blocks are the log entries right after `at`, each linked to
-    /// the one before it and held on the device by every rank in `live` (not empty): the walk
+    /// How many of the prompt's next blocks are the log entries right after `at`, none of which
+    /// any rank still matching (`live`, the walk's cumulative masks) drops out at: the walk
     /// passes them without tracking owners, and they are consumed. 0 where the prompt cannot
     /// tell cheaply.
-    fn run(&mut self, _group: &Group, _at: usize, _live: u64) -> usize {
+    fn run<const TIERS: usize>(
+        &mut self,
+        _group: &Group,
+        _at: usize,
+        _live: &[u64; TIERS],
+    ) -> usize {
         0
     }
 }
@@ -788,29 +811,76 @@ impl Prompt for Locals<'_> {
     }
 
     #[inline]
-    fn run(&mut self, group: &Group, at: usize, live: u64) -> usize {
-        let (Some(links), Some(device)) = (group.links.get(at + 1..), group.device.get(at + 1..))
-        else {
+    fn run<const TIERS: usize>(&mut self, group: &Group, at: usize, live: &[u64; TIERS]) -> usize {
+        let Some(links) = group.links.get(at + 1..) else {
             return 0;
         };
-        let len = self.rest.len().min(links.len());
-        // `live` is not empty, so an entry that every rank of it holds is alive.
-        let held = |j: usize| {
-            let linked = links[j];
-            (linked == self.rest[j].0) & (linked != NO_LINK) & (live & !device[j] == 0)
+        let rest = self.rest;
+        let len = rest.len().min(links.len());
+        let linked = |j: usize| (links[j] == rest[j].0) & (links[j] != NO_LINK);
+        let passed = run_length(group, at, live, len, linked);
+        self.rest = &rest[passed..];
+        passed
+    }
+}
+
+/// A prompt as sequence hashes at hand ([`KvIndex::find_matches_into`] over a slice): along a
+/// chain stored in order, the walk compares them with the log's hashes a chunk at a time.
+struct Slice<'a>(&'a [SequenceHash]);
+
+impl Prompt for Slice<'_> {
+    #[inline]
+    fn step(&mut self, group: &Group, at: usize) -> Option<usize> {
+        let (&hash, rest) = self.0.split_first()?;
+        self.0 = rest;
+        group.next(at, hash.0)
+    }
+
+    #[inline]
+    fn run<const TIERS: usize>(&mut self, group: &Group, at: usize, live: &[u64; TIERS]) -> usize {
+        let Some(hashes) = group.hashes.get(at + 1..) else {
+            return 0;
         };
-        // Whole chunks first: no branch per entry.
-        const CHUNK: usize = 8;
-        let mut passed = 0;
+        let rest = self.0;
+        let len = rest.len().min(hashes.len());
+        let passed = run_length(group, at, live, len, |j| hashes[j] == rest[j].0);
+        self.0 = &rest[passed..];
+        passed
+    }
+}
+
+/// How many of the (at most `len`) log entries after `at` are the prompt's next blocks (`same`,
+/// counted from `at + 1`) and held, in each cumulative tier, by every rank of `live` (whose
+/// widest mask is not empty, so such an entry is alive). Once a run is a chunk long, it goes on
+/// a chunk at a time, without a branch per entry.
+#[inline]
+fn run_length<const TIERS: usize>(
+    group: &Group,
+    at: usize,
+    live: &[u64; TIERS],
+    len: usize,
+    same: impl Fn(usize) -> bool,
+) -> usize {
+    const CHUNK: usize = 8;
+    let len = len.min(group.device.len() - (at + 1));
+    let held = |j: usize| {
+        let here = group.owners::<TIERS>(at + 1 + j);
+        (0..TIERS).fold(same(j), |all, t| all & (live[t] & !here[t] == 0))
+    };
+    // Entry by entry first: where ranks drop out every few blocks a chunk would mostly fail.
+    let mut passed = 0;
+    while passed < len.min(CHUNK) && held(passed) {
+        passed += 1;
+    }
+    if passed == CHUNK {
         while passed + CHUNK <= len && (passed..passed + CHUNK).fold(true, |all, j| all & held(j)) {
             passed += CHUNK;
         }
         while passed < len && held(passed) {
             passed += 1;
         }
-        self.rest = &self.rest[passed..];
-        passed
     }
+    passed
 }
 
 /// A chain shared by several walks: hashes already produced are replayed, then the source continues.

@@ -343,12 +343,24 @@ proptest! {
         agrees_with_the_previous_implementation(&ops, &queries)?;
     }
 
-    /// The same on a device-only index with chains long enough for a lookup by local hashes to
-    /// pass whole chunks of linked entries at once (`Prompt::run`), removals from any point
-    /// opening holes in them.
+    /// The same on a device-only index with chains long enough for a lookup to pass whole chunks
+    /// of entries stored in order at once (`Prompt::run`), removals from any point opening holes
+    /// in them.
     #[test]
     fn long_device_chains_agree_with_the_previous_implementation(
         ops in proptest::collection::vec(ops_over(Just(Tier::Device), 40), 1..60),
+        queries in proptest::collection::vec(query_strategy(41), 1..6),
+    ) {
+        agrees_with_the_previous_implementation(&ops, &queries)?;
+    }
+
+    /// The same with host and disk copies, whose walks pass a run only where no tier drops a rank.
+    #[test]
+    fn long_chains_in_every_tier_agree_with_the_previous_implementation(
+        ops in proptest::collection::vec(
+            ops_over(prop_oneof![2 => Just(Tier::Device), 1 => Just(Tier::Host), 1 => Just(Tier::Disk)], 40),
+            1..60,
+        ),
         queries in proptest::collection::vec(query_strategy(41), 1..6),
     ) {
         agrees_with_the_previous_implementation(&ops, &queries)?;
