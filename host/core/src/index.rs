@@ -17,9 +17,13 @@
 //! A caller that holds a prompt's local hashes only (Dynamo's `find_matches` protocol) would
 //! have to chain every sequence hash to walk. Stores that come with their local hashes link each
 //! log entry to the one before it when that is its parent, so [`KvIndex::find_matches_locals_into`]
-//! compares local hashes along those links and chains only where it leaves them. Where every rank
-//! still matching holds the linked entries on the device, it passes them a chunk at a time,
-//! reading only the link and owner columns (the log is stored column by column).
+//! compares local hashes along those links and chains only where it leaves them.
+//!
+//! The log is stored column by column (hashes, device owners, host and disk owners, links), so a
+//! walk reads only what it compares: where the prompt follows a stored chain and no rank still
+//! matching drops out, it passes the entries a chunk at a time, comparing the prompt's hashes (or
+//! local hashes) with one column and the owners with another ([`KvIndex::find_matches_slice_into`],
+//! the router's lookup).
 //! `docs/benchmarks.md` section (a2) has the measurements behind this layout.
 //!
 //! The index is a plain value: `apply` takes `&mut self`. Concurrency (readers that never wait behind
@@ -612,8 +616,8 @@ impl KvIndex {
         }
     }
 
-    /// The walk of one group from node `first` (the prompt's first block), `step` giving the
-    /// next block's node or `None` where the walk ends.
+    /// The walk of one group from node `first` (the prompt's first block) along the rest of
+    /// `prompt`.
     fn match_group(
         &self,
         g: usize,
@@ -778,7 +782,8 @@ trait Prompt {
     }
 }
 
-/// A prompt as sequence hashes.
+/// A prompt as sequence hashes produced one by one ([`KvIndex::find_matches_into`]: a caller
+/// that chains them on demand computes only those the walk reaches).
 struct Hashes<I>(I);
 
 impl<I: Iterator<Item = SequenceHash>> Prompt for Hashes<I> {
@@ -824,8 +829,8 @@ impl Prompt for Locals<'_> {
     }
 }
 
-/// A prompt as sequence hashes at hand ([`KvIndex::find_matches_into`] over a slice): along a
-/// chain stored in order, the walk compares them with the log's hashes a chunk at a time.
+/// A prompt as sequence hashes at hand ([`KvIndex::find_matches_slice_into`]): along a chain
+/// stored in order, the walk compares them with the log's hashes a chunk at a time.
 struct Slice<'a>(&'a [SequenceHash]);
 
 impl Prompt for Slice<'_> {

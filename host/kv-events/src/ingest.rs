@@ -110,6 +110,9 @@ struct Block {
     has_parent: bool,
 }
 
+// Two table slots per cache line (see `copies`).
+const _: () = assert!(std::mem::size_of::<(u64, Block)>() == 32);
+
 impl Block {
     fn new(hash: SequenceHash, parent: Option<EngineHash>) -> Block {
         Block {
@@ -579,6 +582,7 @@ impl Ingestor {
             return (stored, Vec::new());
         };
         let mut chain = self.local_hashes && stored.is_empty();
+        // The blocks' slots arrive while their tokens are hashed.
         for engine in engine_hashes {
             self.blocks.prefetch(engine.0);
         }
@@ -733,5 +737,3 @@ fn add_copy(block: &mut Block, tier: Tier) -> Option<SequenceHash> {
 
 #[cfg(test)]
 mod tests;
-
-const _: () = assert!(std::mem::size_of::<(u64, Block)>() == 32);

@@ -94,7 +94,8 @@ impl<V: Copy + Default> U64Map<V> {
         self.find(key).map(|i| &self.slots[i].1)
     }
 
-    /// Start bringing `key`'s home slot into cache (see [`prefetch`]).
+    /// Start bringing `key`'s home slot into cache, without waiting for it (the CPU's prefetch
+    /// instruction): issued for a batch of keys before working on any, their misses overlap.
     #[inline]
     pub fn prefetch(&self, key: u64) {
         if !self.slots.is_empty() {
