@@ -3,7 +3,9 @@
 //! Readers must never wait behind event application, so the index is kept twice with
 //! `left-right`: handlers read one copy lock-free while the writer task applies a batch of events
 //! to the other, then the two swap. Memory doubles; `docs/benchmarks.md` measures the alternative
-//! (one index behind a `RwLock`) and shows lookups stalling behind writes.
+//! (one index behind a `RwLock`) and shows lookups stalling behind writes. Each burst is applied
+//! to the second copy as soon as the writer is idle (a second publish), not when the next burst
+//! arrives, so a burst's publish applies that burst only.
 
 use left_right::{Absorb, ReadHandleFactory, WriteHandle};
 use switchyard_core::index::{IndexOp, KvIndex};
@@ -94,6 +96,11 @@ fn write_loop(
             };
         }
         write.publish();
+        if rx.is_empty() {
+            // Idle: bring the other copy up to date now. left-right would apply this burst to
+            // it at the next publish, before the next burst, and readers would wait for both.
+            write.publish();
+        }
     }
 }
 

@@ -414,6 +414,9 @@ fn pipelined<'a>(wl: &'a Workload, threads: usize) -> Run {
                     shard.write.publish();
                     done[s].publish(applied);
                     unpublished = 0;
+                    // The channel is empty: bring the other copy up to date now, which left-right
+                    // would do at the next publish, while the query thread waits for it.
+                    shard.write.publish();
                 }
                 shard
             }));
