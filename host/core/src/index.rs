@@ -529,9 +529,10 @@ impl KvIndex {
         matches
     }
 
-    /// [`find_matches`](Self::find_matches) into a caller's buffer (cleared first). With the hashes
-    /// at hand, a walk along a chain stored in order compares them a chunk at a time, reading
-    /// only the log's hash and owner columns: the decision path's lookup.
+    /// [`find_matches`](Self::find_matches) into a caller's buffer (cleared first), so a decision
+    /// path that keeps one buffer allocates nothing here: the router's lookup. A walk along a
+    /// chain stored in order compares the hashes a chunk at a time, reading only the log's hash
+    /// and owner columns.
     pub fn find_matches_slice_into(&self, hashes: &[SequenceHash], matches: &mut Matches) {
         matches.clear();
         let Some((first, rest)) = hashes.split_first() else {
@@ -542,57 +543,8 @@ impl KvIndex {
         }
     }
 
-    /// [`find_matches`](Self::find_matches) over hashes produced on demand: the walk stops at the
-    /// first block no rank holds, so a caller that chains hashes lazily computes only those.
-    pub fn find_matches_iter(&self, hashes: impl IntoIterator<Item = SequenceHash>) -> Matches {
-        let mut matches = Matches::new();
-        self.find_matches_into(hashes, &mut matches);
-        matches
-    }
-
-    /// [`find_matches_iter`](Self::find_matches_iter) into a caller's buffer (cleared first), so a
-    /// decision path that keeps one buffer allocates nothing here (with up to 64 ranks; more share
-    /// one lazily grown copy of the chain).
-    pub fn find_matches_into(
-        &self,
-        hashes: impl IntoIterator<Item = SequenceHash>,
-        matches: &mut Matches,
-    ) {
-        matches.clear();
-        match self.groups.as_slice() {
-            [] => {}
-            [group] => self.match_hashes(0, group, hashes, matches),
-            groups => {
-                // Several groups walk the same chain: compute it once, as far as the deepest walk.
-                let mut chain = hashes.into_iter();
-                let mut seen: Vec<SequenceHash> = Vec::new();
-                for (g, group) in groups.iter().enumerate() {
-                    let replay = Replay {
-                        seen: &mut seen,
-                        at: 0,
-                        rest: &mut chain,
-                    };
-                    self.match_hashes(g, group, replay, matches);
-                }
-            }
-        }
-    }
-
-    /// One group's walk along sequence hashes.
-    fn match_hashes(
-        &self,
-        g: usize,
-        group: &Group,
-        hashes: impl IntoIterator<Item = SequenceHash>,
-        out: &mut Matches,
-    ) {
-        let mut hashes = hashes.into_iter();
-        let first = hashes.next().and_then(|first| group.find(first.0));
-        self.match_group(g, group, first, Hashes(hashes), out);
-    }
-
     /// How far each rank holds the prefix whose blocks' local hashes are `locals`, as
-    /// [`find_matches_into`](Self::find_matches_into) answers for their sequence hashes under
+    /// [`find_matches`](Self::find_matches) answers for their sequence hashes under
     /// `hasher`; but along a chain stored with its local hashes ([`IndexOp::Store`]) the walk
     /// compares those, and chains a sequence hash only where it leaves one. This is the lookup
     /// for callers that hold local hashes only (Dynamo's `find_matches` protocol).
@@ -782,17 +734,6 @@ trait Prompt {
     }
 }
 
-/// A prompt as sequence hashes produced one by one ([`KvIndex::find_matches_into`]: a caller
-/// that chains them on demand computes only those the walk reaches).
-struct Hashes<I>(I);
-
-impl<I: Iterator<Item = SequenceHash>> Prompt for Hashes<I> {
-    #[inline]
-    fn step(&mut self, group: &Group, at: usize) -> Option<usize> {
-        group.next(at, self.0.next()?.0)
-    }
-}
-
 /// A prompt as local hashes ([`KvIndex::find_matches_locals_into`]).
 struct Locals<'a> {
     rest: &'a [LocalBlockHash],
@@ -886,30 +827,6 @@ fn run_length<const TIERS: usize>(
         }
     }
     passed
-}
-
-/// A chain shared by several walks: hashes already produced are replayed, then the source continues.
-struct Replay<'a, I> {
-    seen: &'a mut Vec<SequenceHash>,
-    at: usize,
-    rest: &'a mut I,
-}
-
-impl<I: Iterator<Item = SequenceHash>> Iterator for Replay<'_, I> {
-    type Item = SequenceHash;
-
-    fn next(&mut self) -> Option<SequenceHash> {
-        let hash = match self.seen.get(self.at) {
-            Some(&hash) => hash,
-            None => {
-                let hash = self.rest.next()?;
-                self.seen.push(hash);
-                hash
-            }
-        };
-        self.at += 1;
-        Some(hash)
-    }
 }
 
 #[cfg(test)]

@@ -9,8 +9,9 @@
 //! walk compares them along chains the index holds with their local hashes and chains a
 //! sequence hash where it leaves one (the lookup time includes that chaining).
 //! `DYNWL_LOOKUP=hashes` runs the gateway's way instead: ingestors that keep no local hashes,
-//! and queries that chain the request's sequence hashes as far as the walk goes
-//! ([`KvIndex::find_matches_into`]).
+//! and queries whose sequence hashes are chained before the clock starts (in the gateway the
+//! tokenizer hashes the prompt once, for everything that needs it), then looked up as the router
+//! does ([`KvIndex::find_matches_slice_into`]).
 //!
 //! Modes (`DYNWL_MODE`):
 //! - `serial`: one thread pinned to `DYNWL_QUERY_CPU` (0), strict stream order.
@@ -192,8 +193,8 @@ enum Lookup {
     /// `locals` (the default): the request's local hashes go to the index, as Dynamo's
     /// `find_matches` takes them, and the ingestors keep the chains' local hashes for it.
     Locals,
-    /// `hashes`: the request's sequence hashes are chained from its local hashes as far as the
-    /// walk goes, and the ingestors run as the gateway runs them (it holds every prompt's
+    /// `hashes`: the request's sequence hashes are chained from its local hashes before the
+    /// lookup is timed, and the ingestors run as the gateway runs them (it holds every prompt's
     /// sequence hashes, so it keeps no local hashes).
     Hashes,
 }
@@ -208,8 +209,8 @@ impl Lookup {
     }
 }
 
-/// One query's lookups, in every shard: with [`Lookup::Hashes`], the sequence hashes chained so
-/// far are kept for the next shard's walk of the same request.
+/// One query's lookups, in every shard: with [`Lookup::Hashes`], the request's sequence hashes
+/// are chained once, untimed, for every shard's walk.
 struct Lookups {
     lookup: Lookup,
     hasher: BlockHasher,
@@ -225,25 +226,22 @@ impl Lookups {
         }
     }
 
-    /// Answer `locals` from `index` into `out`; `first` says a new request starts.
-    fn find(&mut self, index: &KvIndex, locals: &[LocalBlockHash], first: bool, out: &mut Matches) {
-        if first {
+    /// A new request, before its lookups are timed: with [`Lookup::Hashes`], chain its hashes.
+    fn start(&mut self, locals: &[LocalBlockHash]) {
+        if self.lookup == Lookup::Hashes {
             self.seq.clear();
-        }
-        let (hasher, seq) = (&self.hasher, &mut self.seq);
-        match self.lookup {
-            Lookup::Locals => index.find_matches_locals_into(locals, hasher, out),
-            Lookup::Hashes => {
-                let chained = (0..locals.len()).map(|i| {
-                    if let Some(&hash) = seq.get(i) {
-                        return hash;
-                    }
-                    let hash = hasher.chain(seq.last().copied(), locals[i]);
-                    seq.push(hash);
-                    hash
-                });
-                index.find_matches_into(chained, out);
+            for &local in locals {
+                let hash = self.hasher.chain(self.seq.last().copied(), local);
+                self.seq.push(hash);
             }
+        }
+    }
+
+    /// Answer the request [`start`](Self::start)ed with `locals` from `index` into `out`.
+    fn find(&self, index: &KvIndex, locals: &[LocalBlockHash], out: &mut Matches) {
+        match self.lookup {
+            Lookup::Locals => index.find_matches_locals_into(locals, &self.hasher, out),
+            Lookup::Hashes => index.find_matches_slice_into(&self.seq, out),
         }
     }
 }
@@ -321,8 +319,9 @@ fn serial(wl: &Workload) -> Run {
         if let Some(since) = events_since.take() {
             event_ns += since.elapsed().as_nanos();
         }
+        lookups.start(locals);
         let t = Instant::now();
-        lookups.find(&index, locals, true, &mut matches);
+        lookups.find(&index, locals, &mut matches);
         let ns = t.elapsed().as_nanos() as u64;
         run.lookup_ns.push(ns);
         run.checksum.add(query, &matches);
@@ -473,11 +472,12 @@ fn pipelined<'a>(wl: &'a Workload, threads: usize) -> Run {
             };
             hand_over(&mut pending);
             wait(&sent);
+            lookups.start(locals);
             let t = Instant::now();
             matches.clear();
-            for (shard, read) in readers.iter().enumerate() {
+            for read in &readers {
                 if let Some(copy) = read.enter() {
-                    lookups.find(&copy.0, locals, shard == 0, &mut shard_matches);
+                    lookups.find(&copy.0, locals, &mut shard_matches);
                     matches.extend_from_slice(&shard_matches);
                 }
             }
