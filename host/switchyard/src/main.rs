@@ -12,7 +12,13 @@ mod simulate;
 mod trace;
 
 use clap::{Parser, Subcommand};
+use mimalloc::MiMalloc;
 use tokio_util::sync::CancellationToken;
+
+/// mimalloc rather than glibc's malloc: the gateway allocates per request on every worker
+/// thread, and glibc's arena locks and trims showed in its profile (docs/benchmarks.md (k)).
+#[global_allocator]
+static ALLOCATOR: MiMalloc = MiMalloc;
 
 #[derive(Debug, Parser)]
 #[command(
