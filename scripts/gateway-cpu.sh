@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The gateway's own CPU per request and its memory, in front of four of the gateway-anchor
+# harness's fake backends: a quick probe between two builds, or of one build under two
+# environments, before an interleaved run of the harness itself (docs/benchmarks.md (k)).
+# Needs the harness's `fakebackend` and `oha`, built as its README says. Extra VAR=VALUE
+# arguments go into the gateway's environment (e.g. MIMALLOC_ARENA_EAGER_COMMIT=0).
+#
+#   scripts/gateway-cpu.sh FAKEBACKEND OHA BODY.json SWITCHYARD [SECONDS] [CLIENTS] [VAR=VALUE...]
+set -euo pipefail
+usage="usage: gateway-cpu.sh FAKEBACKEND OHA BODY.json SWITCHYARD [SECONDS] [CLIENTS] [VAR=VALUE...]"
+backend=${1:?$usage}
+oha=${2:?$usage}
+body=${3:?$usage}
+switchyard=${4:?$usage}
+seconds=${5:-5}
+clients=${6:-32}
+shift $(($# < 6 ? $# : 6))
+work=$(mktemp -d)
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null; rm -rf "$work"' EXIT
+
+port=19040
+config=$work/switchyard.toml
+printf '[server]\nhost = "127.0.0.1"\nport = %s\n[model]\nname = "fake-model"\n' "$port" > "$config"
+for i in 1 2 3 4; do
+  "$backend" --port $((port + i)) --threads 1 --model fake-model --tokens 64 > /dev/null 2>&1 &
+  pids+=($!)
+  printf '[[workers]]\nurl = "http://127.0.0.1:%s"\nkind = "openai"\nblock_size = 16\n' $((port + i)) >> "$config"
+done
+env RUST_LOG=warn "$@" "$switchyard" serve --config "$config" > "$work/gateway.log" 2>&1 &
+gateway=$!
+pids+=("$gateway")
+
+url="http://127.0.0.1:$port/v1/chat/completions"
+post=(-m POST -H 'content-type: application/json' -D "$body")
+for _ in $(seq 100); do
+  curl -sf -o /dev/null -X POST -H 'content-type: application/json' --data "@$body" "$url" && break
+  sleep 0.1
+done
+rss() { awk "/^$1:/ {print int(\$2 / 1024)}" "/proc/$gateway/status"; }
+idle=$(rss VmRSS)
+"$oha" -z 2s -c "$clients" --no-tui "${post[@]}" "$url" > /dev/null   # warm-up
+ticks() { awk '{print $14 + $15}' "/proc/$gateway/stat"; }
+before=$(ticks)
+"$oha" -z "${seconds}s" -c "$clients" --no-tui --output-format json "${post[@]}" "$url" > "$work/oha.json"
+after=$(ticks)
+python3 - "$work/oha.json" "$before" "$after" "$idle" "$(rss VmRSS)" "$(rss VmHWM)" <<'PY'
+import json, os, sys
+report = json.load(open(sys.argv[1]))
+answered = sum(report["statusCodeDistribution"].values())
+cpu = (int(sys.argv[3]) - int(sys.argv[2])) / os.sysconf("SC_CLK_TCK")
+print(f"requests {answered} ({report['statusCodeDistribution']}), "
+      f"{report['summary']['requestsPerSec']:.0f} req/s, "
+      f"gateway CPU {cpu / max(answered, 1) * 1e6:.0f} us/request, "
+      f"RSS idle {sys.argv[4]} MB, after {sys.argv[5]} MB, peak {sys.argv[6]} MB")
+PY
