@@ -22,7 +22,7 @@
 //! The log is stored column by column (hashes, device owners, host and disk owners, links), so a
 //! walk reads only what it compares: where the prompt follows a stored chain and no rank still
 //! matching drops out, it passes the entries a chunk at a time, comparing the prompt's hashes (or
-//! local hashes) with one column and the owners with another ([`KvIndex::find_matches_slice_into`],
+//! local hashes) with one column and the owners with another ([`KvIndex::find_matches_into`],
 //! the router's lookup).
 //! `docs/benchmarks.md` section (a2) has the measurements behind this layout.
 //!
@@ -525,7 +525,7 @@ impl KvIndex {
     /// How far each rank holds the prefix named by `hashes` (a request's sequence hashes).
     pub fn find_matches(&self, hashes: &[SequenceHash]) -> Matches {
         let mut matches = Matches::new();
-        self.find_matches_slice_into(hashes, &mut matches);
+        self.find_matches_into(hashes, &mut matches);
         matches
     }
 
@@ -533,7 +533,7 @@ impl KvIndex {
     /// path that keeps one buffer allocates nothing here: the router's lookup. A walk along a
     /// chain stored in order compares the hashes a chunk at a time, reading only the log's hash
     /// and owner columns.
-    pub fn find_matches_slice_into(&self, hashes: &[SequenceHash], matches: &mut Matches) {
+    pub fn find_matches_into(&self, hashes: &[SequenceHash], matches: &mut Matches) {
         matches.clear();
         let Some((first, rest)) = hashes.split_first() else {
             return;
@@ -770,7 +770,7 @@ impl Prompt for Locals<'_> {
     }
 }
 
-/// A prompt as sequence hashes at hand ([`KvIndex::find_matches_slice_into`]): along a chain
+/// A prompt as sequence hashes at hand ([`KvIndex::find_matches_into`]): along a chain
 /// stored in order, the walk compares them with the log's hashes a chunk at a time.
 struct Slice<'a>(&'a [SequenceHash]);
 

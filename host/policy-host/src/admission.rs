@@ -244,8 +244,9 @@ const KV_CAPACITY_EXTENSION: &str = "switchyard.kv-capacity-tokens";
 
 /// A column as one extension: one field per row, in the record's order, empty where unknown,
 /// in the SDK's format (`switchyard_policy_sdk::columns`, which guests decode it with); no entry
-/// at all when every value is unknown (or there are no rows). Each value is written straight into the row through
-/// one scratch buffer: a column of hundreds of sessions is built on every admission call.
+/// at all when every value is unknown (or there are no rows). Each value is written straight
+/// into the row through one scratch buffer: a column of hundreds of sessions is built on every
+/// admission call.
 pub(crate) fn column<V: std::fmt::Display>(
     key: &str,
     values: impl Iterator<Item = Option<V>>,

@@ -386,7 +386,7 @@ fn agrees_with_the_previous_implementation(
             index.find_matches_locals_into(&locals(tokens), &BlockHasher::new(1), &mut by_locals);
             prop_assert_eq!(sorted(by_locals), sorted(reference.find_matches(seq)));
             let mut reused = vec![(Rank::new(99, 0), Overlap::default())];
-            index.find_matches_slice_into(seq, &mut reused);
+            index.find_matches_into(seq, &mut reused);
             prop_assert_eq!(sorted(reused), sorted(reference.find_matches(seq)));
         }
         for w in 0..3 {

@@ -517,7 +517,7 @@ impl Router {
             candidates,
             from_events,
         } = scratch;
-        index.find_matches_slice_into(request.hashes, indexed);
+        index.find_matches_into(request.hashes, indexed);
         let shared_run = indexed
             .iter()
             .find(|(r, _)| *r == SHARED_POOL)

@@ -11,7 +11,7 @@
 //! `DYNWL_LOOKUP=hashes` runs the gateway's way instead: ingestors that keep no local hashes,
 //! and queries whose sequence hashes are chained before the clock starts (in the gateway the
 //! tokenizer hashes the prompt once, for everything that needs it), then looked up as the router
-//! does ([`KvIndex::find_matches_slice_into`]).
+//! does ([`KvIndex::find_matches_into`]).
 //!
 //! Modes (`DYNWL_MODE`):
 //! - `serial`: one thread pinned to `DYNWL_QUERY_CPU` (0), strict stream order.
@@ -241,7 +241,7 @@ impl Lookups {
     fn find(&self, index: &KvIndex, locals: &[LocalBlockHash], out: &mut Matches) {
         match self.lookup {
             Lookup::Locals => index.find_matches_locals_into(locals, &self.hasher, out),
-            Lookup::Hashes => index.find_matches_slice_into(&self.seq, out),
+            Lookup::Hashes => index.find_matches_into(&self.seq, out),
         }
     }
 }
