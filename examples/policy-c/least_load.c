@@ -8,7 +8,7 @@ void exports_router_metadata(router_policy_metadata_t *ret) {
   router_string_dup(&ret->name, "least-load-c");
   router_string_dup(&ret->version, "1.0.0");
   router_string_dup(&ret->world_name, "router");
-  router_string_dup(&ret->wit_version, "1.2.0");
+  router_string_dup(&ret->wit_version, "1.3.0");
   router_string_dup(&ret->description, "Fewest active requests, then fewest decode blocks (C)");
   ret->extensions.ptr = NULL;
   ret->extensions.len = 0;

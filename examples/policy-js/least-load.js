@@ -11,7 +11,7 @@ export function metadata() {
     name: "least-load-js",
     version: "1.0.0",
     worldName: "router",
-    witVersion: "1.2.0",
+    witVersion: "1.3.0",
     description: "Fewest active requests, then fewest decode blocks (JavaScript)",
     extensions: [],
   };

@@ -23,7 +23,7 @@ class WitWorld(WitWorld):
             name="least-load-python",
             version="1.0.0",
             world_name="router",
-            wit_version="1.2.0",
+            wit_version="1.3.0",
             description="Fewest active requests, then fewest decode blocks (Python)",
             extensions=[],
         )

@@ -2,10 +2,13 @@
 //!
 //! [`Sessions`] and [`Utilization`] arrive as columns, as the WIT passes them;
 //! [`Sessions::rows`] and [`Utilization::rows`] copy them out as [`SessionView`] and
-//! [`RankUtilization`] rows, with the host's trial signals (the `switchyard.*` extension
-//! columns, [`columns`](crate::columns)) decoded into typed fields.
+//! [`RankUtilization`] rows, with the host's trial signals decoded into typed fields. A 1.3 host
+//! sends those signals typed ([`SessionSignals`], WIT `packed-sessions`); older hosts, and
+//! inputs built with [`FromIterator`], carry them as `switchyard.*` extension columns
+//! ([`columns`](crate::columns)).
 
 use crate::columns::{find_fields, join_column};
+use crate::packed;
 use crate::types::{Extensions, PolicyMetadata, Request};
 use std::borrow::Cow;
 
@@ -145,6 +148,81 @@ pub struct Sessions {
     pub idle_ms: Vec<u64>,
     /// Extra session-set signals.
     pub extensions: Extensions,
+    /// Since WIT 1.3: the host's trial signals as typed columns; `None` when they came as
+    /// extension columns (hosts before 1.3, [`FromIterator`]), which the rows decode instead.
+    pub signals: Option<SessionSignals>,
+}
+
+/// The host's trial signals of every session as typed columns (WIT 1.3 `packed-sessions`), one
+/// entry per session in the order of [`Sessions`]; a short column reads as the defaults noted
+/// on [`SessionView`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SessionSignals {
+    /// The rank of each session's last request ([`SessionView::rank`]).
+    pub ranks: Vec<Option<Rank>>,
+    /// Paused by an admission action ([`SessionView::paused`]).
+    pub paused: Vec<bool>,
+    /// Milliseconds paused ([`SessionView::paused_for_ms`]).
+    pub paused_for_ms: Vec<u64>,
+    /// Attained service in milliseconds ([`SessionView::service_ms`]).
+    pub service_ms: Vec<u64>,
+    /// The tool its last turn called ([`SessionView::tool`]).
+    pub tools: Vec<Option<String>>,
+}
+
+/// One session, borrowed from the [`Sessions`] columns: [`SessionView`] without the copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionRef<'a> {
+    /// Session id.
+    pub session_id: &'a str,
+    /// Parent session, if any.
+    pub parent_session_id: Option<&'a str>,
+    /// Phase.
+    pub phase: SessionPhase,
+    /// Current priority; higher is more urgent.
+    pub priority: i32,
+    /// Requests running.
+    pub active_requests: u32,
+    /// Requests waiting in the gateway queue.
+    pub queued_requests: u32,
+    /// Tokens in its context.
+    pub context_tokens: u64,
+    /// Milliseconds since its first request.
+    pub age_ms: u64,
+    /// Milliseconds since it last had a request running.
+    pub idle_ms: u64,
+    /// See [`SessionView::rank`].
+    pub rank: Option<Rank>,
+    /// See [`SessionView::paused`].
+    pub paused: bool,
+    /// See [`SessionView::paused_for_ms`].
+    pub paused_for_ms: u64,
+    /// See [`SessionView::service_ms`].
+    pub service_ms: u64,
+    /// See [`SessionView::tool`].
+    pub tool: Option<&'a str>,
+}
+
+impl SessionRef<'_> {
+    /// The row, copied.
+    pub fn to_view(&self) -> SessionView {
+        SessionView {
+            session_id: self.session_id.to_owned(),
+            parent_session_id: self.parent_session_id.map(str::to_owned),
+            phase: self.phase,
+            priority: self.priority,
+            active_requests: self.active_requests,
+            queued_requests: self.queued_requests,
+            context_tokens: self.context_tokens,
+            age_ms: self.age_ms,
+            idle_ms: self.idle_ms,
+            rank: self.rank,
+            paused: self.paused,
+            paused_for_ms: self.paused_for_ms,
+            service_ms: self.service_ms,
+            tool: self.tool.map(str::to_owned),
+        }
+    }
 }
 
 impl Sessions {
@@ -178,11 +256,52 @@ impl Sessions {
             .position(|s| s == session_id)
     }
 
-    /// Every session as a row, in order, with the extension columns decoded (each parsed once
-    /// per call: call it once per decision).
+    /// Every session as a row, in order, with the trial signals decoded (each extension
+    /// column parsed once per call: call it once per decision).
     pub fn rows(&self) -> Vec<SessionView> {
+        let mut rows = Vec::with_capacity(self.len());
+        self.for_each_row(|row| rows.push(row.to_view()));
+        rows
+    }
+
+    /// Call `f` with every session, in order, borrowed from the columns: [`Sessions::rows`]
+    /// without a copy of each id (a policy that keeps its own view refills it from these).
+    pub fn for_each_row(&self, mut f: impl FnMut(SessionRef<'_>)) {
         let n = self.len();
-        // Borrowed fields: only a tool name is copied out.
+        let row = |i: usize| {
+            let phase = self.phases[i];
+            SessionRef {
+                session_id: &self.session_ids[i],
+                parent_session_id: self.parent_session_ids[i].as_deref(),
+                phase,
+                priority: self.priorities[i],
+                active_requests: self.active_requests[i],
+                queued_requests: self.queued_requests[i],
+                context_tokens: self.context_tokens[i],
+                age_ms: self.age_ms[i],
+                idle_ms: self.idle_ms[i],
+                rank: None,
+                paused: phase == SessionPhase::Paused,
+                paused_for_ms: 0,
+                service_ms: 0,
+                tool: None,
+            }
+        };
+        if let Some(signals) = &self.signals {
+            for i in 0..n {
+                let base = row(i);
+                f(SessionRef {
+                    rank: signals.ranks.get(i).copied().flatten(),
+                    paused: signals.paused.get(i).copied().unwrap_or(base.paused),
+                    paused_for_ms: signals.paused_for_ms.get(i).copied().unwrap_or(0),
+                    service_ms: signals.service_ms.get(i).copied().unwrap_or(0),
+                    tool: signals.tools.get(i).and_then(Option::as_deref),
+                    ..base
+                });
+            }
+            return;
+        }
+        // Borrowed fields: a field is copied only where it held a doubled quote.
         let column = |key| find_fields(&self.extensions, key, n);
         let ranks = column(RANK_COLUMN);
         let paused = column(PAUSED_COLUMN);
@@ -192,31 +311,125 @@ impl Sessions {
         let millis = |column: &Option<Vec<Option<Cow<'_, str>>>>, i: usize| {
             field(column, i).and_then(|v| v.parse().ok()).unwrap_or(0)
         };
-        (0..n)
-            .map(|i| {
-                let phase = self.phases[i];
-                SessionView {
-                    session_id: self.session_ids[i].clone(),
-                    parent_session_id: self.parent_session_ids[i].clone(),
-                    phase,
-                    priority: self.priorities[i],
-                    active_requests: self.active_requests[i],
-                    queued_requests: self.queued_requests[i],
-                    context_tokens: self.context_tokens[i],
-                    age_ms: self.age_ms[i],
-                    idle_ms: self.idle_ms[i],
-                    rank: field(&ranks, i).and_then(Rank::parse),
-                    paused: match field(&paused, i) {
-                        Some("1" | "true") => true,
-                        Some("0" | "false") => false,
-                        _ => phase == SessionPhase::Paused,
-                    },
-                    paused_for_ms: millis(&paused_for, i),
-                    service_ms: millis(&service, i),
-                    tool: field(&tools, i).map(str::to_owned),
-                }
-            })
-            .collect()
+        for i in 0..n {
+            let base = row(i);
+            f(SessionRef {
+                rank: field(&ranks, i).and_then(Rank::parse),
+                paused: match field(&paused, i) {
+                    Some("1" | "true") => true,
+                    Some("0" | "false") => false,
+                    _ => base.paused,
+                },
+                paused_for_ms: millis(&paused_for, i),
+                service_ms: millis(&service, i),
+                tool: field(&tools, i),
+                ..base
+            });
+        }
+    }
+
+    /// Since WIT 1.3: refill these columns from `packed-sessions`' lists (wit/README.md has the
+    /// layout): `counts` holds nine `u32` columns of `count` entries, `sizes` five `u64` ones,
+    /// the ids and tool names are cut from `ids` and `tools` at the offsets `counts` gives.
+    /// The trial signals land in [`Sessions::signals`] and the extensions are cleared (the
+    /// caller sets those it got). Lists too short for `count` give no sessions, offsets outside
+    /// the strings empty ones: never a panic. The columns and strings keep their buffers, so an instance stops allocating for
+    /// them after its first calls.
+    pub fn unpack(
+        &mut self,
+        count: usize,
+        ids: &str,
+        tools: &str,
+        counts: &[u32],
+        priorities: &[i32],
+        sizes: &[u64],
+    ) {
+        let whole = packed::holds(counts.len(), count, packed::SESSION_COUNTS)
+            && packed::holds(sizes.len(), count, packed::SESSION_SIZES)
+            && priorities.len() >= count;
+        let n = if whole { count } else { 0 };
+        let u32s = |c: usize| &counts[c * n..][..n];
+        let u64s = |c: usize| &sizes[c * n..][..n];
+        let signals = self.signals.get_or_insert_with(SessionSignals::default);
+
+        resize(&mut self.session_ids, n);
+        resize(&mut self.parent_session_ids, n);
+        resize(&mut signals.tools, n);
+        let (id_ends, parent_ends) = (u32s(packed::ID_ENDS), u32s(packed::PARENT_ENDS));
+        let (flags, tool_ends) = (u32s(packed::FLAGS), u32s(packed::TOOL_ENDS));
+        let (mut at, mut tool_at) = (0, 0);
+        for i in 0..n {
+            let (id_end, parent_end) = (id_ends[i], parent_ends[i]);
+            set(&mut self.session_ids[i], text(ids, at, id_end));
+            let parent =
+                (flags[i] & packed::HAS_PARENT != 0).then(|| text(ids, id_end, parent_end));
+            set_option(&mut self.parent_session_ids[i], parent);
+            at = parent_end;
+            let tool =
+                (flags[i] & packed::HAS_TOOL != 0).then(|| text(tools, tool_at, tool_ends[i]));
+            set_option(&mut signals.tools[i], tool);
+            tool_at = tool_ends[i];
+        }
+        refill(
+            &mut self.phases,
+            u32s(packed::PHASES).iter().map(|&p| packed::phase(p)),
+        );
+        refill(&mut self.priorities, priorities[..n].iter().copied());
+        refill(
+            &mut self.active_requests,
+            u32s(packed::ACTIVE).iter().copied(),
+        );
+        refill(
+            &mut self.queued_requests,
+            u32s(packed::QUEUED).iter().copied(),
+        );
+        refill(&mut self.context_tokens, u64s(0).iter().copied());
+        refill(&mut self.age_ms, u64s(1).iter().copied());
+        refill(&mut self.idle_ms, u64s(2).iter().copied());
+        refill(&mut signals.paused_for_ms, u64s(3).iter().copied());
+        refill(&mut signals.service_ms, u64s(4).iter().copied());
+        refill(
+            &mut signals.paused,
+            flags.iter().map(|f| f & packed::PAUSED != 0),
+        );
+        let (workers, dp) = (u32s(packed::RANK_WORKERS), u32s(packed::RANK_DP));
+        refill(
+            &mut signals.ranks,
+            (0..n)
+                .map(|i| (flags[i] & packed::HAS_RANK != 0).then(|| Rank::new(workers[i], dp[i]))),
+        );
+        self.extensions.clear();
+    }
+}
+
+/// `s[start..end]`, or empty when that is not a slice of it (the offsets come from the host).
+fn text(s: &str, start: u32, end: u32) -> &str {
+    s.get(start as usize..end as usize).unwrap_or("")
+}
+
+/// Keep `column`'s buffer and its first `n` values' allocations; default the rest.
+fn resize<T: Default>(column: &mut Vec<T>, n: usize) {
+    column.truncate(n);
+    column.resize_with(n, T::default);
+}
+
+/// `column` := `values`, in its buffer.
+fn refill<T>(column: &mut Vec<T>, values: impl Iterator<Item = T>) {
+    column.clear();
+    column.extend(values);
+}
+
+/// `slot` := `text`, in its buffer.
+fn set(slot: &mut String, text: &str) {
+    slot.clear();
+    slot.push_str(text);
+}
+
+/// `slot` := `text`, in its buffer when it has one.
+fn set_option(slot: &mut Option<String>, text: Option<&str>) {
+    match (slot.as_mut(), text) {
+        (Some(owned), Some(text)) => set(owned, text),
+        (_, text) => *slot = text.map(str::to_owned),
     }
 }
 
@@ -270,6 +483,7 @@ impl FromIterator<SessionView> for Sessions {
             age_ms: rows.iter().map(|s| s.age_ms).collect(),
             idle_ms: rows.iter().map(|s| s.idle_ms).collect(),
             extensions,
+            signals: None,
         }
     }
 }
@@ -291,6 +505,9 @@ pub struct Utilization {
     pub healthy: Vec<bool>,
     /// Extra pool-wide signals.
     pub extensions: Extensions,
+    /// Since WIT 1.3: each rank's KV capacity in tokens, 0 when unknown, as a typed column;
+    /// `None` when it came as the [`KV_CAPACITY_COLUMN`] extension column.
+    pub kv_capacity_tokens: Option<Vec<u64>>,
 }
 
 impl Utilization {
@@ -314,10 +531,14 @@ impl Utilization {
         self.len() == 0
     }
 
-    /// Every rank as a row, in order, with [`KV_CAPACITY_COLUMN`] decoded.
+    /// Every rank as a row, in order, with its KV capacity (typed, or [`KV_CAPACITY_COLUMN`]
+    /// decoded).
     pub fn rows(&self) -> Vec<RankUtilization> {
         let n = self.len();
-        let capacity = find_fields(&self.extensions, KV_CAPACITY_COLUMN, n);
+        let capacity = match &self.kv_capacity_tokens {
+            Some(_) => None,
+            None => find_fields(&self.extensions, KV_CAPACITY_COLUMN, n),
+        };
         (0..n)
             .map(|i| RankUtilization {
                 rank: Rank::new(self.worker_ids[i], self.dp_ranks[i]),
@@ -325,13 +546,35 @@ impl Utilization {
                 active_requests: self.active_requests[i],
                 queue_depth: self.queue_depth[i],
                 healthy: self.healthy[i],
-                kv_capacity_tokens: capacity
-                    .as_ref()
-                    .and_then(|c| c[i].as_deref())
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0),
+                kv_capacity_tokens: match &self.kv_capacity_tokens {
+                    Some(typed) => typed.get(i).copied().unwrap_or(0),
+                    None => field(&capacity, i)
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0),
+                },
             })
             .collect()
+    }
+
+    /// Since WIT 1.3: refill these columns from `packed-utilization`'s lists: `counts` holds
+    /// five `u32` columns of `count` entries (`healthy` as 1 or 0). The extensions are cleared
+    /// (the caller sets those it got). Lists too short for `count` give no ranks, never a
+    /// panic.
+    pub fn unpack(&mut self, count: usize, counts: &[u32], kv_usage: &[f32], capacity: &[u64]) {
+        let whole = packed::holds(counts.len(), count, packed::RANK_COUNTS)
+            && kv_usage.len() >= count
+            && capacity.len() >= count;
+        let n = if whole { count } else { 0 };
+        let u32s = |c: usize| counts[c * n..][..n].iter().copied();
+        refill(&mut self.worker_ids, u32s(0));
+        refill(&mut self.dp_ranks, u32s(1));
+        refill(&mut self.active_requests, u32s(2));
+        refill(&mut self.queue_depth, u32s(3));
+        refill(&mut self.healthy, u32s(4).map(|h| h != 0));
+        refill(&mut self.kv_usage, kv_usage[..n].iter().copied());
+        let typed = self.kv_capacity_tokens.get_or_insert_with(Vec::new);
+        refill(typed, capacity[..n].iter().copied());
+        self.extensions.clear();
     }
 }
 
@@ -356,6 +599,7 @@ impl FromIterator<RankUtilization> for Utilization {
             queue_depth: rows.iter().map(|w| w.queue_depth).collect(),
             healthy: rows.iter().map(|w| w.healthy).collect(),
             extensions,
+            kv_capacity_tokens: None,
         }
     }
 }

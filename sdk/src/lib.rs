@@ -24,13 +24,14 @@
 //!
 //! Build with `cargo build --target wasm32-wasip2 --release` to get the component; test the
 //! logic natively with [`testing`]. The bindings come from the repository's `wit/`
-//! (package `switchyard:policy@1.2.0`: it needs a 1.2 host; 1.0 and 1.1 components keep
-//! loading on a 1.2 host) and exist only on `wasm32`.
+//! (package `switchyard:policy@1.3.0`: it needs a 1.3 host; 1.0 to 1.2 components keep
+//! loading on a 1.3 host) and exist only on `wasm32`.
 
 mod admission;
 pub mod columns;
 mod kv_hints;
 mod macros;
+pub mod packed;
 mod router;
 mod types;
 
@@ -43,7 +44,7 @@ mod glue;
 pub use admission::{
     Action, ActionKind, AdmissionPolicy, Incoming, KV_CAPACITY_COLUMN, PAUSED_COLUMN,
     PAUSED_FOR_COLUMN, RANK_COLUMN, Rank, RankUtilization, SERVICE_COLUMN, SessionPhase,
-    SessionView, Sessions, TOOL_COLUMN, Utilization,
+    SessionRef, SessionSignals, SessionView, Sessions, TOOL_COLUMN, Utilization,
 };
 pub use kv_hints::{
     Compaction, EventKind, Hint, HintAction, HintKind, HintOutcome, HintOutcomeRow, HintOutcomes,
@@ -59,7 +60,7 @@ pub use types::{
 
 /// The version of the `switchyard:policy` WIT package this SDK binds; the host accepts policies
 /// of the same major version.
-pub const WIT_VERSION: &str = "1.2.0";
+pub const WIT_VERSION: &str = "1.3.0";
 
 /// Writes `message` to the gateway's log, tagged with the policy's name (rate-limited by the
 /// host). In native tests it is captured instead: see [`testing::take_logs`].

@@ -96,6 +96,31 @@ macro_rules! export_admission {
                     POLICY
                         .with_borrow_mut(|p| glue::placement(p, now_ms, session_id, state, workers))
                 }
+                fn tick_packed(
+                    now_ms: u64,
+                    state: glue::WitPackedSessions,
+                    workers: glue::WitPackedUtilization,
+                ) -> ::std::vec::Vec<glue::WitAction> {
+                    POLICY.with_borrow_mut(|p| glue::tick_packed(p, now_ms, state, workers))
+                }
+                fn arrival_packed(
+                    now_ms: u64,
+                    req: glue::WitIncoming,
+                    state: glue::WitPackedSessions,
+                    workers: glue::WitPackedUtilization,
+                ) -> ::std::vec::Vec<glue::WitAction> {
+                    POLICY.with_borrow_mut(|p| glue::arrival_packed(p, now_ms, req, state, workers))
+                }
+                fn placement_packed(
+                    now_ms: u64,
+                    session_id: ::std::string::String,
+                    state: glue::WitPackedSessions,
+                    workers: glue::WitPackedUtilization,
+                ) -> ::core::option::Option<(u32, u32)> {
+                    POLICY.with_borrow_mut(|p| {
+                        glue::placement_packed(p, now_ms, session_id, state, workers)
+                    })
+                }
                 fn configure(
                     params: ::std::vec::Vec<(::std::string::String, ::std::string::String)>,
                 ) -> ::core::result::Result<(), ::std::string::String> {

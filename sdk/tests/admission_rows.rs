@@ -175,3 +175,143 @@ fn the_harness_panics_on_an_unknown_session() {
     let sessions: Sessions = [session("a", SessionPhase::Idle)].into_iter().collect();
     AdmissionHarness::new(PauseAll { stray: true }).tick(0, &sessions, &Utilization::default());
 }
+
+/// Two sessions as a 1.3 host packs them (wit/README.md): `a` (parent `root`, paused, on rank
+/// 3.1, called `grep`) and `b` (no parent, no rank, no tool).
+fn packed() -> (String, String, Vec<u32>, Vec<i32>, Vec<u64>) {
+    let counts = [
+        [1, 6],      // id-ends: "a" | "root" | "b"
+        [5, 6],      // parent-ends
+        [1, 4],      // phases: running, idle
+        [0b1111, 0], // flags: parent, paused, rank, tool
+        [2, 0],      // active-requests
+        [1, 0],      // queued-requests
+        [3, 0],      // rank-workers
+        [1, 0],      // rank-dp
+        [4, 4],      // tool-ends: "grep"
+    ];
+    let sizes = [[100, 200], [10, 20], [1, 2], [1_500, 0], [42, 7]];
+    (
+        "arootb".into(),
+        "grep".into(),
+        counts.into_iter().flatten().collect(),
+        vec![-2, 5],
+        sizes.into_iter().flatten().collect(),
+    )
+}
+
+#[test]
+fn packed_sessions_unpack_into_typed_signals_over_stale_columns() {
+    let (ids, tools, counts, priorities, sizes) = packed();
+    // Columns left by an earlier, longer call, extension columns included.
+    let mut sessions: Sessions = (0..5)
+        .map(|i| SessionView {
+            tool: Some("old".into()),
+            rank: Some(Rank::new(9, 9)),
+            ..session(&format!("stale-{i}"), SessionPhase::ToolCall)
+        })
+        .collect();
+    sessions.unpack(2, &ids, &tools, &counts, &priorities, &sizes);
+    assert!(sessions.extensions.is_empty(), "signals are typed now");
+    assert_eq!(
+        sessions.rows(),
+        [
+            SessionView {
+                session_id: "a".into(),
+                parent_session_id: Some("root".into()),
+                phase: SessionPhase::Running,
+                priority: -2,
+                active_requests: 2,
+                queued_requests: 1,
+                context_tokens: 100,
+                age_ms: 10,
+                idle_ms: 1,
+                rank: Some(Rank::new(3, 1)),
+                paused: true,
+                paused_for_ms: 1_500,
+                service_ms: 42,
+                tool: Some("grep".into()),
+            },
+            SessionView {
+                session_id: "b".into(),
+                phase: SessionPhase::Idle,
+                priority: 5,
+                context_tokens: 200,
+                age_ms: 20,
+                idle_ms: 2,
+                service_ms: 7,
+                ..SessionView::default()
+            },
+        ]
+    );
+}
+
+#[test]
+fn malformed_packed_lists_give_no_sessions_or_empty_ids_never_a_panic() {
+    let (ids, tools, counts, priorities, sizes) = packed();
+    let mut sessions = Sessions::default();
+    // A count past the lists, or a list short of its columns: malformed, no sessions (rather
+    // than columns read at the wrong stride).
+    sessions.unpack(usize::MAX, &ids, &tools, &counts, &priorities, &sizes);
+    assert_eq!(sessions.len(), 0);
+    sessions.unpack(3, &ids, &tools, &counts, &priorities, &sizes);
+    assert_eq!(sessions.len(), 0);
+    sessions.unpack(2, &ids, &tools, &counts, &priorities[..1], &sizes);
+    assert_eq!(sessions.len(), 0);
+    sessions.unpack(1, &ids, &tools, &counts, &priorities, &sizes);
+    assert_eq!(
+        sessions.len(),
+        1,
+        "a shorter count reads its prefix of each list"
+    );
+    // Offsets past the strings, or not on a character boundary: empty text.
+    let mut bad = counts.clone();
+    bad[0] = 99;
+    sessions.unpack(2, "éa", &tools, &bad, &priorities, &sizes);
+    assert_eq!(sessions.rows()[0].session_id, "");
+    bad[0] = 1;
+    sessions.unpack(2, "éa", &tools, &bad, &priorities, &sizes);
+    assert_eq!(sessions.rows()[0].session_id, "", "1 is inside `é`");
+    // An unknown phase reads as idle.
+    let mut phases = counts;
+    phases[4] = 77;
+    sessions.unpack(2, &ids, &tools, &phases, &priorities, &sizes);
+    assert_eq!(sessions.rows()[0].phase, SessionPhase::Idle);
+}
+
+#[test]
+fn packed_utilization_unpacks_with_its_capacity() {
+    let mut workers: Utilization = [RankUtilization::default(); 3].into_iter().collect();
+    workers.unpack(
+        2,
+        &[0, 0, 0, 1, 3, 0, 1, 2, 1, 0],
+        &[0.5, 0.25],
+        &[0, 65_536],
+    );
+    assert_eq!(
+        workers.rows(),
+        [
+            RankUtilization {
+                rank: Rank::new(0, 0),
+                kv_usage: 0.5,
+                active_requests: 3,
+                queue_depth: 1,
+                healthy: true,
+                kv_capacity_tokens: 0,
+            },
+            RankUtilization {
+                rank: Rank::new(0, 1),
+                kv_usage: 0.25,
+                active_requests: 0,
+                queue_depth: 2,
+                healthy: false,
+                kv_capacity_tokens: 65_536,
+            },
+        ]
+    );
+    workers.unpack(2, &[0; 9], &[0.5, 0.25], &[0, 1]);
+    assert!(
+        workers.rows().is_empty(),
+        "a short u32 list holds no whole rank"
+    );
+}

@@ -4,7 +4,9 @@
 //! `cargo bench -p switchyard-policy-host --bench policy_call`
 //! Wasm guests: always the inline WAT test router (`chosen(0)`, i.e. pure host overhead) with and
 //! without 1.2's `route-packed` and the 1.1 build of `kv-cost` (the compatibility fixture, which
-//! has no `route-packed`); the built-in `kv-cost` when `SWITCHYARD_KV_COST_WASM` names its file;
+//! has no `route-packed`); the built-in `kv-cost` when `SWITCHYARD_KV_COST_WASM` names its file
+//! (and another build of `thunder-agent` beside the built-in when `SWITCHYARD_THUNDER_AGENT_WASM`
+//! does);
 //! the C, JS and Python example guests when `examples/build-policies.sh` has built them
 //! (`target/examples/`).
 
@@ -249,16 +251,39 @@ fn admission_view(n: u32) -> AdmissionView {
 }
 
 /// One admission `arrival` (the call every request makes when an admission policy is on):
-/// ThunderAgent native against its Wasm twin, over 16 to 256 programs.
+/// ThunderAgent native against its Wasm twin, over 16 to 256 programs. The twin runs twice:
+/// built against WIT 1.3 (the host makes the packed call) and the 1.2 build kept as a test
+/// fixture (`arrival` over the 1.0 records).
 fn admission(c: &mut Criterion) {
     let engine = match PolicyEngine::new(patient()) {
         Ok(engine) => engine,
         Err(e) => panic!("engine: {e}"),
     };
-    let component = match engine.load_admission(switchyard_policy_artifacts::THUNDER_AGENT) {
+    let load = |bytes: &[u8]| match engine.load_admission(bytes) {
         Ok(component) => component,
         Err(e) => panic!("thunder-agent: {e}"),
     };
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/wit-1.2/thunder-agent.wasm"
+    );
+    let mut twins = vec![
+        (
+            "wasm-thunder-agent",
+            load(switchyard_policy_artifacts::THUNDER_AGENT),
+        ),
+        (
+            "wasm-1.2-thunder-agent",
+            load(&std::fs::read(fixture).unwrap_or_default()),
+        ),
+    ];
+    // Another build of it (another profile, say), when named.
+    if let Ok(path) = std::env::var("SWITCHYARD_THUNDER_AGENT_WASM") {
+        match std::fs::read(&path) {
+            Ok(bytes) => twins.push(("wasm-thunder-agent-file", load(&bytes))),
+            Err(e) => eprintln!("skipping {path}: {e}"),
+        }
+    }
     let mut group = c.benchmark_group("policy-host/admission-arrival");
     for n in [16, 64, 256] {
         let view = admission_view(n);
@@ -278,12 +303,14 @@ fn admission(c: &mut Criterion) {
                 b.iter(|| black_box(policy.arrival(black_box(v), &arrival, now)));
             },
         );
-        let mut wasm = WasmAdmission::new(component.clone(), Arc::new(PolicyStats::default()));
-        group.bench_with_input(BenchmarkId::new("wasm-thunder-agent", n), &view, |b, v| {
-            b.iter(|| black_box(wasm.try_arrival(black_box(v), &arrival, now)));
-        });
-        if let Err(e) = wasm.try_arrival(&view, &arrival, now) {
-            panic!("wasm thunder-agent on {n} programs: {e}");
+        for (name, component) in &twins {
+            let mut wasm = WasmAdmission::new(component.clone(), Arc::new(PolicyStats::default()));
+            group.bench_with_input(BenchmarkId::new(*name, n), &view, |b, v| {
+                b.iter(|| black_box(wasm.try_arrival(black_box(v), &arrival, now)));
+            });
+            if let Err(e) = wasm.try_arrival(&view, &arrival, now) {
+                panic!("{name} on {n} programs: {e}");
+            }
         }
     }
     group.finish();

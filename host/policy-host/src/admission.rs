@@ -1,10 +1,12 @@
 //! [`WasmAdmission`]: an `admission` component behind the core's [`AdmissionPolicy`] trait, with
 //! the native policy of the same name answering whenever the guest cannot.
 
+mod packed;
+
 use crate::bindings::admission::{
     Action, ActionKind as WitActionKind, Incoming, SessionPhase as WitPhase, Sessions, Utilization,
 };
-use crate::component::{AdmissionComponent, Metadata};
+use crate::component::{AdmissionComponent, AdmissionInstance, Metadata};
 use crate::convert;
 use crate::engine::PolicyEngine;
 use crate::error::PolicyError;
@@ -12,6 +14,7 @@ use crate::guest::Guest;
 use crate::router::CANARY_TOKENS;
 use crate::slot::Kind;
 use crate::stats::PolicyStats;
+use packed::PackedView;
 use std::sync::Arc;
 use std::time::Duration;
 use switchyard_core::admission::{
@@ -32,6 +35,9 @@ pub struct WasmAdmission {
     guest: Guest<AdmissionComponent>,
     fallback: Box<dyn AdmissionPolicy>,
     model: String,
+    /// 1.3's packed view, reused between calls, when the component exports the packed calls
+    /// (the host then makes those instead of `tick`, `arrival` and `placement`).
+    packed: Option<Box<PackedView>>,
 }
 
 impl WasmAdmission {
@@ -49,10 +55,12 @@ impl WasmAdmission {
         stats: Arc<PolicyStats>,
         fallback: Box<dyn AdmissionPolicy>,
     ) -> Self {
+        let packed = component.has_packed().then(Box::default);
         Self {
             guest: Guest::new(component, stats),
             fallback,
             model: String::new(),
+            packed,
         }
     }
 
@@ -77,7 +85,7 @@ impl WasmAdmission {
         view: &AdmissionView,
         now: Duration,
     ) -> Result<Vec<AdmissionAction>, PolicyError> {
-        ask_tick(&mut self.guest, view, now)
+        ask_tick(&mut self.guest, &mut self.packed, view, now)
     }
 
     /// Ask the guest's `arrival`, with no fallback.
@@ -87,7 +95,14 @@ impl WasmAdmission {
         arrival: &Arrival<'_>,
         now: Duration,
     ) -> Result<Vec<AdmissionAction>, PolicyError> {
-        ask_arrival(&mut self.guest, view, arrival, now, &self.model)
+        ask_arrival(
+            &mut self.guest,
+            &mut self.packed,
+            view,
+            arrival,
+            now,
+            &self.model,
+        )
     }
 
     /// Ask the guest's 1.1 `placement`, with no fallback: the rank (checked against the view),
@@ -98,7 +113,7 @@ impl WasmAdmission {
         session_id: &str,
         now: Duration,
     ) -> Result<Option<Rank>, PolicyError> {
-        ask_placement(&mut self.guest, view, session_id, now)
+        ask_placement(&mut self.guest, &mut self.packed, view, session_id, now)
     }
 
     /// Configure the policy with `params` (its 1.1 `configure`; every later instance gets them
@@ -123,7 +138,11 @@ impl AdmissionPolicy for WasmAdmission {
     }
 
     fn tick(&mut self, view: &AdmissionView, now: Duration) -> Vec<AdmissionAction> {
-        match self.guest.decide(|guest| ask_tick(guest, view, now)) {
+        let packed = &mut self.packed;
+        match self
+            .guest
+            .decide(|guest| ask_tick(guest, packed, view, now))
+        {
             Some(actions) => actions,
             None => self.fallback.tick(view, now),
         }
@@ -135,10 +154,10 @@ impl AdmissionPolicy for WasmAdmission {
         arrival: &Arrival<'_>,
         now: Duration,
     ) -> Vec<AdmissionAction> {
-        let model = &self.model;
+        let (model, packed) = (&self.model, &mut self.packed);
         match self
             .guest
-            .decide(|guest| ask_arrival(guest, view, arrival, now, model))
+            .decide(|guest| ask_arrival(guest, packed, view, arrival, now, model))
         {
             Some(actions) => actions,
             None => self.fallback.arrival(view, arrival, now),
@@ -151,9 +170,10 @@ impl AdmissionPolicy for WasmAdmission {
         if !self.guest.component().has_placement() {
             return None;
         }
+        let packed = &mut self.packed;
         match self
             .guest
-            .decide(|guest| ask_placement(guest, view, session_id, now))
+            .decide(|guest| ask_placement(guest, packed, view, session_id, now))
         {
             Some(rank) => rank,
             None => self.fallback.placement(view, session_id, now),
@@ -163,6 +183,7 @@ impl AdmissionPolicy for WasmAdmission {
 
 fn ask_placement(
     guest: &mut Guest<AdmissionComponent>,
+    packed: &mut Option<Box<PackedView>>,
     view: &AdmissionView,
     session_id: &str,
     now: Duration,
@@ -170,11 +191,20 @@ fn ask_placement(
     if !guest.component().has_placement() {
         return Ok(None);
     }
-    let (sessions, workers) = (sessions(view), utilization(view));
-    let placed = guest.call(|instance, store| match &instance.placement {
-        Some(p) => p.call_placement(store, convert::millis(now), session_id, &sessions, &workers),
-        None => Ok(None),
-    })?;
+    let now = convert::millis(now);
+    let placed = if let Some(packed) = packed {
+        packed.fill(view);
+        let PackedView { sessions, workers } = &**packed;
+        guest.call(|instance, store| {
+            lost_packed(instance)?.call_placement_packed(store, now, session_id, sessions, workers)
+        })?
+    } else {
+        let (sessions, workers) = (sessions(view), utilization(view));
+        guest.call(|instance, store| match &instance.placement {
+            Some(p) => p.call_placement(store, now, session_id, &sessions, &workers),
+            None => Ok(None),
+        })?
+    };
     let Some((worker, dp_rank)) = placed else {
         return Ok(None);
     };
@@ -193,20 +223,27 @@ fn ask_placement(
 
 fn ask_tick(
     guest: &mut Guest<AdmissionComponent>,
+    packed: &mut Option<Box<PackedView>>,
     view: &AdmissionView,
     now: Duration,
 ) -> Result<Vec<AdmissionAction>, PolicyError> {
-    let (sessions, workers) = (sessions(view), utilization(view));
-    let raw = guest.call(|instance, store| {
-        instance
-            .core
-            .call_tick(store, convert::millis(now), &sessions, &workers)
-    })?;
+    let now = convert::millis(now);
+    let raw = if let Some(packed) = packed {
+        packed.fill(view);
+        let PackedView { sessions, workers } = &**packed;
+        guest.call(|instance, store| {
+            lost_packed(instance)?.call_tick_packed(store, now, sessions, workers)
+        })?
+    } else {
+        let (sessions, workers) = (sessions(view), utilization(view));
+        guest.call(|instance, store| instance.core.call_tick(store, now, &sessions, &workers))?
+    };
     checked(raw, view, None)
 }
 
 fn ask_arrival(
     guest: &mut Guest<AdmissionComponent>,
+    packed: &mut Option<Box<PackedView>>,
     view: &AdmissionView,
     arrival: &Arrival<'_>,
     now: Duration,
@@ -216,13 +253,33 @@ fn ask_arrival(
         req: convert::request(&arrival.request, model),
         waited_ms: convert::millis(arrival.waited),
     };
-    let (sessions, workers) = (sessions(view), utilization(view));
-    let raw = guest.call(|instance, store| {
-        instance
-            .core
-            .call_arrival(store, convert::millis(now), &incoming, &sessions, &workers)
-    })?;
+    let now = convert::millis(now);
+    let raw = if let Some(packed) = packed {
+        packed.fill(view);
+        let PackedView { sessions, workers } = &**packed;
+        guest.call(|instance, store| {
+            lost_packed(instance)?.call_arrival_packed(store, now, &incoming, sessions, workers)
+        })?
+    } else {
+        let (sessions, workers) = (sessions(view), utilization(view));
+        guest.call(|instance, store| {
+            instance
+                .core
+                .call_arrival(store, now, &incoming, &sessions, &workers)
+        })?
+    };
     checked(raw, view, Some(arrival))
+}
+
+/// The instance's 1.3 exports; the component had them at load, so their absence is a broken
+/// host invariant, reported as the call's failure rather than a panic.
+fn lost_packed(
+    instance: &AdmissionInstance,
+) -> wasmtime::Result<&crate::bindings::admission_packed::AdmissionPacked> {
+    instance
+        .packed
+        .as_ref()
+        .ok_or_else(|| wasmtime::format_err!("the component lost its packed admission calls"))
 }
 
 // Columns the WIT records lack travel as `extensions` (wit/README.md, "Trial signals in use"):

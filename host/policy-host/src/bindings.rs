@@ -2,7 +2,8 @@
 //!
 //! Each world is bound as its frozen 1.0 core (`router-core`, ...), which every component of the
 //! world exports, plus one small binding per later addition (1.1: `configurable`,
-//! `router-arrival`, `admission-placement`, `kv-hints-outcomes`; 1.2: `router-packed`), linked
+//! `router-arrival`, `admission-placement`, `kv-hints-outcomes`; 1.2: `router-packed`; 1.3:
+//! `admission-packed`), linked
 //! only when the component exports it: the
 //! host dispatches on what a component exports, so a 1.0 component keeps working. The
 //! `router-core` bindings own the shared interfaces (`types`, `host`); the others reuse them
@@ -30,7 +31,7 @@ pub(crate) mod admission {
     });
 
     pub(crate) use switchyard::policy::admission_types::{
-        ActionKind, Host as AdmissionTypesHost, SessionPhase,
+        ActionKind, Host as AdmissionTypesHost, PackedSessions, PackedUtilization, SessionPhase,
     };
 }
 
@@ -89,6 +90,18 @@ pub(crate) mod admission_placement {
     wasmtime::component::bindgen!({
         path: "../../wit",
         world: "admission-placement",
+        with: {
+            "switchyard:policy/types": super::switchyard::policy::types,
+            "switchyard:policy/admission-types": super::admission::switchyard::policy::admission_types,
+        },
+    });
+}
+
+/// 1.3: the admission world's `tick-packed`, `arrival-packed` and `placement-packed`.
+pub(crate) mod admission_packed {
+    wasmtime::component::bindgen!({
+        path: "../../wit",
+        world: "admission-packed",
         with: {
             "switchyard:policy/types": super::switchyard::policy::types,
             "switchyard:policy/admission-types": super::admission::switchyard::policy::admission_types,

@@ -6,7 +6,8 @@
 use crate::bindings::configurable::{Configurable, ConfigurableIndices};
 use crate::bindings::{self, PolicyMetadata};
 use crate::bindings::{
-    admission, admission_placement, kv_hints, kv_hints_outcomes, router_arrival, router_packed,
+    admission, admission_packed, admission_placement, kv_hints, kv_hints_outcomes, router_arrival,
+    router_packed,
 };
 use crate::engine::{ContentHash, HostState, PolicyEngine, WIT_MAJOR};
 use crate::error::PolicyError;
@@ -158,7 +159,9 @@ world!(
     AdmissionInstance, AdmissionInstancePre, "admission",
     core: admission::AdmissionCore, admission::AdmissionCoreIndices,
     placement: admission_placement::AdmissionPlacement,
-        admission_placement::AdmissionPlacementIndices, "placement"
+        admission_placement::AdmissionPlacementIndices, "placement",
+    packed: admission_packed::AdmissionPacked, admission_packed::AdmissionPackedIndices,
+        "arrival-packed", "1.3"
 );
 world!(
     /// A live `kv-hints` component.
@@ -360,6 +363,12 @@ impl AdmissionComponent {
     /// Whether it exports 1.1's `placement` (it may place programs on ranks).
     pub fn has_placement(&self) -> bool {
         self.extended()
+    }
+
+    /// Whether it exports 1.3's packed calls (the host then calls them instead of `tick`,
+    /// `arrival` and `placement`).
+    pub fn has_packed(&self) -> bool {
+        self.0.pre().packed.is_some()
     }
 }
 

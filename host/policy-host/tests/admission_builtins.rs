@@ -243,7 +243,8 @@ proptest! {
 
     #[test]
     fn wasm_twins_act_exactly_like_the_native_policies(scenario in scenario()) {
-        for name in TWINS.into_iter().chain([crate::compat::V1_0_THUNDER]) {
+        let fixtures = [crate::compat::V1_0_THUNDER, crate::compat::V1_2_THUNDER];
+        for name in TWINS.into_iter().chain(fixtures) {
             if let Err(diff) = run_both(name, &scenario) {
                 return Err(TestCaseError::fail(diff));
             }
@@ -352,7 +353,7 @@ fn every_admission_builtin_loads_and_passes_the_canary() {
             .unwrap()
             .metadata()
             .clone();
-        assert_eq!(metadata.wit_version, "1.2.0", "{name}");
+        assert_eq!(metadata.wit_version, "1.3.0", "{name}");
     }
 }
 

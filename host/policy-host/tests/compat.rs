@@ -1,10 +1,11 @@
-//! WIT 1.1 and 1.2 on the host: 1.0 components (prebuilt, `tests/fixtures/wit-1.0/`) keep
+//! WIT 1.1 to 1.3 on the host: 1.0 components (prebuilt, `tests/fixtures/wit-1.0/`) keep
 //! loading and deciding as before, and refuse parameters they cannot take; 1.1 components get
 //! their parameters (which change their decisions), refuse bad ones with their reason, and hear
 //! what became of their hints; a 1.1 router (prebuilt, `tests/fixtures/wit-1.1/`) is asked
-//! through `route`, a 1.2 one through `route-packed`. (The 1.0 fixtures also run the
-//! native/Wasm equality properties of `builtins`, `admission_builtins` and
-//! `kv_hints::builtins`.)
+//! through `route`, a 1.2 one through `route-packed`; a 1.2 admission component (prebuilt,
+//! `tests/fixtures/wit-1.2/`) through `tick`, `arrival` and `placement`, a 1.3 one through
+//! their packed forms. (The 1.0 and 1.2 fixtures also run the native/Wasm equality properties
+//! of `builtins`, `admission_builtins` and `kv_hints::builtins`.)
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -25,6 +26,8 @@ use switchyard_policy_host::{
 pub(crate) const V1_0_DEMOTE: &str = "wit-1.0:demote-on-tool-call";
 /// The 1.0 build of thunder-agent.
 pub(crate) const V1_0_THUNDER: &str = "wit-1.0:thunder-agent";
+/// The 1.2 build of thunder-agent (no packed admission calls).
+pub(crate) const V1_2_THUNDER: &str = "wit-1.2:thunder-agent";
 /// The 1.0 build of kv-cost.
 const V1_0_KV_COST: &str = "wit-1.0:kv-cost";
 /// The 1.1 build of kv-cost (no `route-packed`).
@@ -146,6 +149,18 @@ fn a_v1_2_router_is_asked_through_route_packed() {
         Ok(switchyard_core::router::Selection::Pick(0)),
         "`route` traps: only `route-packed` answers"
     );
+}
+
+#[test]
+fn a_v1_2_admission_component_is_asked_through_the_unpacked_calls() {
+    let engine = crate::patient_engine();
+    let old = engine.load_admission(&bytes(V1_2_THUNDER)).unwrap();
+    assert_eq!(old.metadata().wit_version, "1.2.0");
+    assert!(old.configurable() && old.has_placement() && !old.has_packed());
+    let new = engine.load_admission(&bytes("thunder-agent")).unwrap();
+    assert!(new.has_packed(), "the SDK exports the packed calls");
+    // Both decide as the native policy on every path: the properties of `admission_builtins`
+    // run the 1.2 build beside the built-ins.
 }
 
 #[test]

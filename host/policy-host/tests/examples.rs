@@ -81,7 +81,7 @@ fn example_conforms(lang: &str) {
 
     let component = engine.load_router_file(&path).unwrap();
     assert_eq!(component.metadata().name, name);
-    assert_eq!(component.metadata().wit_version, "1.2.0");
+    assert_eq!(component.metadata().wit_version, "1.3.0");
     let mut policy = WasmRouter::new(component, Arc::new(PolicyStats::default()));
     conforms(&name, &mut policy);
 

@@ -15,7 +15,7 @@ use switchyard_core::router::{CostWeights, PolicyRequest};
 use switchyard_core::worker;
 use switchyard_policy_sdk::{
     self as sdk, Action, ActionKind, AdmissionPolicy, Incoming, PolicyMetadata, Rank,
-    RankUtilization, SessionPhase, SessionView, Sessions, Utilization,
+    RankUtilization, SessionPhase, SessionRef, Sessions, Utilization,
 };
 
 /// A native admission policy a component ships: how to build it and how to describe it.
@@ -42,6 +42,8 @@ pub trait Builtin {
 /// `switchyard_policy_sdk::export_admission!(Native<B>)`.
 pub struct Native<B: Builtin> {
     policy: B::Policy,
+    /// The core's view, refilled in place on every call (its strings keep their buffers).
+    view: AdmissionView,
 }
 
 impl<B: Builtin> Native<B> {
@@ -55,6 +57,7 @@ impl<B: Builtin> Default for Native<B> {
     fn default() -> Self {
         Self {
             policy: B::policy(),
+            view: AdmissionView::default(),
         }
     }
 }
@@ -73,10 +76,10 @@ impl<B: Builtin> AdmissionPolicy for Native<B> {
     }
 
     fn tick(&mut self, now_ms: u64, sessions: &Sessions, workers: &Utilization) -> Vec<Action> {
-        let view = view(sessions, workers);
+        refill_view(&mut self.view, sessions, workers);
         actions(core::AdmissionPolicy::tick(
             &mut self.policy,
-            &view,
+            &self.view,
             millis(now_ms),
         ))
     }
@@ -88,11 +91,11 @@ impl<B: Builtin> AdmissionPolicy for Native<B> {
         sessions: &Sessions,
         workers: &Utilization,
     ) -> Vec<Action> {
-        let view = view(sessions, workers);
+        refill_view(&mut self.view, sessions, workers);
         let arrival = arrival(incoming);
         actions(core::AdmissionPolicy::arrival(
             &mut self.policy,
-            &view,
+            &self.view,
             &arrival,
             millis(now_ms),
         ))
@@ -105,13 +108,12 @@ impl<B: Builtin> AdmissionPolicy for Native<B> {
         sessions: &Sessions,
         workers: &Utilization,
     ) -> Option<Rank> {
-        let view = view(sessions, workers);
-        core::AdmissionPolicy::placement(&mut self.policy, &view, session_id, millis(now_ms)).map(
-            |r| Rank {
+        refill_view(&mut self.view, sessions, workers);
+        core::AdmissionPolicy::placement(&mut self.policy, &self.view, session_id, millis(now_ms))
+            .map(|r| Rank {
                 worker_id: r.worker.0,
                 dp_rank: r.dp_rank,
-            },
-        )
+            })
     }
 
     fn configure(&mut self, params: &sdk::Params) -> Result<(), String> {
@@ -145,16 +147,43 @@ fn millis(ms: u64) -> Duration {
 
 /// The host's columns as the core's view.
 pub fn view(sessions: &Sessions, workers: &Utilization) -> AdmissionView {
-    AdmissionView {
-        sessions: sessions.rows().into_iter().map(session).collect(),
-        workers: workers.rows().iter().map(rank_utilization).collect(),
-    }
+    let mut view = AdmissionView::default();
+    refill_view(&mut view, sessions, workers);
+    view
 }
 
-fn session(s: SessionView) -> core::SessionView {
+/// [`view`] into `view`, reusing its rows' strings: a call over hundreds of sessions then
+/// allocates nothing once the rows have grown.
+fn refill_view(view: &mut AdmissionView, sessions: &Sessions, workers: &Utilization) {
+    let rows = &mut view.sessions;
+    let mut n = 0;
+    sessions.for_each_row(|s| {
+        let row = session(s, rows.get_mut(n));
+        match rows.get_mut(n) {
+            Some(slot) => *slot = row,
+            None => rows.push(row),
+        }
+        n += 1;
+    });
+    rows.truncate(n);
+    view.workers.clear();
+    view.workers
+        .extend(workers.rows().iter().map(rank_utilization));
+}
+
+/// `s` as the core's row, its strings written into those of `old` (the row an earlier call
+/// left in its place), if any.
+fn session(s: SessionRef<'_>, old: Option<&mut core::SessionView>) -> core::SessionView {
+    let (mut id, mut parent, mut tool) = old.map_or_else(Default::default, |old| {
+        let id = std::mem::take(&mut old.session_id);
+        (id, old.parent_session_id.take(), old.tool.take())
+    });
+    set(&mut id, s.session_id);
+    set_option(&mut parent, s.parent_session_id);
+    set_option(&mut tool, s.tool);
     core::SessionView {
-        session_id: s.session_id,
-        parent_session_id: s.parent_session_id,
+        session_id: id,
+        parent_session_id: parent,
         phase: phase(s.phase),
         priority: s.priority,
         active_requests: s.active_requests,
@@ -166,7 +195,21 @@ fn session(s: SessionView) -> core::SessionView {
         paused: s.paused,
         paused_for: millis(s.paused_for_ms),
         service: millis(s.service_ms),
-        tool: s.tool,
+        tool,
+    }
+}
+
+/// `slot` := `text`, in its buffer.
+fn set(slot: &mut String, text: &str) {
+    slot.clear();
+    slot.push_str(text);
+}
+
+/// `slot` := `text`, in its buffer when it has one.
+fn set_option(slot: &mut Option<String>, text: Option<&str>) {
+    match (slot.as_mut(), text) {
+        (Some(owned), Some(text)) => set(owned, text),
+        (_, text) => *slot = text.map(str::to_owned),
     }
 }
 

@@ -3,7 +3,7 @@
 use super::*;
 use switchyard_core::admission::AdmissionPolicy as _;
 use switchyard_policy_sdk::testing::AdmissionHarness;
-use switchyard_policy_sdk::{CostOverrides, Request};
+use switchyard_policy_sdk::{CostOverrides, Request, SessionSignals, SessionView};
 
 fn row(id: &str) -> SessionView {
     SessionView {
@@ -54,6 +54,38 @@ fn sessions_keep_every_field_and_signal() {
         (b.rank, b.paused, b.phase, b.tool.as_deref()),
         (None, false, core::SessionPhase::Idle, None)
     );
+}
+
+#[test]
+fn a_refilled_view_is_the_fresh_one_and_typed_signals_read_as_extension_columns() {
+    let bare = |id: &str| SessionView {
+        session_id: id.into(),
+        ..SessionView::default()
+    };
+    let mut kept = AdmissionView::default();
+    let calls: [Vec<SessionView>; 3] = [
+        vec![row("a"), bare("b"), row("c")],
+        vec![bare("longer-than-before"), row("e")],
+        vec![row("f"), row("g"), bare("h"), row("i")],
+    ];
+    for rows in calls {
+        let sessions: Sessions = rows.iter().cloned().collect();
+        refill_view(&mut kept, &sessions, &Utilization::default());
+        assert_eq!(kept, view(&sessions, &Utilization::default()));
+        // The same signals as a 1.3 host sends them: typed, no extension columns.
+        let typed = Sessions {
+            extensions: Vec::new(),
+            signals: Some(SessionSignals {
+                ranks: rows.iter().map(|r| r.rank).collect(),
+                paused: rows.iter().map(|r| r.paused).collect(),
+                paused_for_ms: rows.iter().map(|r| r.paused_for_ms).collect(),
+                service_ms: rows.iter().map(|r| r.service_ms).collect(),
+                tools: rows.iter().map(|r| r.tool.clone()).collect(),
+            }),
+            ..sessions
+        };
+        assert_eq!(view(&typed, &Utilization::default()), kept);
+    }
 }
 
 #[test]

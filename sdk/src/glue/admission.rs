@@ -8,7 +8,8 @@ use crate::admission::{
 };
 
 pub use wit::{
-    Action as WitAction, Incoming as WitIncoming, Sessions as WitSessions,
+    Action as WitAction, Incoming as WitIncoming, PackedSessions as WitPackedSessions,
+    PackedUtilization as WitPackedUtilization, Sessions as WitSessions,
     Utilization as WitUtilization,
 };
 
@@ -57,6 +58,84 @@ pub fn placement<P: AdmissionPolicy>(
         .map(|rank| (rank.worker_id, rank.dp_rank))
 }
 
+/// `tick-packed` export (1.3).
+pub fn tick_packed<P: AdmissionPolicy>(
+    policy: &mut P,
+    now_ms: u64,
+    state: WitPackedSessions,
+    workers: WitPackedUtilization,
+) -> Vec<WitAction> {
+    with_unpacked(state, workers, |sessions, workers| {
+        let actions = policy.tick(now_ms, sessions, workers);
+        actions.into_iter().map(action).collect()
+    })
+}
+
+/// `arrival-packed` export (1.3).
+pub fn arrival_packed<P: AdmissionPolicy>(
+    policy: &mut P,
+    now_ms: u64,
+    req: WitIncoming,
+    state: WitPackedSessions,
+    workers: WitPackedUtilization,
+) -> Vec<WitAction> {
+    let incoming = Incoming {
+        request: common::request(req.req),
+        waited_ms: req.waited_ms,
+    };
+    with_unpacked(state, workers, |sessions, workers| {
+        let actions = policy.arrival(now_ms, &incoming, sessions, workers);
+        actions.into_iter().map(action).collect()
+    })
+}
+
+/// `placement-packed` export (1.3).
+pub fn placement_packed<P: AdmissionPolicy>(
+    policy: &mut P,
+    now_ms: u64,
+    session_id: String,
+    state: WitPackedSessions,
+    workers: WitPackedUtilization,
+) -> Option<(u32, u32)> {
+    with_unpacked(state, workers, |sessions, workers| {
+        policy
+            .placement(now_ms, &session_id, sessions, workers)
+            .map(|rank| (rank.worker_id, rank.dp_rank))
+    })
+}
+
+/// Run `f` on the packed columns unpacked into the `Sessions` and `Utilization` this instance
+/// keeps, so a call allocates nothing for them once their buffers have grown.
+fn with_unpacked<R>(
+    state: WitPackedSessions,
+    workers: WitPackedUtilization,
+    f: impl FnOnce(&Sessions, &Utilization) -> R,
+) -> R {
+    std::thread_local! {
+        static COLUMNS: std::cell::RefCell<(Sessions, Utilization)> =
+            std::cell::RefCell::default();
+    }
+    COLUMNS.with_borrow_mut(|(sessions, ranks)| {
+        sessions.unpack(
+            state.count as usize,
+            &state.ids,
+            &state.tools,
+            &state.counts,
+            &state.priorities,
+            &state.sizes,
+        );
+        sessions.extensions = state.extensions.unwrap_or_default();
+        ranks.unpack(
+            workers.count as usize,
+            &workers.counts,
+            &workers.kv_usage,
+            &workers.kv_capacity_tokens,
+        );
+        ranks.extensions = workers.extensions.unwrap_or_default();
+        f(sessions, ranks)
+    })
+}
+
 /// `configure` export (1.1).
 pub fn configure<P: AdmissionPolicy>(
     policy: &mut P,
@@ -77,6 +156,7 @@ fn sessions(s: WitSessions) -> Sessions {
         age_ms: s.age_ms,
         idle_ms: s.idle_ms,
         extensions: s.extensions,
+        signals: None,
     }
 }
 
@@ -99,6 +179,7 @@ fn utilization(u: WitUtilization) -> Utilization {
         queue_depth: u.queue_depth,
         healthy: u.healthy,
         extensions: u.extensions,
+        kv_capacity_tokens: None,
     }
 }
 

@@ -38,8 +38,8 @@ pub mod admission_world {
         default_bindings_module: "::switchyard_policy_sdk::__private::admission_world",
         // Share the common types so one set of conversions serves every world.
         with: {
-            "switchyard:policy/types@1.2.0": crate::glue::router_world::switchyard::policy::types,
-            "switchyard:policy/host@1.2.0": crate::glue::router_world::switchyard::policy::host,
+            "switchyard:policy/types@1.3.0": crate::glue::router_world::switchyard::policy::types,
+            "switchyard:policy/host@1.3.0": crate::glue::router_world::switchyard::policy::host,
         },
     });
 }
@@ -59,8 +59,8 @@ pub mod kv_hints_world {
         export_macro_name: "__export_kv_hints_world",
         default_bindings_module: "::switchyard_policy_sdk::__private::kv_hints_world",
         with: {
-            "switchyard:policy/types@1.2.0": crate::glue::router_world::switchyard::policy::types,
-            "switchyard:policy/host@1.2.0": crate::glue::router_world::switchyard::policy::host,
+            "switchyard:policy/types@1.3.0": crate::glue::router_world::switchyard::policy::types,
+            "switchyard:policy/host@1.3.0": crate::glue::router_world::switchyard::policy::host,
         },
     });
 }

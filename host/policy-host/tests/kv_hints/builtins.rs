@@ -333,7 +333,7 @@ fn every_kv_hints_builtin_loads_and_passes_the_canary() {
             .unwrap()
             .metadata()
             .clone();
-        assert_eq!(metadata.wit_version, "1.2.0", "{name}");
+        assert_eq!(metadata.wit_version, "1.3.0", "{name}");
     }
 }
 
