@@ -4,9 +4,9 @@
 //! `cargo bench -p switchyard-policy-host --bench policy_call`
 //! Wasm guests: always the inline WAT test router (`chosen(0)`, i.e. pure host overhead) with and
 //! without 1.2's `route-packed` and the 1.1 build of `kv-cost` (the compatibility fixture, which
-//! has no `route-packed`); the built-in `kv-cost` when `SWITCHYARD_KV_COST_WASM` names its file
-//! (and another build of `thunder-agent` beside the built-in when `SWITCHYARD_THUNDER_AGENT_WASM`
-//! does);
+//! has no `route-packed`); the built-in `kv-cost`, and another build of it when
+//! `SWITCHYARD_KV_COST_WASM` names its file (another build of `thunder-agent` beside the built-in
+//! when `SWITCHYARD_THUNDER_AGENT_WASM` does);
 //! the C, JS and Python example guests when `examples/build-policies.sh` has built them
 //! (`target/examples/`).
 
@@ -72,9 +72,14 @@ fn guests() -> Vec<(String, Vec<u8>)> {
         Ok(bytes) => guests.push(("wasm-kv-cost-1.1".into(), bytes)),
         Err(e) => eprintln!("skipping {}: {e}", v1_1.display()),
     }
+    guests.push((
+        "wasm-kv-cost".into(),
+        switchyard_policy_artifacts::KV_COST.to_vec(),
+    ));
+    // Another build of it (another profile, say), when named.
     if let Ok(path) = std::env::var("SWITCHYARD_KV_COST_WASM") {
         match std::fs::read(&path) {
-            Ok(bytes) => guests.push(("wasm-kv-cost".into(), bytes)),
+            Ok(bytes) => guests.push(("wasm-kv-cost-file".into(), bytes)),
             Err(e) => eprintln!("skipping {path}: {e}"),
         }
     }
