@@ -360,7 +360,7 @@ impl Sessions {
         let (mut at, mut tool_at) = (0, 0);
         for i in 0..n {
             let (id_end, parent_end) = (id_ends[i], parent_ends[i]);
-            set(&mut self.session_ids[i], text(ids, at, id_end));
+            text(ids, at, id_end).clone_into(&mut self.session_ids[i]);
             let parent =
                 (flags[i] & packed::HAS_PARENT != 0).then(|| text(ids, id_end, parent_end));
             set_option(&mut self.parent_session_ids[i], parent);
@@ -419,16 +419,10 @@ fn refill<T>(column: &mut Vec<T>, values: impl Iterator<Item = T>) {
     column.extend(values);
 }
 
-/// `slot` := `text`, in its buffer.
-fn set(slot: &mut String, text: &str) {
-    slot.clear();
-    slot.push_str(text);
-}
-
 /// `slot` := `text`, in its buffer when it has one.
 fn set_option(slot: &mut Option<String>, text: Option<&str>) {
     match (slot.as_mut(), text) {
-        (Some(owned), Some(text)) => set(owned, text),
+        (Some(owned), Some(text)) => text.clone_into(owned),
         (_, text) => *slot = text.map(str::to_owned),
     }
 }

@@ -178,7 +178,7 @@ fn session(s: SessionRef<'_>, old: Option<&mut core::SessionView>) -> core::Sess
         let id = std::mem::take(&mut old.session_id);
         (id, old.parent_session_id.take(), old.tool.take())
     });
-    set(&mut id, s.session_id);
+    s.session_id.clone_into(&mut id);
     set_option(&mut parent, s.parent_session_id);
     set_option(&mut tool, s.tool);
     core::SessionView {
@@ -199,16 +199,10 @@ fn session(s: SessionRef<'_>, old: Option<&mut core::SessionView>) -> core::Sess
     }
 }
 
-/// `slot` := `text`, in its buffer.
-fn set(slot: &mut String, text: &str) {
-    slot.clear();
-    slot.push_str(text);
-}
-
 /// `slot` := `text`, in its buffer when it has one.
 fn set_option(slot: &mut Option<String>, text: Option<&str>) {
     match (slot.as_mut(), text) {
-        (Some(owned), Some(text)) => set(owned, text),
+        (Some(owned), Some(text)) => text.clone_into(owned),
         (_, text) => *slot = text.map(str::to_owned),
     }
 }

@@ -37,10 +37,7 @@ pub fn arrival<P: AdmissionPolicy>(
     state: WitSessions,
     workers: WitUtilization,
 ) -> Vec<WitAction> {
-    let incoming = Incoming {
-        request: common::request(req.req),
-        waited_ms: req.waited_ms,
-    };
+    let incoming = incoming(req);
     let actions = policy.arrival(now_ms, &incoming, &sessions(state), &utilization(workers));
     actions.into_iter().map(action).collect()
 }
@@ -79,10 +76,7 @@ pub fn arrival_packed<P: AdmissionPolicy>(
     state: WitPackedSessions,
     workers: WitPackedUtilization,
 ) -> Vec<WitAction> {
-    let incoming = Incoming {
-        request: common::request(req.req),
-        waited_ms: req.waited_ms,
-    };
+    let incoming = incoming(req);
     with_unpacked(state, workers, |sessions, workers| {
         let actions = policy.arrival(now_ms, &incoming, sessions, workers);
         actions.into_iter().map(action).collect()
@@ -142,6 +136,13 @@ pub fn configure<P: AdmissionPolicy>(
     params: Vec<(String, String)>,
 ) -> Result<(), String> {
     policy.configure(&params)
+}
+
+fn incoming(req: WitIncoming) -> Incoming {
+    Incoming {
+        request: common::request(req.req),
+        waited_ms: req.waited_ms,
+    }
 }
 
 fn sessions(s: WitSessions) -> Sessions {
