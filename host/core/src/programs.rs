@@ -181,9 +181,32 @@ impl Program {
 
     /// The view an admission policy sees at `now`.
     pub fn view(&self, now: Duration) -> SessionView {
+        let (id, parent, tool) = (&self.session_id, &self.parent_session_id, &self.tool);
+        self.view_with(id.clone(), parent.clone(), tool.clone(), now)
+    }
+
+    /// [`Program::view`] into `row`, a view of any program from an earlier call: its strings'
+    /// buffers are reused.
+    pub fn view_into(&self, row: &mut SessionView, now: Duration) {
+        let id = reuse(std::mem::take(&mut row.session_id), &self.session_id);
+        let parent = reuse_option(
+            row.parent_session_id.take(),
+            self.parent_session_id.as_deref(),
+        );
+        let tool = reuse_option(row.tool.take(), self.tool.as_deref());
+        *row = self.view_with(id, parent, tool, now);
+    }
+
+    fn view_with(
+        &self,
+        session_id: String,
+        parent_session_id: Option<String>,
+        tool: Option<String>,
+        now: Duration,
+    ) -> SessionView {
         SessionView {
-            session_id: self.session_id.clone(),
-            parent_session_id: self.parent_session_id.clone(),
+            session_id,
+            parent_session_id,
             phase: self.phase(),
             priority: self.priority,
             active_requests: self.active_requests,
@@ -203,9 +226,20 @@ impl Program {
                 Duration::ZERO
             },
             service: self.service,
-            tool: self.tool.clone(),
+            tool,
         }
     }
+}
+
+/// `text` in `buffer`'s allocation.
+fn reuse(mut buffer: String, text: &str) -> String {
+    text.clone_into(&mut buffer);
+    buffer
+}
+
+/// `text` in `buffer`'s allocation, if both are there.
+fn reuse_option(buffer: Option<String>, text: Option<&str>) -> Option<String> {
+    text.map(|text| reuse(buffer.unwrap_or_default(), text))
 }
 
 // === impl ProgramTracker ===
@@ -355,6 +389,20 @@ impl ProgramTracker {
         self.programs.values().map(|p| p.view(now)).collect()
     }
 
+    /// [`ProgramTracker::sessions`] into `rows`, reusing the rows (and their strings) an
+    /// earlier call left there: the view of every program is built on every admission call.
+    pub fn sessions_into(&self, rows: &mut Vec<SessionView>, now: Duration) {
+        let mut n = 0;
+        for program in self.programs.values() {
+            match rows.get_mut(n) {
+                Some(row) => program.view_into(row, now),
+                None => rows.push(program.view(now)),
+            }
+            n += 1;
+        }
+        rows.truncate(n);
+    }
+
     /// Programs by state.
     pub fn counts(&self) -> ProgramCounts {
         let mut counts = ProgramCounts {
@@ -463,6 +511,41 @@ mod tests {
             Some("parent")
         );
         assert_eq!(t.counts().paused, 1);
+    }
+
+    #[test]
+    fn views_refilled_in_place_are_the_fresh_ones() {
+        let mut t = ProgramTracker::new(ProgramConfig::default());
+        let mut rows = Vec::new();
+        let mut check = |t: &ProgramTracker, now| {
+            t.sessions_into(&mut rows, now);
+            assert_eq!(rows, t.sessions(now));
+        };
+        for (i, id) in ["a", "bb", "c-with-a-longer-id", "d"]
+            .into_iter()
+            .enumerate()
+        {
+            let parent = (i % 2 == 1).then_some("a");
+            t.arrive(id, parent, 100, secs(0));
+        }
+        t.admit("a");
+        t.finish("a", &end(100, 5, Some("grep")), secs(1), secs(2));
+        check(&t, secs(3));
+        // Programs leave (fewer rows), others come with other parents and tools.
+        t.end("bb");
+        t.end("c-with-a-longer-id");
+        check(&t, secs(4));
+        t.arrive("e", Some("d"), 10, secs(5));
+        t.admit("d");
+        t.finish("d", &end(10, 1, None), secs(1), secs(6));
+        t.admit("a");
+        t.finish(
+            "a",
+            &end(100, 5, Some("a-much-longer-tool-name")),
+            secs(1),
+            secs(7),
+        );
+        check(&t, secs(8));
     }
 
     #[test]

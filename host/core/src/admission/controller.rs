@@ -162,6 +162,8 @@ pub struct AdmissionController {
     active: HashMap<RequestId, Active>,
     next_tick: Duration,
     metrics: AdmissionMetrics,
+    /// The view the policy gets, kept between calls so its rows' strings are reused.
+    view: AdmissionView,
 }
 
 // === impl Held ===
@@ -194,6 +196,7 @@ impl AdmissionController {
             active: HashMap::new(),
             next_tick: Duration::ZERO,
             metrics: AdmissionMetrics::default(),
+            view: AdmissionView::default(),
         }
     }
 
@@ -235,16 +238,22 @@ impl AdmissionController {
         }
     }
 
-    /// The view handed to the policy: empty for a policy that does not read it.
-    fn policy_view(&self, workers: &[RankUtilization], now: Duration) -> AdmissionView {
+    /// The view handed to the policy, refilled in the controller's buffer (empty for a policy
+    /// that does not read it); give it back with [`AdmissionController::return_view`].
+    fn take_view(&mut self, workers: &[RankUtilization], now: Duration) -> AdmissionView {
+        let mut view = std::mem::take(&mut self.view);
+        view.workers.clear();
         if self.policy.reads_view() {
-            self.view(workers, now)
+            self.programs.sessions_into(&mut view.sessions, now);
+            view.workers.extend_from_slice(workers);
         } else {
-            AdmissionView {
-                sessions: Vec::new(),
-                workers: Vec::new(),
-            }
+            view.sessions.clear();
         }
+        view
+    }
+
+    fn return_view(&mut self, view: AdmissionView) {
+        self.view = view;
     }
 
     /// Counters, with program states and paused time as of `now`.
@@ -317,12 +326,13 @@ impl AdmissionController {
             osl: r.osl,
             since: now,
         });
-        let view = self.policy_view(workers, now);
+        let view = self.take_view(workers, now);
         let arrival = Arrival {
             request: *r,
             waited: Duration::ZERO,
         };
         let actions = self.policy.arrival(&view, &arrival, now);
+        self.return_view(view);
         let effects = self.apply(actions, now);
         let mut released = self.settle(&effects, Some(request.id), workers, now);
         let admitted = released
@@ -351,8 +361,9 @@ impl AdmissionController {
                     self.metrics.paused_time += now.saturating_sub(program.paused_since);
                 }
             }
-            let view = self.policy_view(workers, now);
+            let view = self.take_view(workers, now);
             let actions = self.policy.tick(&view, now);
+            self.return_view(view);
             let effects = self.apply(actions, now);
             out.extend(self.settle(&effects, None, workers, now));
             let offers: Vec<RequestId> = self
@@ -468,12 +479,13 @@ impl AdmissionController {
         if self.programs.get(&held.session).is_none_or(|p| p.paused) {
             return Vec::new();
         }
-        let view = self.policy_view(workers, now);
+        let view = self.take_view(workers, now);
         let arrival = Arrival {
             request: held.request(),
             waited: now.saturating_sub(held.since),
         };
         let actions = self.policy.arrival(&view, &arrival, now);
+        self.return_view(view);
         let effects = self.apply(actions, now);
         self.settle(&effects, Some(id), workers, now)
     }
@@ -595,9 +607,12 @@ impl AdmissionController {
         for held in &leaving {
             self.programs.admit(&held.session);
         }
+        if leaving.is_empty() {
+            return Vec::new();
+        }
         // Placement sees the programs as they are after the answer was applied.
-        let view = self.policy_view(workers, now);
-        leaving
+        let view = self.take_view(workers, now);
+        let released = leaving
             .into_iter()
             .map(|held| {
                 let program_priority = self.programs.get(&held.session).map_or(0, |p| p.priority);
@@ -623,7 +638,9 @@ impl AdmissionController {
                     forced: false,
                 }
             })
-            .collect()
+            .collect();
+        self.return_view(view);
+        released
     }
 }
 
