@@ -333,8 +333,8 @@ impl Sessions {
     /// the ids and tool names are cut from `ids` and `tools` at the offsets `counts` gives.
     /// The trial signals land in [`Sessions::signals`] and the extensions are cleared (the
     /// caller sets those it got). Lists too short for `count` give no sessions, offsets outside
-    /// the strings empty ones: never a panic. The columns and strings keep their buffers, so an instance stops allocating for
-    /// them after its first calls.
+    /// the strings empty ones: never a panic. The columns and strings keep their buffers, so an
+    /// instance stops allocating for them after its first calls.
     pub fn unpack(
         &mut self,
         count: usize,
@@ -383,11 +383,12 @@ impl Sessions {
             &mut self.queued_requests,
             u32s(packed::QUEUED).iter().copied(),
         );
-        refill(&mut self.context_tokens, u64s(0).iter().copied());
-        refill(&mut self.age_ms, u64s(1).iter().copied());
-        refill(&mut self.idle_ms, u64s(2).iter().copied());
-        refill(&mut signals.paused_for_ms, u64s(3).iter().copied());
-        refill(&mut signals.service_ms, u64s(4).iter().copied());
+        let sizes = |c: usize| u64s(c).iter().copied();
+        refill(&mut self.context_tokens, sizes(packed::CONTEXT_TOKENS));
+        refill(&mut self.age_ms, sizes(packed::AGE_MS));
+        refill(&mut self.idle_ms, sizes(packed::IDLE_MS));
+        refill(&mut signals.paused_for_ms, sizes(packed::PAUSED_FOR_MS));
+        refill(&mut signals.service_ms, sizes(packed::SERVICE_MS));
         refill(
             &mut signals.paused,
             flags.iter().map(|f| f & packed::PAUSED != 0),

@@ -26,8 +26,18 @@ pub const RANK_DP: usize = 7;
 pub const TOOL_ENDS: usize = 8;
 /// The number of `u32` columns in `packed-sessions.counts`.
 pub const SESSION_COUNTS: usize = 9;
-/// The number of `u64` columns in `packed-sessions.sizes`: `context-tokens`, `age-ms`,
-/// `idle-ms`, `paused-for-ms`, `service-ms`, in that order.
+
+/// `packed-sessions.sizes`, column 0: tokens in the session's context.
+pub const CONTEXT_TOKENS: usize = 0;
+/// Column 1: milliseconds since its first request.
+pub const AGE_MS: usize = 1;
+/// Column 2: milliseconds since it last had a request running.
+pub const IDLE_MS: usize = 2;
+/// Column 3: milliseconds paused.
+pub const PAUSED_FOR_MS: usize = 3;
+/// Column 4: attained service, milliseconds.
+pub const SERVICE_MS: usize = 4;
+/// The number of `u64` columns in `packed-sessions.sizes`.
 pub const SESSION_SIZES: usize = 5;
 
 /// Flag: the session has a parent.

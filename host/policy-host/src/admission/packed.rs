@@ -2,15 +2,16 @@
 //! trial signals typed. Each list or string crossing into a guest is one call of its `realloc`,
 //! so the 1.0 records' string per session id and CSV row per signal made an `arrival` over 256
 //! programs cost ~120 µs (docs/benchmarks.md, section (d)); these columns are rewritten in place
-//! on every call and cross in six. The layout's constants are the SDK's
-//! (`switchyard_policy_sdk::packed`), which reads it.
+//! on every call and cross in eight (the sessions' five, the ranks' three). The layout's
+//! constants are the SDK's (`switchyard_policy_sdk::packed`), which reads it.
 
 use crate::bindings::admission::{PackedSessions, PackedUtilization};
 use crate::convert;
 use switchyard_core::admission::{AdmissionView, SessionPhase};
 use switchyard_policy_sdk::packed::{
-    ACTIVE, FLAGS, HAS_PARENT, HAS_RANK, HAS_TOOL, ID_ENDS, PARENT_ENDS, PAUSED, PHASES, QUEUED,
-    RANK_COUNTS, RANK_DP, RANK_WORKERS, SESSION_COUNTS, SESSION_SIZES, TOOL_ENDS,
+    ACTIVE, AGE_MS, CONTEXT_TOKENS, FLAGS, HAS_PARENT, HAS_RANK, HAS_TOOL, ID_ENDS, IDLE_MS,
+    PARENT_ENDS, PAUSED, PAUSED_FOR_MS, PHASES, QUEUED, RANK_COUNTS, RANK_DP, RANK_WORKERS,
+    SERVICE_MS, SESSION_COUNTS, SESSION_SIZES, TOOL_ENDS,
 };
 
 /// The packed view, kept between calls so its buffers are reused.
@@ -88,13 +89,13 @@ impl PackedView {
             counts[TOOL_ENDS * n + i] = count(s.tools.len());
             counts[FLAGS * n + i] = flags;
             let values = [
-                r.context_tokens,
-                convert::millis(r.age),
-                convert::millis(r.idle),
-                convert::millis(r.paused_for),
-                convert::millis(r.service),
+                (CONTEXT_TOKENS, r.context_tokens),
+                (AGE_MS, convert::millis(r.age)),
+                (IDLE_MS, convert::millis(r.idle)),
+                (PAUSED_FOR_MS, convert::millis(r.paused_for)),
+                (SERVICE_MS, convert::millis(r.service)),
             ];
-            for (column, value) in values.into_iter().enumerate() {
+            for (column, value) in values {
                 sizes[column * n + i] = value;
             }
         }
