@@ -1,8 +1,8 @@
 //! The three client APIs, driven by the official Python SDKs (`openai`, `anthropic`) against the
-//! gateway and mock engines, in both upstream modes: `tests/python/frontends.py` checks each API's
-//! shapes (the SDKs' typed models refuse anything else), streaming and not, a tool-call round trip
-//! in each, usage, the Responses store, and that one conversation is the same tokens through all
-//! three.
+//! gateway and mock engines, in both upstream modes and with the engines' answers streamed or
+//! whole (`[server] engine_stream`): `tests/python/frontends.py` checks each API's shapes (the
+//! SDKs' typed models refuse anything else), streaming and not, a tool-call round trip in each,
+//! usage, the Responses store, and that one conversation is the same tokens through all three.
 
 use crate::support::{Gateway, MockEngine, client, get_text, metric_sum};
 use serde_json::{Value, json};
@@ -67,13 +67,16 @@ fn python() -> &'static Path {
     })
 }
 
-async fn conformance(mode: &str) {
+async fn conformance(mode: &str, engine_stream: &str) {
     let engines = [
         MockEngine::start(200.0, 4096),
         MockEngine::start(200.0, 4096),
     ];
     // The mock engine's model thinks in `<think>` tags and calls tools in hermes format.
-    let mut config = "[model]\nreasoning_parser = \"qwen3\"\ntool_parser = \"hermes\"\n".to_owned();
+    let mut config = format!(
+        "[server]\nengine_stream = \"{engine_stream}\"\n\
+         [model]\nreasoning_parser = \"qwen3\"\ntool_parser = \"hermes\"\n"
+    );
     config += &Gateway::config_for(&engines.iter().collect::<Vec<_>>(), "kv-cost").replace(
         "kind = \"mock\"\n",
         &format!("kind = \"mock\"\nupstream = \"{mode}\"\n"),
@@ -95,23 +98,44 @@ async fn conformance(mode: &str) {
     .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{mode} mode:\n{stdout}\n{stderr}");
+    assert!(
+        out.status.success(),
+        "{mode} mode, {engine_stream}:\n{stdout}\n{stderr}"
+    );
     for check in CHECKS {
         assert!(
             stdout.lines().any(|l| l == *check),
-            "{mode}: missing `{check}`:\n{stdout}"
+            "{mode}, {engine_stream}: missing `{check}`:\n{stdout}"
         );
+    }
+    // Only a streamed engine answer has a first token to time: with whole answers, the
+    // non-streaming requests are answered but not timed.
+    let metrics = get_text(&format!("{}/metrics", gateway.url)).await;
+    let answered = metric_sum(&metrics, "switchyard_request_duration_seconds_count");
+    let timed = metric_sum(&metrics, "switchyard_ttft_seconds_count");
+    if engine_stream == "always" {
+        assert_eq!(timed, answered, "{metrics}");
+    } else {
+        assert!(0.0 < timed && timed < answered, "{metrics}");
     }
 }
 
 #[tokio::test]
 async fn official_sdks_conform_in_tokens_mode() {
-    conformance("tokens").await;
+    conformance("tokens", "always").await;
 }
 
 #[tokio::test]
 async fn official_sdks_conform_in_chat_mode() {
-    conformance("chat").await;
+    conformance("chat", "always").await;
+}
+
+/// The engine's whole answer for a client that does not stream, read by the gateway's own
+/// parsers (tokens mode) or the engine's (chat mode).
+#[tokio::test]
+async fn official_sdks_conform_with_whole_engine_answers() {
+    conformance("tokens", "as-client").await;
+    conformance("chat", "as-client").await;
 }
 
 #[tokio::test]

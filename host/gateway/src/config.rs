@@ -251,6 +251,25 @@ pub struct ServerConfig {
     /// concurrent requests the idle pool otherwise holds N connections (and file descriptors)
     /// per engine for 90 s. Default: 1,024 (Envoy's default `max_connections` per cluster).
     pub upstream_max_idle_per_engine: usize,
+    /// When engines are asked to stream. Default: `always`.
+    pub engine_stream: EngineStream,
+}
+
+/// When the gateway asks an engine to stream its answer (`[server] engine_stream`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EngineStream {
+    /// Every answer is streamed, with usage, whatever the client asked: the router releases a
+    /// request's prefill load at its first token, and the TTFT metric and learning policies see
+    /// it; a client that did not ask for a stream gets one body assembled from the chunks.
+    #[default]
+    Always,
+    /// An engine streams only when the client does; a client that did not ask for a stream
+    /// gets the engine's whole answer, re-encoded for its API. About half the gateway's CPU for
+    /// such a request (docs/benchmarks.md (k)), at a price: the router counts the request's
+    /// prefill load until the whole answer is back, and no TTFT is recorded for it (its trace
+    /// line's TTFT is the whole answer's time).
+    AsClient,
 }
 
 /// One `[[server.api_keys]]` entry: where a client API key comes from.
@@ -318,6 +337,7 @@ impl Default for ServerConfig {
             tls: None,
             upstream_ca_file: None,
             upstream_identity: None,
+            engine_stream: EngineStream::Always,
             upstream_max_idle_per_engine: 1024,
         }
     }
@@ -1040,6 +1060,7 @@ mod tests {
         assert_eq!(c.router.block_size, 16);
         assert_eq!(c.workers[0].kind, EngineKind::Vllm);
         assert_eq!(c.server.max_body_bytes, 32 << 20);
+        assert_eq!(c.server.engine_stream, EngineStream::Always);
     }
 
     #[test]
@@ -1049,6 +1070,7 @@ mod tests {
             [server]
             port = 9100
             request_timeout = "30s"
+            engine_stream = "as-client"
             [router]
             policy = "round-robin"
             approx_ttl = "5m"
@@ -1064,6 +1086,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.server.request_timeout, Duration::from_secs(30));
+        assert_eq!(c.server.engine_stream, EngineStream::AsClient);
         assert_eq!(c.router.approx_ttl, Duration::from_secs(300));
         assert_eq!(c.router.weights.host_credit, 0.5);
         assert_eq!(c.router.weights.device_credit, 1.0);
@@ -1097,6 +1120,10 @@ mod tests {
             (
                 "[[workers]]\nurl = \"http://a\"\nbogus = 1",
                 "unknown field",
+            ),
+            (
+                "[server]\nengine_stream = \"never\"\n[[workers]]\nurl = \"http://a\"",
+                "unknown variant `never`, expected `always` or `as-client`",
             ),
             (
                 "[server]\napi_keys = [{ key = \"a\", key_env = \"B\" }]\n[[workers]]\nurl = \"http://a\"",

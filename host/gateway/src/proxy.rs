@@ -6,7 +6,7 @@
 
 use crate::admission::{Admission, Ticket};
 use crate::agent::AgentContext;
-use crate::config::HintDelivery;
+use crate::config::{EngineStream, HintDelivery};
 use crate::error::GatewayError;
 use crate::hints::llama_slots::{self, SlotLease};
 use crate::key_tokens::KeyTokens;
@@ -197,7 +197,8 @@ async fn proxy(
             ticket.started(decision.rank);
         }
         let session = agent.session_id.as_deref();
-        match send(shared, &turn, &decision, (release.priority, session)).await {
+        let whole = whole_answer(shared, &turn);
+        match send(shared, &turn, &decision, (release.priority, session, whole)).await {
             Ok((upstream, parse, slot)) => {
                 booking.slot = slot;
                 let request_id = shared.request_id(id);
@@ -214,7 +215,7 @@ async fn proxy(
                 booking.admission = ticket.take();
                 booking.trace =
                     trace_draft(shared, id, agent, routed_at, &decision, &mut turn, hashes);
-                return respond(upstream, turn, decoder, meta, booking).await;
+                return respond(upstream, turn, (decoder, whole), meta, booking).await;
             }
             Err(failure) => {
                 // Nothing reached the client yet: try the next best worker.
@@ -403,13 +404,13 @@ async fn send(
     shared: &Arc<Shared>,
     turn: &Turn,
     decision: &Decision,
-    (priority, session): (i32, Option<&str>),
+    (priority, session, whole): (i32, Option<&str>, bool),
 ) -> Result<(EngineResponse, bool, Option<SlotLease>), String> {
     let Some(member) = shared.fleet.get(decision.rank.worker) else {
         return Err("the worker left the fleet".into());
     };
     let upstream = &member.upstream;
-    let (path, mut body, pin) = engine::request(turn, upstream, priority);
+    let (path, mut body, pin) = engine::request(turn, upstream, (priority, whole));
     let mut slot = None;
     match member.config.kv_hints {
         HintDelivery::Request => {
@@ -459,6 +460,13 @@ async fn send(
         ),
     };
     Ok((response, parse, slot))
+}
+
+/// Whether the engine is asked for its whole answer rather than a stream: a client that does not
+/// stream, under `[server] engine_stream = "as-client"`.
+fn whole_answer(shared: &Shared, turn: &Turn) -> bool {
+    !turn.request.streaming().0
+        && shared.live().config.server.engine_stream == EngineStream::AsClient
 }
 
 #[cfg(test)]

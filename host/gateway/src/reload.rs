@@ -62,6 +62,12 @@ fn apply(shared: &Shared, new: Config) -> Result<Reloaded, ConfigError> {
         live,
     );
     take(
+        "server.engine_stream",
+        &mut next.server.engine_stream,
+        new.server.engine_stream,
+        live,
+    );
+    take(
         "server.drain_timeout",
         &mut next.server.drain_timeout,
         new.server.drain_timeout,

@@ -1,16 +1,18 @@
 //! What the gateway sends an engine, and how it reads the answer back as reply events.
 //!
-//! Engines are always asked to stream, with usage, whatever the client asked: the gateway sees
-//! the first token (releasing the router's prefill load) and the engine's cached-token count, and
-//! re-encodes the stream into the client's API or aggregates it into one body.
+//! Engines are asked to stream, with usage, whatever the client asked (`[server] engine_stream
+//! = "always"`, the default): the gateway sees the first token (releasing the router's prefill
+//! load) and the engine's cached-token count, and re-encodes the stream into the client's API or
+//! aggregates it into one body. With `as-client`, a client that does not stream gets the engine's
+//! whole answer, read here in one piece.
 
 use super::prepare::{Request, Turn};
 use crate::config::{EngineKind, UpstreamMode};
 use crate::upstream::Upstream;
 use serde_json::{Value, json};
 use switchyard_frontend::{
-    ApiError, Completion, Conversation, FinishReason, Prompt, ReplyEvent, UpstreamChatDecoder,
-    to_chat_request, to_completion_request,
+    ApiError, Completion, Conversation, ErrorKind, FinishReason, Prompt, ReplyEvent,
+    UpstreamChatDecoder, to_chat_request, to_completion_request,
 };
 use switchyard_parsers::{CallEmission, OutputParser, ParsedEvent, UnknownParser};
 
@@ -28,11 +30,12 @@ pub(crate) enum Pin {
     Unsupported,
 }
 
-/// The path and body for `upstream`; `priority` is the request's after admission's adjustments.
+/// The path and body for `upstream`; `priority` is the request's after admission's adjustments,
+/// `whole` asks for the engine's answer in one piece instead of a stream.
 pub(crate) fn request(
     turn: &Turn,
     upstream: &Upstream,
-    priority: i32,
+    (priority, whole): (i32, bool),
 ) -> (&'static str, Value, Pin) {
     let (path, mut body) = match (&turn.request, upstream.mode) {
         (Request::Completion(completion), _) => {
@@ -53,6 +56,10 @@ pub(crate) fn request(
             token_request(&responses.conversation, &turn.tokens),
         ),
     };
+    if whole && let Some(fields) = body.as_object_mut() {
+        fields.insert("stream".into(), false.into());
+        fields.remove("stream_options");
+    }
     // No limit from the client means "until the model stops or the context is full".
     if body.get("max_tokens").is_none() && body.get("max_completion_tokens").is_none() {
         body["max_tokens"] = turn.default_max_tokens.into();
@@ -141,6 +148,23 @@ impl ReplyDecoder {
     /// The events of one server-sent event's `data`.
     pub(crate) fn data(&mut self, data: &str) -> Result<Vec<ReplyEvent>, ApiError> {
         let events = self.chunks.decode_data(data)?;
+        self.parse(events)
+    }
+
+    /// The events of an engine's whole (not streamed) answer.
+    pub(crate) fn whole(&mut self, body: &[u8]) -> Result<Vec<ReplyEvent>, ApiError> {
+        let body: Value = serde_json::from_slice(body).map_err(|e| {
+            ApiError::new(
+                ErrorKind::Upstream,
+                format!("engine sent an unreadable answer: {e}"),
+            )
+        })?;
+        let events = self.chunks.decode_response(&body)?;
+        self.parse(events)
+    }
+
+    /// In `tokens` mode, the engine's text split by the model's parsers.
+    fn parse(&mut self, events: Vec<ReplyEvent>) -> Result<Vec<ReplyEvent>, ApiError> {
         let Some(parser) = &mut self.parser else {
             return Ok(events);
         };
@@ -219,6 +243,29 @@ mod tests {
         assert_eq!(reply.text(), "Sure.");
         assert!(reply.has_tool_calls());
         assert_eq!(reply.finish_reason(), FinishReason::ToolCalls);
+    }
+
+    #[test]
+    fn a_whole_answer_is_parsed_like_its_stream() {
+        let text = "<think>plan</think>Sure.<tool_call>{\"name\": \"ls\", \"arguments\": {\"d\": 1}}</tool_call>";
+        let body = json!({"object": "text_completion",
+                          "choices": [{"index": 0, "text": text, "finish_reason": "stop"}],
+                          "usage": {"prompt_tokens": 9, "completion_tokens": 20}});
+        let mut decoder =
+            ReplyDecoder::new("7", true, false, (Some("qwen3"), Some("hermes"))).unwrap();
+        let mut events = decoder.whole(body.to_string().as_bytes()).unwrap();
+        events.extend(decoder.finish());
+        let mut reply = switchyard_frontend::Reply::new();
+        for event in &events {
+            reply.push(event);
+        }
+        assert_eq!(reply.reasoning(), "plan");
+        assert_eq!(reply.text(), "Sure.");
+        assert!(reply.has_tool_calls());
+        assert_eq!(reply.finish_reason(), FinishReason::ToolCalls);
+        assert_eq!(reply.usage().completion_tokens, 20);
+        let error = decoder.whole(b"data: {}").unwrap_err();
+        assert!(error.message.contains("unreadable answer"), "{error:?}");
     }
 
     #[test]

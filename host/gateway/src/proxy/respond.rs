@@ -18,7 +18,7 @@ use crate::upstream::EngineResponse;
 use axum::body::Body;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures::Stream;
 use futures::StreamExt;
 use std::pin::Pin;
@@ -32,11 +32,11 @@ use switchyard_frontend::{
     SseFrame, StreamEncoder,
 };
 
-/// Answer the client from the engine's streamed answer.
+/// Answer the client from the engine's answer: streamed, or `whole` (one body).
 pub(super) async fn respond(
     upstream: EngineResponse,
     turn: Turn,
-    decoder: ReplyDecoder,
+    (decoder, whole): (ReplyDecoder, bool),
     meta: ReplyMeta,
     mut booking: Booking,
 ) -> Result<Response, GatewayError> {
@@ -67,6 +67,7 @@ pub(super) async fn respond(
     let mut answer = Answer {
         chunks: upstream.body,
         reader: SseReader::default(),
+        whole: whole.then(BytesMut::new),
         decoder,
         reply: Reply::new(),
         responses,
@@ -110,6 +111,8 @@ pub(super) async fn respond(
 struct Answer {
     chunks: Pin<Box<dyn Stream<Item = Result<Bytes, String>> + Send>>,
     reader: SseReader,
+    /// The engine's whole answer as it arrives, when it was not asked to stream.
+    whole: Option<BytesMut>,
     decoder: ReplyDecoder,
     /// Everything answered so far.
     reply: Reply,
@@ -147,14 +150,20 @@ impl Answer {
                 }
             };
             let data = match next {
-                Some(Ok(chunk)) => match self.reader.push(&chunk) {
-                    Ok(data) => data,
-                    Err(e) => {
-                        self.ended = true;
-                        self.booking.status = StatusCode::BAD_GATEWAY.as_u16();
-                        return Some(Err(GatewayError::Upstream(e.to_string())));
+                Some(Ok(chunk)) => {
+                    if let Some(whole) = &mut self.whole {
+                        whole.extend_from_slice(&chunk);
+                        continue;
                     }
-                },
+                    match self.reader.push(&chunk) {
+                        Ok(data) => data,
+                        Err(e) => {
+                            self.ended = true;
+                            self.booking.status = StatusCode::BAD_GATEWAY.as_u16();
+                            return Some(Err(GatewayError::Upstream(e.to_string())));
+                        }
+                    }
+                }
                 Some(Err(e)) => {
                     self.ended = true;
                     self.booking.status = StatusCode::BAD_GATEWAY.as_u16();
@@ -164,8 +173,17 @@ impl Answer {
                 }
                 None => {
                     self.ended = true;
-                    let events = self.reader.finish().into_iter().collect::<Vec<_>>();
-                    let out = self.decode(&events).and_then(|mut out| {
+                    let out = match self.whole.take() {
+                        Some(whole) => {
+                            self.booking.prefill_over();
+                            self.decoder.whole(&whole).map_err(GatewayError::from)
+                        }
+                        None => {
+                            let events = self.reader.finish().into_iter().collect::<Vec<_>>();
+                            self.decode(&events)
+                        }
+                    };
+                    let out = out.and_then(|mut out| {
                         out.extend(self.decoder.finish());
                         self.complete(&out)?;
                         Ok(out)
@@ -480,14 +498,11 @@ impl Booking {
         }
     }
 
+    /// The engine's first streamed answer arrived: its prefill is over, and the TTFT is known.
     pub(super) fn first_byte(&mut self) {
         if !self.first_byte_seen {
-            if let Some(draft) = &mut self.trace {
-                draft.first_byte(Instant::now());
-            }
-            self.first_byte_seen = true;
+            self.prefill_over();
             self.ttft = Some(self.started.elapsed());
-            self.shared.first_token(self.id);
             self.shared
                 .metrics
                 .ttft
@@ -495,6 +510,18 @@ impl Booking {
                     endpoint: self.api.path().into(),
                 })
                 .observe(self.started.elapsed().as_secs_f64());
+        }
+    }
+
+    /// The engine answered (for a whole answer, not asked to stream, when its first token came
+    /// is unknown): the router releases the prefill load.
+    fn prefill_over(&mut self) {
+        if !self.first_byte_seen {
+            if let Some(draft) = &mut self.trace {
+                draft.first_byte(Instant::now());
+            }
+            self.first_byte_seen = true;
+            self.shared.first_token(self.id);
         }
     }
 }
