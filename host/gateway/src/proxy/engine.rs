@@ -222,47 +222,47 @@ mod tests {
         .to_string()
     }
 
+    /// An answer in the mock model's format: reasoning, text, then a hermes tool call.
+    const THOUGHT_AND_CALL: &str = "<think>plan</think>Sure.<tool_call>{\"name\": \"ls\", \"arguments\": {\"d\": 1}}</tool_call>";
+
+    /// The reply `events` make, checked to be [`THOUGHT_AND_CALL`] parsed.
+    fn parsed_thought_and_call(events: &[ReplyEvent]) -> switchyard_frontend::Reply {
+        let mut reply = switchyard_frontend::Reply::new();
+        for event in events {
+            reply.push(event);
+        }
+        assert_eq!(reply.reasoning(), "plan");
+        assert_eq!(reply.text(), "Sure.");
+        assert!(reply.has_tool_calls());
+        assert_eq!(reply.finish_reason(), FinishReason::ToolCalls);
+        reply
+    }
+
     #[test]
     fn tokens_mode_parses_calls_split_across_chunks() {
         let mut decoder =
             ReplyDecoder::new("7", true, true, (Some("qwen3"), Some("hermes"))).unwrap();
-        let text = "<think>plan</think>Sure.<tool_call>{\"name\": \"ls\", \"arguments\": {\"d\": 1}}</tool_call>";
         let mut events = Vec::new();
-        let chars: Vec<char> = text.chars().collect();
+        let chars: Vec<char> = THOUGHT_AND_CALL.chars().collect();
         for piece in chars.chunks(3) {
             let piece: String = piece.iter().collect();
             events.extend(decoder.data(&completion_chunk(&piece, None)).unwrap());
         }
         events.extend(decoder.data(&completion_chunk("", Some("stop"))).unwrap());
         events.extend(decoder.finish());
-        let mut reply = switchyard_frontend::Reply::new();
-        for event in &events {
-            reply.push(event);
-        }
-        assert_eq!(reply.reasoning(), "plan");
-        assert_eq!(reply.text(), "Sure.");
-        assert!(reply.has_tool_calls());
-        assert_eq!(reply.finish_reason(), FinishReason::ToolCalls);
+        parsed_thought_and_call(&events);
     }
 
     #[test]
     fn a_whole_answer_is_parsed_like_its_stream() {
-        let text = "<think>plan</think>Sure.<tool_call>{\"name\": \"ls\", \"arguments\": {\"d\": 1}}</tool_call>";
         let body = json!({"object": "text_completion",
-                          "choices": [{"index": 0, "text": text, "finish_reason": "stop"}],
+                          "choices": [{"index": 0, "text": THOUGHT_AND_CALL, "finish_reason": "stop"}],
                           "usage": {"prompt_tokens": 9, "completion_tokens": 20}});
         let mut decoder =
             ReplyDecoder::new("7", true, false, (Some("qwen3"), Some("hermes"))).unwrap();
         let mut events = decoder.whole(body.to_string().as_bytes()).unwrap();
         events.extend(decoder.finish());
-        let mut reply = switchyard_frontend::Reply::new();
-        for event in &events {
-            reply.push(event);
-        }
-        assert_eq!(reply.reasoning(), "plan");
-        assert_eq!(reply.text(), "Sure.");
-        assert!(reply.has_tool_calls());
-        assert_eq!(reply.finish_reason(), FinishReason::ToolCalls);
+        let reply = parsed_thought_and_call(&events);
         assert_eq!(reply.usage().completion_tokens, 20);
         let error = decoder.whole(b"data: {}").unwrap_err();
         assert!(error.message.contains("unreadable answer"), "{error:?}");
