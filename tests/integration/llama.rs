@@ -2,7 +2,7 @@
 //! approximate mode (they publish no KV events). Later turns of a session must reach the server
 //! that holds the session's prefix, which the engine confirms by reporting cached prompt tokens.
 
-use crate::support::{Gateway, client, eventually};
+use crate::support::{Gateway, chat_text, client, eventually, sse_chunks};
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -177,7 +177,8 @@ async fn later_turns_reach_the_llama_server_holding_the_prefix() {
         .await;
         assert!(up, "llama-server at {} never became healthy", e.url);
     }
-    let mut config = String::new();
+    // Non-streaming turns get the server's whole answer, streaming ones its stream.
+    let mut config = "[server]\nengine_stream = \"as-client\"\n".to_owned();
     for e in &engines {
         config += &format!("[[workers]]\nurl = \"{}\"\nkind = \"openai\"\n", e.url);
     }
@@ -194,7 +195,9 @@ async fn later_turns_reach_the_llama_server_holding_the_prefix() {
         messages.push(
             json!({"role": "user", "content": format!("Turn {turn}: summarise file {turn}.")}),
         );
-        let body = json!({"model": MODEL, "messages": messages, "max_tokens": 8, "temperature": 0});
+        let stream = turn % 2 == 1;
+        let body = json!({"model": MODEL, "messages": messages, "max_tokens": 8, "temperature": 0,
+                          "stream": stream, "stream_options": {"include_usage": true}});
         let started = std::time::Instant::now();
         let r = client().post(&url).json(&body).send().await.unwrap();
         assert_eq!(r.status(), 200);
@@ -202,7 +205,14 @@ async fn later_turns_reach_the_llama_server_holding_the_prefix() {
             .to_str()
             .unwrap()
             .to_string();
-        let v: Value = r.json().await.unwrap();
+        let text = r.text().await.unwrap();
+        let answer = chat_text(&text, stream);
+        // The usage: the whole body's, or the stream's last chunk's.
+        let v: Value = if stream {
+            sse_chunks(&text).pop().unwrap()
+        } else {
+            serde_json::from_str(&text).unwrap()
+        };
         let prompt_tokens = v["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
         let cached = cached_tokens(&v);
         eprintln!(
@@ -226,10 +236,6 @@ async fn later_turns_reach_the_llama_server_holding_the_prefix() {
                 );
             }
         }
-        let answer = v["choices"][0]["message"]["content"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
         messages.push(json!({"role": "assistant", "content": answer}));
     }
     // A different session starts on the other, emptier worker.
