@@ -11,6 +11,7 @@ use crate::convert;
 use crate::engine::PolicyEngine;
 use crate::error::PolicyError;
 use crate::guest::Guest;
+use crate::registry::join_params;
 use crate::router::CANARY_TOKENS;
 use crate::slot::Kind;
 use crate::stats::PolicyStats;
@@ -421,12 +422,8 @@ impl Kind for AdmissionKind {
     }
 
     fn native_with(name: &str, params: &[(String, String)]) -> Result<Box<Self::Policy>, String> {
-        let spec = std::iter::once(name.to_owned())
-            .chain(params.iter().map(|(k, v)| format!("{k}={v}")))
-            .collect::<Vec<_>>()
-            .join(":");
         let tick = ThunderAgentConfig::default().tick_interval;
-        native_admission_spec(&spec, tick).map_err(|e| e.to_string())
+        native_admission_spec(&join_params(name, params), tick).map_err(|e| e.to_string())
     }
 
     fn policy_name(policy: &Self::Policy) -> &str {

@@ -12,6 +12,7 @@ use crate::convert;
 use crate::engine::PolicyEngine;
 use crate::error::PolicyError;
 use crate::guest::Guest;
+use crate::registry::join_params;
 use crate::slot::Kind;
 use crate::stats::PolicyStats;
 use std::sync::Arc;
@@ -336,11 +337,8 @@ impl Kind for KvHintsKind {
     }
 
     fn native_with(name: &str, params: &[(String, String)]) -> Result<Box<Self::Policy>, String> {
-        let spec = std::iter::once(name.to_owned())
-            .chain(params.iter().map(|(k, v)| format!("{k}={v}")))
-            .collect::<Vec<_>>()
-            .join(":");
-        switchyard_core::kv_hints::params::native_kv_hints_spec(&spec).map_err(|e| e.to_string())
+        switchyard_core::kv_hints::params::native_kv_hints_spec(&join_params(name, params))
+            .map_err(|e| e.to_string())
     }
 
     fn policy_name(policy: &Self::Policy) -> &str {

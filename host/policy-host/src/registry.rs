@@ -317,6 +317,14 @@ pub fn split_params(spec: &str) -> (String, Vec<(String, String)>) {
     (segments.join(":"), params)
 }
 
+/// The spec [`split_params`] splits: `name` and `key=value` segments, joined by `:`.
+pub(crate) fn join_params(name: &str, params: &[(String, String)]) -> String {
+    std::iter::once(name.to_owned())
+        .chain(params.iter().map(|(k, v)| format!("{k}={v}")))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
 /// Watcher events may name a file through another path than the configuration did.
 fn same_file(a: &Path, b: &Path) -> bool {
     a == b
