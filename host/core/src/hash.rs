@@ -5,6 +5,7 @@
 //! prefix tree.
 
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
@@ -73,18 +74,7 @@ impl BlockHasher {
 
     /// Local hash of one block of tokens (any length; callers pass full blocks).
     pub fn local(&self, tokens: &[u32]) -> LocalBlockHash {
-        // Tokens hash as their little-endian bytes; avoid an allocation for the common sizes.
-        let mut buf = [0u8; 4 * 64];
-        if tokens.len() <= 64 {
-            let bytes = &mut buf[..tokens.len() * 4];
-            for (chunk, t) in bytes.chunks_exact_mut(4).zip(tokens) {
-                chunk.copy_from_slice(&t.to_le_bytes());
-            }
-            LocalBlockHash(xxh3_64_with_seed(bytes, self.seed))
-        } else {
-            let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
-            LocalBlockHash(xxh3_64_with_seed(&bytes, self.seed))
-        }
+        LocalBlockHash(xxh3_64_with_seed(&token_bytes(tokens), self.seed))
     }
 
     /// Local hashes of every full block of `tokens`; a trailing partial block is ignored.
@@ -128,6 +118,16 @@ impl BlockHasher {
     /// Sequence hashes of every full block of `tokens`.
     pub fn sequence(&self, tokens: &[u32]) -> Vec<SequenceHash> {
         self.sequence_from(None, &self.locals(tokens))
+    }
+}
+
+/// `tokens` as their little-endian bytes, the form every hash of tokens reads them in: on a
+/// little-endian machine their own memory, not a copy.
+pub fn token_bytes(tokens: &[u32]) -> Cow<'_, [u8]> {
+    if cfg!(target_endian = "little") {
+        Cow::Borrowed(bytemuck::cast_slice(tokens))
+    } else {
+        Cow::Owned(tokens.iter().flat_map(|t| t.to_le_bytes()).collect())
     }
 }
 

@@ -2,6 +2,7 @@
 //! the mock draws each answer's natural length from a log-normal distribution (the shape of
 //! measured chat and agent output lengths) and ends with `stop` when that comes first.
 
+use switchyard_core::hash::token_bytes;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// The distribution of natural answer lengths, in tokens.
@@ -28,7 +29,7 @@ impl AnswerLength {
     /// The natural length of the answer to `prompt`: the same prompt always gets the same length
     /// (retries and replays are reproducible), at least 1 token.
     pub fn draw(&self, prompt: &[u32]) -> u32 {
-        let bytes: Vec<u8> = prompt.iter().flat_map(|t| t.to_le_bytes()).collect();
+        let bytes = token_bytes(prompt);
         // Two independent uniforms in (0, 1), for a Box-Muller standard normal.
         let unit = |seed: u64| (xxh3_64_with_seed(&bytes, seed) >> 11) as f64 / (1u64 << 53) as f64;
         let (u1, u2) = (unit(1).max(f64::MIN_POSITIVE), unit(2));

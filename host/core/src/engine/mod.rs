@@ -94,13 +94,14 @@ pub use tiers::{
 };
 pub use timing::StepTiming;
 
+use crate::hash::token_bytes;
 use switchyard_kvbm::Tick;
 use tiers::{HostTier, PoolTier};
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::time::Duration;
-use xxhash_rust::xxh3::{Xxh3, xxh3_64_with_seed};
+use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// Engine settings (vLLM's names where vLLM has one).
 #[derive(Debug, Clone, PartialEq)]
@@ -945,19 +946,9 @@ fn advance(
     used
 }
 
-/// The seed of a prompt's output tokens: xxh3 of its tokens' little-endian bytes, streamed
-/// through a small buffer rather than copied whole.
+/// The seed of a prompt's output tokens: xxh3 of its tokens' little-endian bytes.
 fn prompt_seed(prompt: &[u32]) -> u64 {
-    let mut hasher = Xxh3::with_seed(ENGINE_SEED);
-    let mut buf = [0u8; 4 * 256];
-    for chunk in prompt.chunks(256) {
-        let bytes = &mut buf[..chunk.len() * 4];
-        for (out, token) in bytes.chunks_exact_mut(4).zip(chunk) {
-            out.copy_from_slice(&token.to_le_bytes());
-        }
-        hasher.update(bytes);
-    }
-    hasher.digest()
+    xxh3_64_with_seed(&token_bytes(prompt), ENGINE_SEED)
 }
 
 /// Deterministic pseudo-text: a function of the prompt and the position only.
