@@ -264,6 +264,20 @@ struct SessionState {
     current: usize,
     /// The request `current` is in flight.
     in_flight: bool,
+    /// The session's last prompt, while it has requests to send.
+    last: Option<SessionPrompt>,
+}
+
+/// A session's last prompt, from which its next one, which resends it, is built
+/// ([`Simulation::prompt`]).
+#[derive(Debug)]
+struct SessionPrompt {
+    /// The request it was.
+    request: usize,
+    /// Its blocks that were whole: their tokens are a function of their ids alone.
+    whole_blocks: usize,
+    tokens: Vec<u32>,
+    hashes: Vec<SequenceHash>,
 }
 
 /// One gateway replica: what a `switchyard serve` process holds.
@@ -655,13 +669,7 @@ impl<'w> Simulation<'w> {
             return;
         };
         let id = self.records.len() as u64;
-        let prompt = tokens::prompt(
-            &request.hash_ids,
-            workload.block_size,
-            request.input_tokens,
-            id,
-        );
-        let hashes = self.hasher.sequence(&prompt);
+        let (prompt, hashes) = self.prompt(s, k, id);
         let max_tokens = request.output_tokens.max(1);
         self.sessions[s].current = k;
         self.sessions[s].in_flight = true;
@@ -696,6 +704,60 @@ impl<'w> Simulation<'w> {
             self.dispatch(release, now, progress);
         }
         self.schedule_tick(r, now);
+    }
+
+    /// Request `k` of session `s` (request `id` of the run): its prompt and the prompt's sequence
+    /// hashes, built on the session's previous prompt. The blocks both share (the same leading
+    /// block ids, whole in both) are kept, and only the rest is drawn and hashed, as the
+    /// gateway's session cache tokenizes and hashes only a resent conversation's new suffix.
+    fn prompt(&mut self, s: usize, k: usize, id: u64) -> (Vec<u32>, Vec<SequenceHash>) {
+        let workload = self.workload;
+        let session = &workload.sessions[s];
+        let request = &session.requests[k];
+        let block_size = workload.block_size;
+        let whole = tokens::whole_blocks(request.hash_ids.len(), block_size, request.input_tokens);
+        let (mut prompt, mut hashes) = match self.sessions[s].last.take() {
+            Some(last) => {
+                let before = &session.requests[last.request].hash_ids[..last.whole_blocks];
+                let shared = before
+                    .iter()
+                    .zip(&request.hash_ids[..whole])
+                    .take_while(|(a, b)| a == b)
+                    .count();
+                let (mut prompt, mut hashes) = (last.tokens, last.hashes);
+                prompt.truncate(shared * block_size as usize);
+                hashes.truncate(shared);
+                (prompt, hashes)
+            }
+            None => (Vec::new(), Vec::new()),
+        };
+        let kept = hashes.len();
+        tokens::complete_prompt(
+            &mut prompt,
+            &request.hash_ids,
+            block_size,
+            request.input_tokens,
+            id,
+        );
+        let locals = self.hasher.locals(&prompt[kept * block_size as usize..]);
+        hashes.extend(self.hasher.sequence_from(hashes.last().copied(), &locals));
+        debug_assert_eq!(
+            (&prompt, &hashes),
+            (
+                &tokens::prompt(&request.hash_ids, block_size, request.input_tokens, id),
+                &self.hasher.sequence(&prompt)
+            ),
+            "session {s} request {k}"
+        );
+        if k + 1 < session.requests.len() {
+            self.sessions[s].last = Some(SessionPrompt {
+                request: k,
+                whole_blocks: whole,
+                tokens: prompt.clone(),
+                hashes: hashes.clone(),
+            });
+        }
+        (prompt, hashes)
     }
 
     /// The replica the load balancer sends request `id` of session `s` to.
@@ -1103,6 +1165,7 @@ impl<'w> Simulation<'w> {
     }
 
     fn session_done(&mut self, s: usize, now: Duration) {
+        self.sessions[s].last = None;
         let joins = self.workload.sessions[s]
             .spawn
             .is_some_and(|spawn| spawn.join);

@@ -10,18 +10,39 @@ const VOCAB: std::ops::Range<u32> = 1_000..100_000;
 /// The prompt of `input_tokens` tokens (at least one) whose blocks are `hash_ids`. A prompt longer
 /// than its blocks gets a tail drawn from `salt` (unique per request), so the tail is never shared.
 pub fn prompt(hash_ids: &[u64], block_size: u32, input_tokens: u32, salt: u64) -> Vec<u32> {
+    let mut tokens = Vec::with_capacity(input_tokens.max(1) as usize);
+    complete_prompt(&mut tokens, hash_ids, block_size, input_tokens, salt);
+    tokens
+}
+
+/// [`prompt`], given its first `tokens.len() / block_size` blocks (whole blocks only, taken
+/// from another prompt with the same leading ids): draws only the rest.
+pub fn complete_prompt(
+    tokens: &mut Vec<u32>,
+    hash_ids: &[u64],
+    block_size: u32,
+    input_tokens: u32,
+    salt: u64,
+) {
     let len = input_tokens.max(1) as usize;
-    let mut tokens = Vec::with_capacity(len);
-    for &id in hash_ids {
+    let block_size = block_size as usize;
+    let given = tokens.len() / block_size.max(1);
+    debug_assert_eq!(tokens.len(), given * block_size, "whole blocks only");
+    for &id in hash_ids.iter().skip(given) {
         if tokens.len() >= len {
             break;
         }
-        let take = (block_size as usize).min(len - tokens.len());
-        extend(&mut tokens, id, take);
+        let take = block_size.min(len - tokens.len());
+        extend(tokens, id, take);
     }
     let rest = len - tokens.len();
-    extend(&mut tokens, salt ^ TAIL_SALT, rest);
-    tokens
+    extend(tokens, salt ^ TAIL_SALT, rest);
+}
+
+/// How many blocks of a prompt of `input_tokens` tokens with `ids` blocks are whole (their
+/// tokens are a function of their ids alone).
+pub fn whole_blocks(ids: usize, block_size: u32, input_tokens: u32) -> usize {
+    (input_tokens.max(1) as usize / block_size.max(1) as usize).min(ids)
 }
 
 const TAIL_SALT: u64 = 0x7461_696c_5f74_6f6b;
@@ -65,6 +86,21 @@ mod tests {
         assert_eq!(a[..4], b[..4]);
         assert_ne!(a[4..8], b[4..8]);
         assert_ne!(a[8..], b[8..]);
+    }
+
+    #[test]
+    fn a_prompt_completed_from_a_shared_prefix_is_the_prompt() {
+        let before = prompt(&[7, 8, 9], 4, 11, 1);
+        assert_eq!(whole_blocks(3, 4, 11), 2);
+        for shared in 0..=2 {
+            let mut tokens = before[..shared * 4].to_vec();
+            complete_prompt(&mut tokens, &[7, 8, 5, 6], 4, 15, 2);
+            assert_eq!(
+                tokens,
+                prompt(&[7, 8, 5, 6], 4, 15, 2),
+                "{shared} blocks shared"
+            );
+        }
     }
 
     #[test]
