@@ -267,8 +267,9 @@ pub enum EngineStream {
     /// An engine streams only when the client does; a client that did not ask for a stream
     /// gets the engine's whole answer, re-encoded for its API. About half the gateway's CPU for
     /// such a request (docs/benchmarks.md (k)), at a price: the router counts the request's
-    /// prefill load until the whole answer is back, and no TTFT is recorded for it (its trace
-    /// line's TTFT is the whole answer's time).
+    /// prefill load until the whole answer is back, no TTFT is recorded for it (its trace
+    /// line's TTFT is the whole answer's time), and an engine that stalls before answering is
+    /// cut by `request_timeout`, not `stream_idle_timeout` (nothing arrives until the end).
     AsClient,
 }
 
