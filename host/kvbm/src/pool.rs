@@ -477,7 +477,13 @@ impl BlockPool {
         }
     }
 
-    /// Occupancy now.
+    /// Blocks registered under a hash: [`PoolUsage::registered`] without the walk over every
+    /// slot that [`BlockPool::usage`] makes (engines read it at each admission decision).
+    pub fn registered(&self) -> usize {
+        self.shared.lock().registry.len()
+    }
+
+    /// Occupancy now (walks every slot).
     pub fn usage(&self) -> PoolUsage {
         let state = self.shared.lock();
         let mut usage = PoolUsage {

@@ -301,6 +301,7 @@ impl Harness {
                 .pool(tier)
                 .ok_or_else(|| TestCaseError::fail("tier"))?;
             let usage = pool.usage();
+            prop_assert_eq!(pool.registered(), usage.registered);
             prop_assert!(usage.registered + usage.leased <= usage.capacity);
             prop_assert_eq!(usage.free + usage.leased + usage.registered, usage.capacity);
             prop_assert!(

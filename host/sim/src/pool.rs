@@ -130,7 +130,7 @@ impl SharedPool {
     pub(crate) fn stats(&self) -> PoolStats {
         PoolStats {
             capacity_blocks: self.capacity,
-            blocks: self.index.usage().registered,
+            blocks: self.index.registered(),
             stored_blocks: self.stored,
             evictions: self.index.counters().evictions,
         }

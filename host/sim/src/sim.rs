@@ -269,8 +269,8 @@ struct SessionState {
 }
 
 /// A session's last prompt, from which its next one, which resends it, is built
-/// ([`Simulation::prompt`]).
-#[derive(Debug)]
+/// ([`Simulation::prompt`]). The default is no prompt (no whole blocks).
+#[derive(Debug, Default)]
 struct SessionPrompt {
     /// The request it was.
     request: usize,
@@ -716,22 +716,18 @@ impl<'w> Simulation<'w> {
         let request = &session.requests[k];
         let block_size = workload.block_size;
         let whole = tokens::whole_blocks(request.hash_ids.len(), block_size, request.input_tokens);
-        let (mut prompt, mut hashes) = match self.sessions[s].last.take() {
-            Some(last) => {
-                let before = &session.requests[last.request].hash_ids[..last.whole_blocks];
-                let shared = before
-                    .iter()
-                    .zip(&request.hash_ids[..whole])
-                    .take_while(|(a, b)| a == b)
-                    .count();
-                let (mut prompt, mut hashes) = (last.tokens, last.hashes);
-                prompt.truncate(shared * block_size as usize);
-                hashes.truncate(shared);
-                (prompt, hashes)
-            }
-            None => (Vec::new(), Vec::new()),
-        };
-        let kept = hashes.len();
+        let last = self.sessions[s].last.take().unwrap_or_default();
+        let shared = session.requests.get(last.request).map_or(0, |before| {
+            before.hash_ids[..last.whole_blocks]
+                .iter()
+                .zip(&request.hash_ids[..whole])
+                .take_while(|(a, b)| a == b)
+                .count()
+        });
+        let shared_tokens = shared * block_size as usize;
+        // Fresh buffers of the right size: the engine takes them, and growing one copies it.
+        let mut prompt = Vec::with_capacity(request.input_tokens.max(1) as usize);
+        prompt.extend_from_slice(&last.tokens[..shared_tokens]);
         tokens::complete_prompt(
             &mut prompt,
             &request.hash_ids,
@@ -739,7 +735,9 @@ impl<'w> Simulation<'w> {
             request.input_tokens,
             id,
         );
-        let locals = self.hasher.locals(&prompt[kept * block_size as usize..]);
+        let mut hashes = Vec::with_capacity(prompt.len() / block_size as usize);
+        hashes.extend_from_slice(&last.hashes[..shared]);
+        let locals = self.hasher.locals(&prompt[shared_tokens..]);
         hashes.extend(self.hasher.sequence_from(hashes.last().copied(), &locals));
         debug_assert_eq!(
             (&prompt, &hashes),
@@ -750,12 +748,15 @@ impl<'w> Simulation<'w> {
             "session {s} request {k}"
         );
         if k + 1 < session.requests.len() {
-            self.sessions[s].last = Some(SessionPrompt {
-                request: k,
-                whole_blocks: whole,
-                tokens: prompt.clone(),
-                hashes: hashes.clone(),
-            });
+            // The kept copy takes only what is new.
+            let mut last = last;
+            last.tokens.truncate(shared_tokens);
+            last.tokens.extend_from_slice(&prompt[shared_tokens..]);
+            last.hashes.truncate(shared);
+            last.hashes.extend_from_slice(&hashes[shared..]);
+            last.request = k;
+            last.whole_blocks = whole;
+            self.sessions[s].last = Some(last);
         }
         (prompt, hashes)
     }

@@ -322,7 +322,7 @@ impl HostTier {
 
     pub(crate) fn stats(&self) -> TierStats {
         let mut stats = TierStats {
-            host_blocks: self.pool.usage().registered,
+            host_blocks: self.pool.registered(),
             host_evictions: self.pool.counters().evictions,
             ..self.stats
         };

@@ -101,7 +101,7 @@ impl DiskTier {
 
     pub(crate) fn stats(&self) -> TierStats {
         TierStats {
-            disk_blocks: self.pool.usage().registered,
+            disk_blocks: self.pool.registered(),
             disk_evictions: self.pool.counters().evictions,
             ..self.stats
         }
