@@ -20,10 +20,11 @@
 
 use super::{Event, RoutedTurn, SimConfig, SimError, Simulation};
 use crate::report::{HintCount, KvHintsReport};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use switchyard_core::hash::SequenceHash;
 use switchyard_core::index::KvIndex;
+use switchyard_core::index::flat::U64Map;
 use switchyard_core::kv_hints::actions::{ActionOutcome, ActionType, BlockPayload, HintAction};
 use switchyard_core::kv_hints::sessions::SessionTracker;
 use switchyard_core::kv_hints::{
@@ -389,8 +390,8 @@ fn kind_label(kind: &LifecycleKind) -> &'static str {
 /// the newer. A hint's blocks that no recent prompt named are ones no tier is likely to hold.
 #[derive(Debug)]
 pub(super) struct HashTranslation {
-    current: HashMap<u64, u64>,
-    previous: HashMap<u64, u64>,
+    current: U64Map<u64>,
+    previous: U64Map<u64>,
     capacity: usize,
 }
 
@@ -398,8 +399,8 @@ impl HashTranslation {
     /// A translation keeping at least `capacity` recent pairs (at least one).
     pub(super) fn new(capacity: usize) -> Self {
         Self {
-            current: HashMap::new(),
-            previous: HashMap::new(),
+            current: U64Map::new(),
+            previous: U64Map::new(),
             capacity: capacity.max(1),
         }
     }
@@ -412,10 +413,12 @@ impl HashTranslation {
     }
 
     fn insert(&mut self, router: u64, engine: u64) {
-        if self.current.len() >= self.capacity && !self.current.contains_key(&router) {
-            self.previous = std::mem::take(&mut self.current);
+        if self.current.len() >= self.capacity && !self.current.contains_key(router) {
+            // The current generation retires; the older one's table is reused for the next.
+            std::mem::swap(&mut self.previous, &mut self.current);
+            self.current.clear();
         }
-        self.current.insert(router, engine);
+        *self.current.get_or_insert(router, engine) = engine;
     }
 
     /// `router` hashes in the engines' names, in order, and how many were unknown (left out).
@@ -423,9 +426,9 @@ impl HashTranslation {
         let mut engine = Vec::with_capacity(router.len());
         let mut unknown = 0;
         for &hash in router {
-            let known = match self.current.get(&hash) {
+            let known = match self.current.get(hash) {
                 Some(&e) => Some(e),
-                None => self.previous.get(&hash).copied(),
+                None => self.previous.get(hash).copied(),
             };
             match known {
                 Some(e) => {
