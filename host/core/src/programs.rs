@@ -392,15 +392,13 @@ impl ProgramTracker {
     /// [`ProgramTracker::sessions`] into `rows`, reusing the rows (and their strings) an
     /// earlier call left there: the view of every program is built on every admission call.
     pub fn sessions_into(&self, rows: &mut Vec<SessionView>, now: Duration) {
-        let mut n = 0;
-        for program in self.programs.values() {
+        rows.truncate(self.programs.len());
+        for (n, program) in self.programs.values().enumerate() {
             match rows.get_mut(n) {
                 Some(row) => program.view_into(row, now),
                 None => rows.push(program.view(now)),
             }
-            n += 1;
         }
-        rows.truncate(n);
     }
 
     /// Programs by state.
