@@ -244,6 +244,25 @@ pub struct HintOutcome {
     pub blocks: u32,
 }
 
+impl HintOutcome {
+    /// What became of `action` on `rank`, as its policy hears it (`None`: not one of our
+    /// action types, which no policy asked for).
+    pub fn of(
+        rank: Rank,
+        action: &actions::HintAction,
+        outcome: actions::Outcome,
+        blocks: u32,
+    ) -> Option<Self> {
+        Some(Self {
+            session_id: action.payload.session_id.clone(),
+            rank,
+            action: action.kind()?,
+            outcome,
+            blocks,
+        })
+    }
+}
+
 /// No hints: the engines' own eviction (LRU) decides. The baseline hints are measured against.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct NoHints;

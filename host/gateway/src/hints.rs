@@ -34,7 +34,6 @@ use switchyard_core::kv_hints::{
 use switchyard_core::programs::TurnEnd;
 use switchyard_core::worker::{Rank, Tier};
 use switchyard_frontend::Api;
-use switchyard_kv_events::ingest::EngineNames;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -328,7 +327,7 @@ fn deliver(shared: &Arc<Shared>, hints: &[KvHint]) {
                 count(shared, rank, &actions, |_| Outcome::Rejected);
                 continue;
             };
-            let unnamed = in_engine_names(&mut actions, names);
+            let unnamed = names.name_actions(&mut actions);
             count(shared, rank, &unnamed, |_| Outcome::Missing);
             if actions.is_empty() {
                 continue;
@@ -355,32 +354,6 @@ fn deliver(shared: &Arc<Shared>, hints: &[KvHint]) {
             }
         }
     }
-}
-
-/// Name `actions`' blocks the way the engine does. A block the rank holds in no tier has no
-/// engine name and is left out (a prefetch stops there: its run is root-aligned); actions left
-/// with no block are returned, to be counted missing without asking the engine.
-fn in_engine_names(actions: &mut Vec<HintAction>, names: &EngineNames) -> Vec<HintAction> {
-    let mut unnamed = Vec::new();
-    actions.retain_mut(|action| {
-        let engine = names.engine_hashes(&action.payload.block_hashes);
-        let stop_at_gap = action.kind() == Some(ActionType::Prefetch);
-        let mut named = Vec::with_capacity(engine.len());
-        for hash in engine {
-            match hash {
-                Some(hash) => named.push(hash),
-                None if stop_at_gap => break,
-                None => {}
-            }
-        }
-        action.payload.block_hashes = named;
-        let keep = !action.payload.block_hashes.is_empty();
-        if !keep {
-            unnamed.push(action.clone());
-        }
-        keep
-    });
-    unnamed
 }
 
 /// POST `envelope` to the rank's `/v1/kv_hints` and count what became of each action.
@@ -435,7 +408,7 @@ async fn send(shared: Arc<Shared>, rank: Rank, envelope: KvHintsEnvelope) {
                     .kv_hint_blocks
                     .get_or_create(&labels)
                     .inc_by(u64::from(covered));
-                heard.extend(hint_outcome(rank, action, outcome, covered));
+                heard.extend(HintOutcome::of(rank, action, outcome, covered));
             }
             shared.hints.outcomes(heard);
         }
@@ -445,7 +418,7 @@ async fn send(shared: Arc<Shared>, rank: Rank, envelope: KvHintsEnvelope) {
                 .hints
                 .outcomes(envelope.actions.iter().filter_map(|action| {
                     let sent = u32::try_from(action.payload.block_hashes.len()).unwrap_or(u32::MAX);
-                    hint_outcome(rank, action, Outcome::Rejected, sent)
+                    HintOutcome::of(rank, action, Outcome::Rejected, sent)
                 }));
             tracing::warn!(worker = %rank, error = %why, "kv hints not delivered");
             shared
@@ -509,23 +482,6 @@ pub(crate) fn settle(
     }
 }
 
-/// What the policy hears of `action`'s `outcome` on `rank` (nothing for an action of a type
-/// the gateway does not know).
-fn hint_outcome(
-    rank: Rank,
-    action: &HintAction,
-    outcome: Outcome,
-    blocks: u32,
-) -> Option<HintOutcome> {
-    Some(HintOutcome {
-        session_id: action.payload.session_id.clone(),
-        rank,
-        action: action.kind()?,
-        outcome,
-        blocks,
-    })
-}
-
 /// Count `actions` on `rank` with the outcome the gateway already knows, and keep it for the
 /// policy.
 fn count(
@@ -539,7 +495,7 @@ fn count(
         let outcome = outcome(action);
         let sent = u32::try_from(action.payload.block_hashes.len()).unwrap_or(u32::MAX);
         count_outcome(shared, rank, action.kind(), outcome, u64::from(sent));
-        heard.extend(hint_outcome(rank, action, outcome, sent));
+        heard.extend(HintOutcome::of(rank, action, outcome, sent));
     }
     shared.hints.outcomes(heard);
 }

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use switchyard_core::hash::{BlockHasher, LocalBlockHash, SequenceHash};
 use switchyard_core::index::IndexOp;
 use switchyard_core::index::flat::U64Map;
+use switchyard_core::kv_hints::actions::{ActionType, HintAction};
 use switchyard_core::worker::{Rank, Tier};
 
 /// How a stream's payloads are encoded.
@@ -152,6 +153,34 @@ impl EngineNames {
     pub fn engine_hashes(&self, ours: &[u64]) -> Vec<Option<u64>> {
         let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         ours.iter().map(|h| map.get(*h).copied()).collect()
+    }
+
+    /// Name `actions`' blocks the way the engine does. A block the rank holds in no tier has no
+    /// engine name and is left out (a prefetch stops there: its run is root-aligned); actions
+    /// left with no block are taken out and returned, to be counted missing without asking the
+    /// engine.
+    pub fn name_actions(&self, actions: &mut Vec<HintAction>) -> Vec<HintAction> {
+        let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let mut unnamed = Vec::new();
+        let mut kept = Vec::with_capacity(actions.len());
+        for mut action in actions.drain(..) {
+            let stop_at_gap = action.kind() == Some(ActionType::Prefetch);
+            let ours = std::mem::take(&mut action.payload.block_hashes);
+            for hash in ours {
+                match map.get(hash) {
+                    Some(&engine) => action.payload.block_hashes.push(engine),
+                    None if stop_at_gap => break,
+                    None => {}
+                }
+            }
+            if action.payload.block_hashes.is_empty() {
+                unnamed.push(action);
+            } else {
+                kept.push(action);
+            }
+        }
+        *actions = kept;
+        unnamed
     }
 
     /// Blocks named.

@@ -105,9 +105,9 @@ pub struct KvHintsReport {
     /// Block actions by action (`demote`, `prefetch`, `evict`, `retain`, `pin`) and outcome
     /// (`accepted`, `clipped`, `deferred`, `rejected`, `missing`), as the engines answered.
     pub actions: BTreeMap<String, BTreeMap<String, HintCount>>,
-    /// Blocks hints named that the simulator could not translate from the router's hashes to
-    /// the engines' (no recent prompt named them); left out of the actions.
-    pub untranslated_blocks: u64,
+    /// Blocks hints named that the rank holds in no tier, so its engine has no name for them;
+    /// left out of the actions, as the gateway does.
+    pub unnamed_blocks: u64,
 }
 
 /// Actions of one type with one outcome, and the blocks the engines acted on.

@@ -332,8 +332,6 @@ pub struct Simulation<'w> {
     quiet_runs: bool,
     /// The worker whose step end is being handled, if that is the event in hand.
     ending: Option<usize>,
-    /// Router hashes -> engine hashes, while a KV-hint path runs.
-    translation: Option<hints::HashTranslation>,
     /// `Hints` events in the queue: ticks stop once nothing else is.
     queued_hint_rounds: usize,
     /// Whether the engines' KV events reach the replicas' indexes: only when something reads
@@ -488,10 +486,11 @@ impl<'w> Simulation<'w> {
         let mut workers = Vec::with_capacity(config.workers);
         for w in 0..config.workers {
             let rank = Rank::new(w as u32, 0);
-            workers.push(SimWorker::new(
-                rank,
-                EngineModel::new(config.engine.clone())?,
-            ));
+            let mut worker = SimWorker::new(rank, EngineModel::new(config.engine.clone())?);
+            if config.kv_hints.is_some() {
+                worker.keep_names();
+            }
+            workers.push(worker);
         }
         let SpawnTree {
             roots,
@@ -513,10 +512,6 @@ impl<'w> Simulation<'w> {
             let at = (session.start + first_gap).div_f64(config.speedup);
             queue.push(at, Event::Arrive(root));
         }
-        let translation = config
-            .kv_hints
-            .is_some()
-            .then(|| hints::HashTranslation::new(hints::translation_capacity(&config)));
         // The index is read by a routing policy that weighs the cache, by the router queue
         // (its thresholds count the prefill the index says is cached), by KV hints and by the
         // shared pool's prefix runs. Round robin alone reads none of it, so its engines' events
@@ -530,7 +525,6 @@ impl<'w> Simulation<'w> {
         Ok(Self {
             feeds_index,
             replicas,
-            translation,
             queued_hint_rounds: 0,
             root_of,
             sent: 0,

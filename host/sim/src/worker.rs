@@ -6,11 +6,12 @@
 //! encoding and decoding them was half of a simulation's time, and the wire format has its own
 //! tests in the kv-events crate.
 
+use std::sync::Arc;
 use std::time::Duration;
 use switchyard_core::engine::{CacheEvent, EngineModel, Step};
 use switchyard_core::index::IndexOp;
 use switchyard_core::worker::Rank;
-use switchyard_kv_events::ingest::Ingestor;
+use switchyard_kv_events::ingest::{EngineNames, Ingestor};
 use switchyard_kv_events::wire::{EventBatch, KvEvent};
 
 /// A message on the worker's KV event stream.
@@ -26,6 +27,9 @@ pub(crate) struct SimWorker {
     pub(crate) engine: EngineModel,
     /// The gateway's subscriber state for this rank.
     ingestor: Ingestor,
+    /// How the engine names the blocks the rank holds, kept by the ingestor from the events
+    /// while a KV-hint path needs them ([`SimWorker::keep_names`]).
+    pub(crate) names: Option<Arc<EngineNames>>,
     next_seq: u64,
     /// The step in progress and when it started; `None` while idle or in a quiet run.
     pub(crate) step: Option<(Duration, Step)>,
@@ -52,10 +56,23 @@ impl SimWorker {
             rank,
             engine,
             ingestor: Ingestor::new(rank, block_size),
+            names: None,
             next_seq: 0,
             step: None,
             quiet: None,
             step_ends: 0,
+        }
+    }
+
+    /// Keep the engine's names of the rank's blocks, as the gateway's subscriber does for its
+    /// hint path. Before the first event only: the names are learnt from the stores.
+    pub(crate) fn keep_names(&mut self) {
+        debug_assert_eq!(self.next_seq, 0, "names are kept from the first event");
+        if self.names.is_none() {
+            let names = Arc::new(EngineNames::default());
+            let block_size = self.engine.config().block_size as u32;
+            self.ingestor = Ingestor::new(self.rank, block_size).naming(names.clone());
+            self.names = Some(names);
         }
     }
 

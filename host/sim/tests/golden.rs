@@ -150,5 +150,5 @@ fn claude_code_admission_and_tiers() {
 #[test]
 fn claude_code_admission_tiers_and_hints() {
     let hints = "demote-on-tool-call:demote_above_usage=0+subagent-reclaim+share-to-subagent";
-    assert_digest(&claude_code(Some(hints)), "747bdd95895e4a54");
+    assert_digest(&claude_code(Some(hints)), "809f1c65f16d1bcb");
 }

@@ -1,10 +1,12 @@
 //! The KV-hint path in the simulator: each replica's tracker, policy and engines on the virtual
 //! clock, as the gateway's hint task drives them.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use switchyard_core::engine::{EngineConfig, HostTierConfig};
-use switchyard_core::kv_hints::KvHintPolicy;
+use switchyard_core::kv_hints::params::native_kv_hints_spec;
+use switchyard_core::kv_hints::{HintOutcome, IndexState, KvHint, KvHintPolicy, LifecycleEvent};
 use switchyard_policy_host::WasmKvHints;
 use switchyard_policy_host::{EngineConfig as PolicyEngineConfig, PolicyEngine, PolicyStats};
 use switchyard_sim::workload::{Session, Spawn, TraceRequest, Workload};
@@ -116,7 +118,7 @@ fn demote_on_tool_call_demotes_waiting_sessions_and_prefetches_them_back() {
     assert!(hints.count("demote", "accepted").actions > 0);
     assert!(hints.count("prefetch", "accepted").actions > 0);
     assert!(hints.total("evict").actions >= 16);
-    assert_eq!(hints.untranslated_blocks, 0);
+    assert_eq!(hints.unnamed_blocks, 0);
     for action in hints.actions.keys() {
         assert_eq!(hints.count(action, "rejected").actions, 0, "{action}");
     }
@@ -192,6 +194,89 @@ fn subagent_strategies_share_a_parents_prefix_and_reclaim_a_finished_subagent() 
     assert!(evicts.actions >= 8 + spawned, "{hints:#?}");
     assert!(hints.count("evict", "accepted").blocks > 0);
     assert_eq!(report.requests, 8 * 4 + spawned * 2);
+}
+
+/// A policy that records what it hears of its actions' outcomes.
+#[derive(Debug)]
+struct Listening {
+    policy: Box<dyn KvHintPolicy>,
+    heard: Arc<Mutex<Vec<HintOutcome>>>,
+}
+
+impl KvHintPolicy for Listening {
+    fn name(&self) -> &str {
+        self.policy.name()
+    }
+
+    fn on_events(
+        &mut self,
+        events: &[LifecycleEvent],
+        index: &IndexState,
+        now: Duration,
+    ) -> Vec<KvHint> {
+        self.policy.on_events(events, index, now)
+    }
+
+    fn on_outcomes(&mut self, outcomes: &[HintOutcome], now: Duration) {
+        self.heard
+            .lock()
+            .expect("not poisoned")
+            .extend_from_slice(outcomes);
+        self.policy.on_outcomes(outcomes, now);
+    }
+}
+
+/// As in the gateway, a policy hears what became of its actions before its next events: every
+/// outcome it hears was counted in the report, and only the run's last round goes unheard.
+#[test]
+fn the_policy_hears_its_actions_outcomes() {
+    let workload = agents(16, 6, Duration::from_secs(2), false);
+    let spec = "demote-on-tool-call:demote_threshold=100ms:demote_above_usage=0";
+    let heard = Arc::new(Mutex::new(Vec::new()));
+    let policy = Listening {
+        policy: native_kv_hints_spec(spec).expect("a strategy"),
+        heard: heard.clone(),
+    };
+    let report = Simulation::new(&workload, config(None))
+        .expect("valid config")
+        .with_kv_hint_policies(vec![Box::new(policy)])
+        .expect("one policy for one replica")
+        .run(&mut || {})
+        .report();
+    let hints = report.kv_hints.as_ref().expect("a hint report");
+    let heard = heard.lock().expect("not poisoned");
+    let mut by_kind: BTreeMap<(&str, &str), (u64, u64)> = BTreeMap::new();
+    for o in heard.iter() {
+        assert!(
+            o.session_id
+                .as_deref()
+                .is_some_and(|s| s.starts_with("agent-"))
+        );
+        assert!(o.rank.worker.0 < 2, "{o:?}");
+        let sum = by_kind
+            .entry((o.action.label(), o.outcome.label()))
+            .or_default();
+        sum.0 += 1;
+        sum.1 += u64::from(o.blocks);
+    }
+    assert!(by_kind[&("demote", "accepted")].0 > 0, "{by_kind:?}");
+    assert!(by_kind[&("prefetch", "accepted")].0 > 0, "{by_kind:?}");
+    for ((action, outcome), (actions, blocks)) in by_kind {
+        let counted = hints.count(action, outcome);
+        assert!(
+            actions <= counted.actions && blocks <= counted.blocks,
+            "{action} {outcome}"
+        );
+    }
+    let counted: u64 = ["demote", "prefetch", "evict", "retain", "pin"]
+        .iter()
+        .map(|a| hints.total(a).actions)
+        .sum();
+    assert!(
+        heard.len() as u64 + 4 >= counted,
+        "{} of {counted}",
+        heard.len()
+    );
 }
 
 /// A `kv-hints` component through the gateway's policy host, under the simulator's deadlines

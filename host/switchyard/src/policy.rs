@@ -651,9 +651,9 @@ fn rows(world: World, runs: &[RunReport]) -> Vec<Row> {
             ("prefetched blocks", |r| {
                 number(r.tiers.unwrap_or_default().prefetched_blocks as f64, 0)
             }),
-            ("untranslated blks", |r| {
+            ("unnamed blks", |r| {
                 number(
-                    r.kv_hints.as_ref().map_or(0, |h| h.untranslated_blocks) as f64,
+                    r.kv_hints.as_ref().map_or(0, |h| h.unnamed_blocks) as f64,
                     0,
                 )
             }),

@@ -1,5 +1,6 @@
 use super::*;
 use crate::wire::{Encoding, EventBatch, encode_batch};
+use switchyard_core::kv_hints::actions::BlockPayload;
 
 const BS: u32 = 2;
 
@@ -469,6 +470,39 @@ fn engine_names_follow_every_tier_and_clear_with_the_rank() {
     ingestor.on_message(6, &payload(vec![stored(&[10], None, &tokens[..2])]));
     ingestor.on_message(0, &payload(vec![]));
     assert!(names.is_empty());
+}
+
+#[test]
+fn hint_actions_are_named_as_the_engine_names_their_blocks() {
+    let names = Arc::new(EngineNames::default());
+    let mut ingestor = Ingestor::new(rank(), BS).naming(names.clone());
+    let tokens = [1, 2, 3, 4, 5, 6];
+    let own: Vec<u64> = ours(&tokens).iter().map(|h| h.0).collect();
+    ingestor.on_message(0, &payload(vec![stored(&[10, 11, 12], None, &tokens)]));
+    ingestor.on_message(1, &payload(vec![removed(&[11], None)]));
+    let action = |id: &str, kind, hashes: &[u64]| {
+        let payload = BlockPayload {
+            block_hashes: hashes.to_vec(),
+            tier: None,
+            ttl_ms: None,
+            session_id: None,
+        };
+        HintAction::new(id, kind, payload)
+    };
+    let mut actions = vec![
+        action("demote", ActionType::Demote, &own),
+        action("prefetch", ActionType::Prefetch, &own),
+        action("evict", ActionType::Evict, &own[1..2]),
+    ];
+    let unnamed = names.name_actions(&mut actions);
+    let named: Vec<(&str, &[u64])> = actions
+        .iter()
+        .map(|a| (a.action_id.as_str(), a.payload.block_hashes.as_slice()))
+        .collect();
+    // A gap is skipped, except by a prefetch, whose run must stay root-aligned.
+    assert_eq!(named, [("demote", &[10, 12][..]), ("prefetch", &[10][..])]);
+    assert_eq!(unnamed.len(), 1);
+    assert_eq!(unnamed[0].action_id, "evict");
 }
 
 #[test]

@@ -7,28 +7,32 @@
 //! the time: every tick while a session waits on a tool), resolves the hints into block actions
 //! per rank, and the simulator applies them to those workers' engines and counts each outcome.
 //!
-//! **What the policy sees.** The index state of a round covers the sessions its events name, as
-//! in the gateway, and also every session waiting on a tool. Without those, a round with no
-//! events (a tick) shows the policy no session at all, so a prefetch it planned for the tick
+//! **What the policy sees.** As in the gateway, the index state of a round covers the sessions
+//! its events name and every session waiting on a tool: without those, a round with no events
+//! (a tick) would show the policy no session at all, and a prefetch it planned for the tick
 //! before a tool returns would find nothing resident and never be hinted.
 //!
 //! **Hashes.** The tracker names blocks by the router's sequence hashes; the engines by their
-//! own ([`switchyard_core::engine::ENGINE_SEED`]). Both hash the same full blocks of the same
-//! tokens, with different seeds, and every engine uses the same seed, so one
-//! [`HashTranslation`] serves every worker: each prompt is hashed both ways when it is placed,
-//! and the pairs are learnt.
+//! own ([`switchyard_core::engine::ENGINE_SEED`]). As in the gateway, each worker's ingestor
+//! keeps the engine's names of the blocks its rank holds ([`EngineNames`]), learnt from the KV
+//! events, and a rank's actions are named with them; an action left with no named block is
+//! counted missing, without asking the engine.
+//!
+//! **Outcomes.** What became of each action reaches the policy at its replica's next round,
+//! before its events (`on_outcomes`), as the gateway's hint task delivers them.
 
-use super::{Event, RoutedTurn, SimConfig, SimError, Simulation};
+use super::{Event, IndexMode, RoutedTurn, SimError, Simulation};
 use crate::report::{HintCount, KvHintsReport};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use switchyard_core::hash::SequenceHash;
 use switchyard_core::index::KvIndex;
-use switchyard_core::index::flat::U64Map;
-use switchyard_core::kv_hints::actions::{ActionOutcome, ActionType, BlockPayload, HintAction};
+use switchyard_core::kv_hints::actions::{
+    ActionOutcome, ActionType, BlockPayload, HintAction, Outcome,
+};
 use switchyard_core::kv_hints::sessions::SessionTracker;
 use switchyard_core::kv_hints::{
-    IndexState, KvHintPolicy, LifecycleEvent, LifecycleKind, RankUsage,
+    HintOutcome, IndexState, KvHintPolicy, LifecycleEvent, LifecycleKind, RankUsage,
 };
 use switchyard_core::programs::TurnEnd;
 use switchyard_core::worker::{Rank, Tier};
@@ -53,12 +57,16 @@ impl Simulation<'_> {
         for (replica, policy) in self.replicas.iter_mut().zip(policies) {
             replica.hints = Some(ReplicaHints::new(policy));
         }
-        self.translation = Some(HashTranslation::new(translation_capacity(&self.config)));
+        for worker in &mut self.workers {
+            worker.keep_names();
+        }
+        // The hint path reads the index, so the engines' events must reach it.
+        self.feeds_index |= self.config.index == IndexMode::Events;
         Ok(self)
     }
 
     /// Request `id`, whose prompt is `prompt` (`hashes` in the router's names), was placed on
-    /// `rank`: its replica's tracker hears of it, and the translation learns its blocks.
+    /// `rank`: its replica's tracker hears of it.
     pub(super) fn hints_routed(
         &mut self,
         id: u64,
@@ -73,12 +81,6 @@ impl Simulation<'_> {
         let Some(hints) = &mut self.replicas[r].hints else {
             return;
         };
-        if let (Some(translation), Some(worker)) = (
-            &mut self.translation,
-            self.workers.get(rank.worker.0 as usize),
-        ) {
-            translation.learn(hashes, &worker.engine.cache().hash_blocks(prompt));
-        }
         let turn = RoutedTurn {
             session_id: &session.id,
             parent_session_id: session.parent.as_deref(),
@@ -137,28 +139,42 @@ impl Simulation<'_> {
         hints.due = None;
         let resolved = hints.round(now, &replica.index, usage);
         let mut per_rank: BTreeMap<Rank, Vec<HintAction>> = BTreeMap::new();
-        if let Some(translation) = &mut self.translation {
-            for (rank, kind, mut payload) in resolved {
-                let (engine, unknown) = translation.engine_hashes(&payload.block_hashes);
-                hints.count_untranslated(unknown);
-                if engine.is_empty() {
-                    continue;
-                }
-                payload.block_hashes = engine;
-                let actions = per_rank.entry(rank).or_default();
-                let id = format!("a{}", actions.len() + 1);
-                actions.push(HintAction::new(id, kind, payload));
-            }
+        for (rank, kind, payload) in resolved {
+            let actions = per_rank.entry(rank).or_default();
+            let id = format!("a{}", actions.len() + 1);
+            actions.push(HintAction::new(id, kind, payload));
         }
-        for (rank, actions) in per_rank {
+        for (rank, mut actions) in per_rank {
             let w = rank.worker.0 as usize;
             let Some(worker) = self.workers.get_mut(w) else {
                 continue;
             };
+            let blocks = |actions: &[HintAction]| -> usize {
+                actions.iter().map(|a| a.payload.block_hashes.len()).sum()
+            };
+            let ours = blocks(&actions);
+            let unnamed = match &worker.names {
+                Some(names) => names.name_actions(&mut actions),
+                None => std::mem::take(&mut actions),
+            };
+            hints.count_unnamed(ours - blocks(&actions));
+            let missing: Vec<ActionOutcome> = unnamed
+                .iter()
+                .map(|a| ActionOutcome {
+                    action_id: a.action_id.clone(),
+                    outcome: Outcome::Missing,
+                    blocks: 0,
+                    reason: None,
+                })
+                .collect();
+            hints.count(rank, &unnamed, &missing);
+            if actions.is_empty() {
+                continue;
+            }
             // Pins and the tiers' recency run on model time; an idle engine's lags the clock.
             worker.engine.advance_clock_to(now);
             let outcomes = worker.engine.apply_hints(&actions);
-            hints.count(&actions, &outcomes);
+            hints.count(rank, &actions, &outcomes);
             // What the hints moved comes out of the next step.
             if worker.engine.has_work() {
                 self.queue.push(now, Event::Wake(w));
@@ -192,15 +208,6 @@ impl Simulation<'_> {
     }
 }
 
-/// Pairs the translation keeps at least: every block the fleet's tiers can hold.
-pub(super) fn translation_capacity(config: &SimConfig) -> usize {
-    let engine = &config.engine;
-    let per_worker = engine.num_blocks
-        + engine.host_tier.as_ref().map_or(0, |h| h.num_blocks)
-        + engine.disk_tier.as_ref().map_or(0, |d| d.num_blocks);
-    per_worker.saturating_mul(config.workers)
-}
-
 /// One replica's hint path: the tracker, the policy and what the policy has not seen yet.
 #[derive(Debug)]
 pub(super) struct ReplicaHints {
@@ -208,10 +215,10 @@ pub(super) struct ReplicaHints {
     policy: Box<dyn KvHintPolicy>,
     /// Events not yet shown to the policy, in order.
     events: Vec<LifecycleEvent>,
-    /// Sessions whose last turn ended in a tool call and whose next request is not routed yet.
-    waiting: BTreeSet<String>,
     /// When the replica's next round is due, if one is scheduled.
     pub(super) due: Option<Duration>,
+    /// What became of earlier actions, for the policy's next round.
+    outcomes: Vec<HintOutcome>,
     counts: HintCounts,
 }
 
@@ -221,15 +228,14 @@ impl ReplicaHints {
             tracker: SessionTracker::default(),
             policy,
             events: Vec::new(),
-            waiting: BTreeSet::new(),
             due: None,
+            outcomes: Vec::new(),
             counts: HintCounts::default(),
         }
     }
 
     /// `turn` was placed at `now`; true when events arrived (a round is due).
     pub(super) fn routed(&mut self, turn: RoutedTurn<'_>, now: Duration) -> bool {
-        self.waiting.remove(turn.session_id);
         let events = self.tracker.routed(turn, now);
         self.record(events)
     }
@@ -244,11 +250,7 @@ impl ReplicaHints {
         now: Duration,
     ) -> bool {
         let mut events = self.tracker.turn_ended(session_id, end, now);
-        if !events.is_empty() {
-            self.waiting.insert(session_id.to_owned());
-        }
         if last {
-            self.waiting.remove(session_id);
             events.extend(self.tracker.ended(session_id, now));
         }
         self.record(events)
@@ -274,6 +276,11 @@ impl ReplicaHints {
         index: &KvIndex,
         usage: Vec<RankUsage>,
     ) -> Vec<(Rank, ActionType, BlockPayload)> {
+        // What became of earlier hints first, so the policy decides knowing it.
+        let outcomes = std::mem::take(&mut self.outcomes);
+        if !outcomes.is_empty() {
+            self.policy.on_outcomes(&outcomes, now);
+        }
         let events = std::mem::take(&mut self.events);
         if events.is_empty() && !self.tracker.waiting_on_tools() {
             return Vec::new();
@@ -286,7 +293,7 @@ impl ReplicaHints {
                 .or_default() += 1;
         }
         // Ordered, so that a run is deterministic.
-        let mut sessions: BTreeSet<&str> = self.waiting.iter().map(String::as_str).collect();
+        let mut sessions: BTreeSet<&str> = self.tracker.waiting().collect();
         for event in &events {
             sessions.insert(&event.session_id);
             if let LifecycleKind::SubagentSpawn(child) | LifecycleKind::SubagentEnd(child) =
@@ -308,9 +315,16 @@ impl ReplicaHints {
             .collect()
     }
 
-    /// Count what became of `actions` on one rank (outcomes in the same order).
-    pub(super) fn count(&mut self, actions: &[HintAction], outcomes: &[ActionOutcome]) {
+    /// Count what became of `actions` on `rank` (outcomes in the same order), and keep it for
+    /// the policy's next round.
+    pub(super) fn count(&mut self, rank: Rank, actions: &[HintAction], outcomes: &[ActionOutcome]) {
         for (action, outcome) in actions.iter().zip(outcomes) {
+            self.outcomes.extend(HintOutcome::of(
+                rank,
+                action,
+                outcome.outcome,
+                outcome.blocks,
+            ));
             let kind = action.kind().map_or("unknown", ActionType::label);
             let count = self
                 .counts
@@ -322,9 +336,10 @@ impl ReplicaHints {
         }
     }
 
-    /// Count router hashes of hints that could not be named in the engine's hashes.
-    pub(super) fn count_untranslated(&mut self, blocks: usize) {
-        self.counts.untranslated_blocks += blocks as u64;
+    /// Count router hashes of hints that the rank's engine has no name for (it holds them in no
+    /// tier).
+    pub(super) fn count_unnamed(&mut self, blocks: usize) {
+        self.counts.unnamed_blocks += blocks as u64;
     }
 
     /// What the replicas' hint paths did, summed, under the first replica's policy name.
@@ -340,7 +355,7 @@ impl ReplicaHints {
             let counts = &replica.counts;
             report.policy_calls += counts.policy_calls;
             report.hints += counts.hints;
-            report.untranslated_blocks += counts.untranslated_blocks;
+            report.unnamed_blocks += counts.unnamed_blocks;
             for (kind, n) in &counts.events {
                 *report.events.entry((*kind).to_owned()).or_default() += n;
             }
@@ -367,7 +382,7 @@ struct HintCounts {
     events: BTreeMap<&'static str, u64>,
     /// (action, outcome) -> actions and blocks.
     actions: BTreeMap<(&'static str, &'static str), HintCount>,
-    untranslated_blocks: u64,
+    unnamed_blocks: u64,
 }
 
 /// The label of an event kind, as the gateway's `switchyard_kv_lifecycle_events_total` has it.
@@ -381,93 +396,5 @@ fn kind_label(kind: &LifecycleKind) -> &'static str {
         LifecycleKind::ThinkingStart => "thinking_start",
         LifecycleKind::ThinkingEnd(_) => "thinking_end",
         LifecycleKind::SessionEnd => "session_end",
-    }
-}
-
-/// Router sequence hashes -> the engines' own, learnt from the prompts placed (see the module
-/// docs). Bounded: two generations of at most `capacity` pairs; when the newer one is full it
-/// becomes the older and the oldest is forgotten, and a pair looked up in the older one moves to
-/// the newer. A hint's blocks that no recent prompt named are ones no tier is likely to hold.
-#[derive(Debug)]
-pub(super) struct HashTranslation {
-    current: U64Map<u64>,
-    previous: U64Map<u64>,
-    capacity: usize,
-}
-
-impl HashTranslation {
-    /// A translation keeping at least `capacity` recent pairs (at least one).
-    pub(super) fn new(capacity: usize) -> Self {
-        Self {
-            current: U64Map::new(),
-            previous: U64Map::new(),
-            capacity: capacity.max(1),
-        }
-    }
-
-    /// Learn that the blocks `router` names are `engine`'s (the same prompt, hashed both ways).
-    pub(super) fn learn(&mut self, router: &[SequenceHash], engine: &[u64]) {
-        for (r, e) in router.iter().zip(engine) {
-            self.insert(r.0, *e);
-        }
-    }
-
-    fn insert(&mut self, router: u64, engine: u64) {
-        if self.current.len() >= self.capacity && !self.current.contains_key(router) {
-            // The current generation retires; the older one's table is reused for the next.
-            std::mem::swap(&mut self.previous, &mut self.current);
-            self.current.clear();
-        }
-        *self.current.get_or_insert(router, engine) = engine;
-    }
-
-    /// `router` hashes in the engines' names, in order, and how many were unknown (left out).
-    pub(super) fn engine_hashes(&mut self, router: &[u64]) -> (Vec<u64>, usize) {
-        let mut engine = Vec::with_capacity(router.len());
-        let mut unknown = 0;
-        for &hash in router {
-            let known = match self.current.get(hash) {
-                Some(&e) => Some(e),
-                None => self.previous.get(hash).copied(),
-            };
-            match known {
-                Some(e) => {
-                    self.insert(hash, e);
-                    engine.push(e);
-                }
-                None => unknown += 1,
-            }
-        }
-        (engine, unknown)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn hashes(values: &[u64]) -> Vec<SequenceHash> {
-        values.iter().copied().map(SequenceHash).collect()
-    }
-
-    #[test]
-    fn translation_maps_learnt_hashes_and_leaves_out_unknown_ones() {
-        let mut map = HashTranslation::new(16);
-        map.learn(&hashes(&[1, 2, 3]), &[10, 20, 30]);
-        assert_eq!(map.engine_hashes(&[1, 2, 3]), (vec![10, 20, 30], 0));
-        assert_eq!(map.engine_hashes(&[2, 9, 3]), (vec![20, 30], 1));
-    }
-
-    #[test]
-    fn translation_forgets_pairs_unused_for_two_generations() {
-        let mut map = HashTranslation::new(2);
-        map.learn(&hashes(&[1, 2]), &[10, 20]);
-        // 3 starts a new generation; 1 and 2 are still known from the older one.
-        map.learn(&hashes(&[3]), &[30]);
-        assert_eq!(map.engine_hashes(&[1]), (vec![10], 0));
-        // 1 moved to the newer generation, which is now full: 4 retires {3, 1}, dropping 2.
-        map.learn(&hashes(&[4]), &[40]);
-        assert_eq!(map.engine_hashes(&[2]), (vec![], 1));
-        assert_eq!(map.engine_hashes(&[1, 3, 4]), (vec![10, 30, 40], 0));
     }
 }
