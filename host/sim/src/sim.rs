@@ -268,6 +268,9 @@ struct SessionState {
     last: Option<SessionPrompt>,
 }
 
+/// How many blocks ahead a probe of the set of computed blocks is prefetched.
+const PROBES_AHEAD: usize = 8;
+
 /// A session's last prompt, from which its next one, which resends it, is built
 /// ([`Simulation::prompt`]). The default is no prompt (no whole blocks).
 #[derive(Debug, Default)]
@@ -982,8 +985,17 @@ impl<'w> Simulation<'w> {
             // The cached prefix was computed once already, so it is in `computed`: only the
             // blocks computed now are looked up, and one probe tells a first computation from
             // a recomputation.
+            // The set holds every block of the run, far more than the caches hold: the probes
+            // miss, so each block's slot is prefetched a few blocks ahead.
             let cached_blocks = admitted.cached_tokens / block_size;
-            for hash in &hashes[cached_blocks.min(hashes.len())..] {
+            let fresh = &hashes[cached_blocks.min(hashes.len())..];
+            for hash in fresh.iter().take(PROBES_AHEAD) {
+                self.computed.prefetch(hash.0);
+            }
+            for (i, hash) in fresh.iter().enumerate() {
+                if let Some(ahead) = fresh.get(i + PROBES_AHEAD) {
+                    self.computed.prefetch(ahead.0);
+                }
                 if !self.computed.insert_if_absent(hash.0, ()) {
                     self.recomputed_tokens += block_size as u64;
                 }
