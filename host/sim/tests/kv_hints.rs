@@ -279,6 +279,30 @@ fn the_policy_hears_its_actions_outcomes() {
     );
 }
 
+/// Hints given to a built simulation read the index even when routing does not (round robin),
+/// so the engines' events must reach it, as when the configuration names the hints.
+#[test]
+fn hint_policies_given_later_see_the_index_under_round_robin() {
+    let workload = agents(16, 6, Duration::from_secs(2), false);
+    let spec = "demote-on-tool-call:demote_threshold=100ms:demote_above_usage=0";
+    let round_robin = |kv_hints: Option<&str>| SimConfig {
+        policy: "round-robin".to_owned(),
+        ..config(kv_hints)
+    };
+    let later = Simulation::new(&workload, round_robin(None))
+        .expect("valid config")
+        .with_kv_hint_policies(vec![native_kv_hints_spec(spec).expect("a strategy")])
+        .expect("one policy for one replica")
+        .run(&mut || {})
+        .report();
+    let hints = later.kv_hints.as_ref().expect("a hint report");
+    assert!(hints.count("demote", "accepted").actions > 0, "{hints:#?}");
+    // The same run, but for the name: a policy object names itself without its parameters.
+    let mut named = run(&workload, round_robin(Some(spec)));
+    named.kv_hints.as_mut().expect("a hint report").policy = hints.policy.clone();
+    assert_eq!(later, named);
+}
+
 /// A `kv-hints` component through the gateway's policy host, under the simulator's deadlines
 /// (a call cut off by a busy machine would answer no hints and make the run differ from the
 /// native one).
