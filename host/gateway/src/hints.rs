@@ -19,7 +19,7 @@ use axum::body::Body;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -227,14 +227,7 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
 /// tool) are, and every rank's use.
 fn index_state(shared: &Shared, events: &[LifecycleEvent]) -> IndexState {
     let state = shared.hints.state();
-    let mut sessions: HashSet<&str> = state.tracker.waiting().collect();
-    for event in events {
-        sessions.insert(&event.session_id);
-        if let LifecycleKind::SubagentSpawn(child) | LifecycleKind::SubagentEnd(child) = &event.kind
-        {
-            sessions.insert(child);
-        }
-    }
+    let sessions = state.tracker.round_sessions(events);
     let block_size = u64::from(shared.live().config.router.block_size);
     let ranks: Vec<(Rank, u64)> = shared
         .fleet
@@ -270,7 +263,7 @@ fn index_state(shared: &Shared, events: &[LifecycleEvent]) -> IndexState {
 fn slot_residency(
     shared: &Shared,
     tracker: &SessionTracker,
-    sessions: &HashSet<&str>,
+    sessions: &BTreeSet<&str>,
 ) -> Vec<SessionResidency> {
     let slots = &shared.hints.slots;
     let mut out = Vec::new();
@@ -304,17 +297,7 @@ fn slot_residency(
 
 /// Resolve `hints` into block actions per rank and hand them to the workers.
 fn deliver(shared: &Arc<Shared>, hints: &[KvHint]) {
-    let mut per_rank: BTreeMap<Rank, Vec<HintAction>> = BTreeMap::new();
-    {
-        let state = shared.hints.state();
-        for hint in hints {
-            for (rank, kind, payload) in state.tracker.resolve(hint) {
-                let actions = per_rank.entry(rank).or_default();
-                let id = format!("a{}", actions.len() + 1);
-                actions.push(HintAction::new(id, kind, payload));
-            }
-        }
-    }
+    let per_rank = shared.hints.state().tracker.actions(hints);
     for (rank, mut actions) in per_rank {
         let Some(member) = shared.fleet.get(rank.worker) else {
             continue; // it left meanwhile

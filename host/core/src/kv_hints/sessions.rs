@@ -9,13 +9,13 @@
 //! Bounded: at most [`SessionTracker::capacity`] sessions, least recently seen dropped first;
 //! ids longer than [`MAX_SESSION_ID_BYTES`] are not tracked.
 
-use super::actions::{ActionType, BlockPayload};
+use super::actions::{ActionType, BlockPayload, HintAction};
 use super::{HintKind, HintTier, KvHint, LifecycleEvent, LifecycleKind, SessionResidency};
 use crate::hash::SequenceHash;
 use crate::index::KvIndex;
 use crate::programs::TurnEnd;
 use crate::worker::Rank;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -270,6 +270,36 @@ impl SessionTracker {
             .into_iter()
             .flat_map(|s| s.lineage.iter())
             .map(|(rank, hashes)| (*rank, u32::try_from(hashes.len()).unwrap_or(u32::MAX)))
+    }
+
+    /// The sessions a round of the hint path with `events` concerns: those the events name (a
+    /// subagent's spawn or end names the child too) and every session waiting on a tool, whose
+    /// planned prefetch a round without events must still see.
+    pub fn round_sessions<'a>(&'a self, events: &'a [LifecycleEvent]) -> BTreeSet<&'a str> {
+        let mut sessions: BTreeSet<&str> = self.waiting().collect();
+        for event in events {
+            sessions.insert(&event.session_id);
+            if let LifecycleKind::SubagentSpawn(child) | LifecycleKind::SubagentEnd(child) =
+                &event.kind
+            {
+                sessions.insert(child);
+            }
+        }
+        sessions
+    }
+
+    /// `hints` [resolved](Self::resolve) into block actions per rank, in order, numbered per
+    /// rank (`a1`, `a2`, ...).
+    pub fn actions(&self, hints: &[KvHint]) -> BTreeMap<Rank, Vec<HintAction>> {
+        let mut per_rank: BTreeMap<Rank, Vec<HintAction>> = BTreeMap::new();
+        for hint in hints {
+            for (rank, kind, payload) in self.resolve(hint) {
+                let actions = per_rank.entry(rank).or_default();
+                let id = format!("a{}", actions.len() + 1);
+                actions.push(HintAction::new(id, kind, payload));
+            }
+        }
+        per_rank
     }
 
     /// Where `sessions` are cached, per rank of their lineage, as `index` sees it now.

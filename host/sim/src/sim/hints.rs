@@ -23,13 +23,11 @@
 
 use super::{Event, IndexMode, RoutedTurn, SimError, Simulation};
 use crate::report::{HintCount, KvHintsReport};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 use switchyard_core::hash::SequenceHash;
 use switchyard_core::index::KvIndex;
-use switchyard_core::kv_hints::actions::{
-    ActionOutcome, ActionType, BlockPayload, HintAction, Outcome,
-};
+use switchyard_core::kv_hints::actions::{ActionOutcome, ActionType, HintAction, Outcome};
 use switchyard_core::kv_hints::sessions::SessionTracker;
 use switchyard_core::kv_hints::{
     HintOutcome, IndexState, KvHintPolicy, LifecycleEvent, LifecycleKind, RankUsage,
@@ -137,13 +135,7 @@ impl Simulation<'_> {
             return;
         };
         hints.due = None;
-        let resolved = hints.round(now, &replica.index, usage);
-        let mut per_rank: BTreeMap<Rank, Vec<HintAction>> = BTreeMap::new();
-        for (rank, kind, payload) in resolved {
-            let actions = per_rank.entry(rank).or_default();
-            let id = format!("a{}", actions.len() + 1);
-            actions.push(HintAction::new(id, kind, payload));
-        }
+        let per_rank = hints.round(now, &replica.index, usage);
         for (rank, mut actions) in per_rank {
             let w = rank.worker.0 as usize;
             let Some(worker) = self.workers.get_mut(w) else {
@@ -268,14 +260,14 @@ impl ReplicaHints {
     }
 
     /// One round at `now`: the policy asked (if there are events or a session waits on a tool)
-    /// with the index state from `index` and `usage`, and its hints resolved into block actions,
-    /// in order. Block hashes are still the router's.
+    /// with the index state from `index` and `usage`, and its hints resolved into block actions
+    /// per rank, in order. Block hashes are still the router's.
     pub(super) fn round(
         &mut self,
         now: Duration,
         index: &KvIndex,
         usage: Vec<RankUsage>,
-    ) -> Vec<(Rank, ActionType, BlockPayload)> {
+    ) -> BTreeMap<Rank, Vec<HintAction>> {
         // What became of earlier hints first, so the policy decides knowing it.
         let outcomes = std::mem::take(&mut self.outcomes);
         if !outcomes.is_empty() {
@@ -283,7 +275,7 @@ impl ReplicaHints {
         }
         let events = std::mem::take(&mut self.events);
         if events.is_empty() && !self.tracker.waiting_on_tools() {
-            return Vec::new();
+            return BTreeMap::new();
         }
         for event in &events {
             *self
@@ -292,27 +284,16 @@ impl ReplicaHints {
                 .entry(kind_label(&event.kind))
                 .or_default() += 1;
         }
-        // Ordered, so that a run is deterministic.
-        let mut sessions: BTreeSet<&str> = self.tracker.waiting().collect();
-        for event in &events {
-            sessions.insert(&event.session_id);
-            if let LifecycleKind::SubagentSpawn(child) | LifecycleKind::SubagentEnd(child) =
-                &event.kind
-            {
-                sessions.insert(child);
-            }
-        }
         let state = IndexState {
-            residency: self.tracker.residency(sessions, index),
+            residency: self
+                .tracker
+                .residency(self.tracker.round_sessions(&events), index),
             usage,
         };
         let hints = self.policy.on_events(&events, &state, now);
         self.counts.policy_calls += 1;
         self.counts.hints += hints.len() as u64;
-        hints
-            .iter()
-            .flat_map(|hint| self.tracker.resolve(hint))
-            .collect()
+        self.tracker.actions(&hints)
     }
 
     /// Count what became of `actions` on `rank` (outcomes in the same order), and keep it for

@@ -284,6 +284,68 @@ fn hints_resolve_to_the_sessions_blocks_on_the_right_ranks() {
 }
 
 #[test]
+fn a_round_concerns_the_sessions_its_events_name_and_those_waiting_on_a_tool() {
+    let mut tracker = SessionTracker::default();
+    let prompt = hashes(0..4);
+    for session in ["waits", "p", "quiet"] {
+        tracker.routed(turn(session, R0, &prompt), ms(0));
+    }
+    let tool_call = TurnEnd {
+        tool_call: true,
+        ..TurnEnd::default()
+    };
+    tracker.turn_ended("waits", &tool_call, ms(1));
+    let spawn = RoutedTurn {
+        parent_session_id: Some("p"),
+        ..turn("c", R1, &prompt)
+    };
+    let events = tracker.routed(spawn, ms(2));
+    let sessions: Vec<&str> = tracker.round_sessions(&events).into_iter().collect();
+    assert_eq!(sessions, ["c", "p", "waits"]);
+    assert_eq!(
+        tracker.round_sessions(&[]).into_iter().collect::<Vec<_>>(),
+        ["waits"]
+    );
+}
+
+#[test]
+fn hints_become_actions_numbered_per_rank_in_order() {
+    let mut tracker = SessionTracker::default();
+    let (a, b) = (hashes(0..4), hashes(10..12));
+    tracker.routed(turn("a", R0, &a), ms(0));
+    tracker.routed(turn("a", R1, &a), ms(1));
+    tracker.routed(turn("b", R1, &b), ms(2));
+    let per_rank = tracker.actions(&[
+        KvHint::new("a", HintKind::Demote(HintTier::Host)),
+        KvHint::new("b", HintKind::Evict),
+        KvHint::new("ghost", HintKind::Evict),
+    ]);
+    let seen: Vec<(Rank, Vec<(&str, Option<ActionType>, usize)>)> = per_rank
+        .iter()
+        .map(|(rank, actions)| {
+            let actions = actions
+                .iter()
+                .map(|a| (a.action_id.as_str(), a.kind(), a.payload.block_hashes.len()))
+                .collect();
+            (*rank, actions)
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (R0, vec![("a1", Some(ActionType::Demote), 4)]),
+            (
+                R1,
+                vec![
+                    ("a1", Some(ActionType::Demote), 4),
+                    ("a2", Some(ActionType::Evict), 2)
+                ]
+            ),
+        ]
+    );
+}
+
+#[test]
 fn it_is_bounded_and_forgets_the_least_recently_seen() {
     let mut tracker = SessionTracker::new(2);
     let prompt = hashes(0..4);
