@@ -66,6 +66,23 @@ pub enum LifecycleKind {
     SessionEnd,
 }
 
+impl LifecycleKind {
+    /// Its name in metrics and reports (the gateway's `switchyard_kv_lifecycle_events_total`,
+    /// the simulator's `kv_hints.events`).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::TurnEndWithToolCall { .. } => "turn_end_with_tool_call",
+            Self::ToolResult { .. } => "tool_result",
+            Self::SubagentSpawn(_) => "subagent_spawn",
+            Self::SubagentEnd(_) => "subagent_end",
+            Self::Compaction { .. } => "compaction",
+            Self::ThinkingStart => "thinking_start",
+            Self::ThinkingEnd(_) => "thinking_end",
+            Self::SessionEnd => "session_end",
+        }
+    }
+}
+
 /// A lifecycle event, tagged with its session.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LifecycleEvent {

@@ -28,8 +28,8 @@ use switchyard_core::kv_hints::actions::{
 };
 use switchyard_core::kv_hints::sessions::{RoutedTurn, SessionTracker};
 use switchyard_core::kv_hints::{
-    HintKind, HintOutcome, HintTier, IndexState, KvHint, LifecycleEvent, LifecycleKind, NoHints,
-    RankUsage, SessionResidency,
+    HintKind, HintOutcome, HintTier, IndexState, KvHint, LifecycleEvent, NoHints, RankUsage,
+    SessionResidency,
 };
 use switchyard_core::programs::TurnEnd;
 use switchyard_core::worker::{Rank, Tier};
@@ -202,7 +202,7 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
                 .metrics
                 .kv_lifecycle_events
                 .get_or_create(&LifecycleLabels {
-                    kind: kind_label(&event.kind),
+                    kind: event.kind.label(),
                 })
                 .inc();
         }
@@ -483,19 +483,6 @@ fn count(
     shared.hints.outcomes(heard);
 }
 
-fn kind_label(kind: &LifecycleKind) -> &'static str {
-    match kind {
-        LifecycleKind::TurnEndWithToolCall { .. } => "turn_end_with_tool_call",
-        LifecycleKind::ToolResult { .. } => "tool_result",
-        LifecycleKind::SubagentSpawn(_) => "subagent_spawn",
-        LifecycleKind::SubagentEnd(_) => "subagent_end",
-        LifecycleKind::Compaction { .. } => "compaction",
-        LifecycleKind::ThinkingStart => "thinking_start",
-        LifecycleKind::ThinkingEnd(_) => "thinking_end",
-        LifecycleKind::SessionEnd => "session_end",
-    }
-}
-
 /// `POST /v1/agent/prefetch`: a harness that knows a tool is about to return.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -562,6 +549,7 @@ pub(crate) async fn prefetch_hook(
 mod tests {
     use super::*;
     use switchyard_core::hash::SequenceHash;
+    use switchyard_core::kv_hints::LifecycleKind;
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)

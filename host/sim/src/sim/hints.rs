@@ -29,9 +29,7 @@ use switchyard_core::hash::SequenceHash;
 use switchyard_core::index::KvIndex;
 use switchyard_core::kv_hints::actions::{ActionOutcome, ActionType, HintAction, Outcome};
 use switchyard_core::kv_hints::sessions::SessionTracker;
-use switchyard_core::kv_hints::{
-    HintOutcome, IndexState, KvHintPolicy, LifecycleEvent, LifecycleKind, RankUsage,
-};
+use switchyard_core::kv_hints::{HintOutcome, IndexState, KvHintPolicy, LifecycleEvent, RankUsage};
 use switchyard_core::programs::TurnEnd;
 use switchyard_core::worker::{Rank, Tier};
 
@@ -278,11 +276,7 @@ impl ReplicaHints {
             return BTreeMap::new();
         }
         for event in &events {
-            *self
-                .counts
-                .events
-                .entry(kind_label(&event.kind))
-                .or_default() += 1;
+            *self.counts.events.entry(event.kind.label()).or_default() += 1;
         }
         let state = IndexState {
             residency: self
@@ -364,18 +358,4 @@ struct HintCounts {
     /// (action, outcome) -> actions and blocks.
     actions: BTreeMap<(&'static str, &'static str), HintCount>,
     unnamed_blocks: u64,
-}
-
-/// The label of an event kind, as the gateway's `switchyard_kv_lifecycle_events_total` has it.
-fn kind_label(kind: &LifecycleKind) -> &'static str {
-    match kind {
-        LifecycleKind::TurnEndWithToolCall { .. } => "turn_end_with_tool_call",
-        LifecycleKind::ToolResult { .. } => "tool_result",
-        LifecycleKind::SubagentSpawn(_) => "subagent_spawn",
-        LifecycleKind::SubagentEnd(_) => "subagent_end",
-        LifecycleKind::Compaction { .. } => "compaction",
-        LifecycleKind::ThinkingStart => "thinking_start",
-        LifecycleKind::ThinkingEnd(_) => "thinking_end",
-        LifecycleKind::SessionEnd => "session_end",
-    }
 }

@@ -320,27 +320,21 @@ fn hints_become_actions_numbered_per_rank_in_order() {
         KvHint::new("b", HintKind::Evict),
         KvHint::new("ghost", HintKind::Evict),
     ]);
-    let seen: Vec<(Rank, Vec<(&str, Option<ActionType>, usize)>)> = per_rank
+    let seen: Vec<(Rank, &str, Option<ActionType>, usize)> = per_rank
         .iter()
-        .map(|(rank, actions)| {
-            let actions = actions
-                .iter()
-                .map(|a| (a.action_id.as_str(), a.kind(), a.payload.block_hashes.len()))
-                .collect();
-            (*rank, actions)
+        .flat_map(|(rank, actions)| {
+            actions.iter().map(|a| {
+                let blocks = a.payload.block_hashes.len();
+                (*rank, a.action_id.as_str(), a.kind(), blocks)
+            })
         })
         .collect();
     assert_eq!(
         seen,
         [
-            (R0, vec![("a1", Some(ActionType::Demote), 4)]),
-            (
-                R1,
-                vec![
-                    ("a1", Some(ActionType::Demote), 4),
-                    ("a2", Some(ActionType::Evict), 2)
-                ]
-            ),
+            (R0, "a1", Some(ActionType::Demote), 4),
+            (R1, "a1", Some(ActionType::Demote), 4),
+            (R1, "a2", Some(ActionType::Evict), 2),
         ]
     );
 }
