@@ -984,9 +984,8 @@ impl<'w> Simulation<'w> {
             let hashes = self.unadmitted.remove(&admitted.id).unwrap_or_default();
             // The cached prefix was computed once already, so it is in `computed`: only the
             // blocks computed now are looked up, and one probe tells a first computation from
-            // a recomputation.
-            // The set holds every block of the run, far more than the caches hold: the probes
-            // miss, so each block's slot is prefetched a few blocks ahead.
+            // a recomputation. The set holds every block of the run, far more than the caches
+            // do, so the probes miss: each slot is prefetched a few blocks ahead.
             let cached_blocks = admitted.cached_tokens / block_size;
             let fresh = &hashes[cached_blocks.min(hashes.len())..];
             for hash in fresh.iter().take(PROBES_AHEAD) {

@@ -143,6 +143,7 @@ impl Simulation<'_> {
                 actions.iter().map(|a| a.payload.block_hashes.len()).sum()
             };
             let ours = blocks(&actions);
+            // Names come from the worker's KV events: with none (an approximate index), none.
             let unnamed = match &worker.names {
                 Some(names) => names.name_actions(&mut actions),
                 None => std::mem::take(&mut actions),
