@@ -618,8 +618,14 @@ impl Ingestor {
         let locals = self.hasher.locals(tokens);
         let hashes = self.hasher.sequence_from(parent_hash, &locals);
         let parents = std::iter::once(parent).chain(engine_hashes.iter().copied().map(Some));
+        let mut ahead = engine_hashes.iter().skip(PREFETCH);
         stored.extend(engine_hashes.iter().zip(parents).zip(hashes).filter_map(
             |((&engine, parent), hash)| {
+                // A long store's first slots may have left the cache while the tokens were
+                // hashed: each is brought back a few blocks before its insert.
+                if let Some(next) = ahead.next() {
+                    self.blocks.prefetch(next.0);
+                }
                 // A known engine hash names the same tokens and prefix: keep its first own hash.
                 let block = self
                     .blocks

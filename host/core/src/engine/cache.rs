@@ -49,6 +49,9 @@ const NIL: u32 = u32::MAX;
 /// Victims whose table slots a write prefetches at once before evicting them.
 const VICTIM_BATCH: usize = 16;
 
+/// How many blocks ahead of a write the table slots of a prompt's known hashes are prefetched.
+const SLOTS_AHEAD: usize = 8;
+
 #[derive(Debug, Clone)]
 struct Block {
     /// Set while the block is cached (full, computed, and the only block with this hash).
@@ -381,7 +384,16 @@ impl KvCache {
         }
         let first_new = table.hashes.len();
         let mut run_start = first_new;
+        // A prompt's hashes are known ahead: their table slots are prefetched a few blocks
+        // ahead of the inserts, whose misses then overlap.
+        let known_ahead = |i: usize| table.known.get(i + SLOTS_AHEAD).copied();
+        for hash in table.known.iter().skip(first_new).take(SLOTS_AHEAD) {
+            self.cached.prefetch(*hash);
+        }
         for (i, block) in tokens.chunks_exact(block_size).enumerate().skip(first_new) {
+            if let Some(ahead) = known_ahead(i) {
+                self.cached.prefetch(ahead);
+            }
             let parent = table.hashes.last().map(|&h| SequenceHash(h));
             let hash = match table.known.get(i) {
                 Some(&hash) => hash,
