@@ -651,7 +651,7 @@ fn rows(world: World, runs: &[RunReport]) -> Vec<Row> {
             ("prefetched blocks", |r| {
                 number(r.tiers.unwrap_or_default().prefetched_blocks as f64, 0)
             }),
-            ("unnamed blks", |r| {
+            ("unnamed blocks", |r| {
                 number(
                     r.kv_hints.as_ref().map_or(0, |h| h.unnamed_blocks) as f64,
                     0,
