@@ -143,7 +143,8 @@ impl Simulation<'_> {
                 actions.iter().map(|a| a.payload.block_hashes.len()).sum()
             };
             let ours = blocks(&actions);
-            // Names come from the worker's KV events: with none (an approximate index), none.
+            // Named as the gateway names them, from the worker's KV events (which no replica
+            // hears with an approximate index: every action is then missing).
             let unnamed = match &worker.names {
                 Some(names) => names.name_actions(&mut actions),
                 None => std::mem::take(&mut actions),
