@@ -150,7 +150,8 @@ pub struct EngineNames {
 
 impl EngineNames {
     /// The engine's hash of each of `ours`, in order (`None`: no tier of the rank holds it).
-    pub fn engine_hashes(&self, ours: &[u64]) -> Vec<Option<u64>> {
+    #[cfg(test)]
+    fn engine_hashes(&self, ours: &[u64]) -> Vec<Option<u64>> {
         let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         ours.iter().map(|h| map.get(*h).copied()).collect()
     }

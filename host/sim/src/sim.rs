@@ -268,9 +268,6 @@ struct SessionState {
     last: Option<SessionPrompt>,
 }
 
-/// How many blocks ahead a probe of the set of computed blocks is prefetched.
-const PROBES_AHEAD: usize = 8;
-
 /// A session's last prompt, from which its next one, which resends it, is built
 /// ([`Simulation::prompt`]). The default is no prompt (no whole blocks).
 #[derive(Debug, Default)]
@@ -296,6 +293,9 @@ struct Replica {
     /// Its KV-hint path, with [`SimConfig::kv_hints`].
     hints: Option<hints::ReplicaHints>,
 }
+
+/// How many blocks ahead a probe of [`Simulation`]'s set of computed blocks is prefetched.
+const PROBES_AHEAD: usize = 8;
 
 /// One run of a workload under one configuration.
 #[derive(Debug)]
@@ -338,7 +338,7 @@ pub struct Simulation<'w> {
     /// `Hints` events in the queue: ticks stop once nothing else is.
     queued_hint_rounds: usize,
     /// Whether the engines' KV events reach the replicas' indexes: only when something reads
-    /// them (see [`Simulation::new`]).
+    /// them (set when the run starts, see [`Simulation::run`]).
     feeds_index: bool,
 }
 
@@ -489,11 +489,10 @@ impl<'w> Simulation<'w> {
         let mut workers = Vec::with_capacity(config.workers);
         for w in 0..config.workers {
             let rank = Rank::new(w as u32, 0);
-            let mut worker = SimWorker::new(rank, EngineModel::new(config.engine.clone())?);
-            if config.kv_hints.is_some() {
-                worker.keep_names();
-            }
-            workers.push(worker);
+            workers.push(SimWorker::new(
+                rank,
+                EngineModel::new(config.engine.clone())?,
+            ));
         }
         let SpawnTree {
             roots,
@@ -515,18 +514,8 @@ impl<'w> Simulation<'w> {
             let at = (session.start + first_gap).div_f64(config.speedup);
             queue.push(at, Event::Arrive(root));
         }
-        // The index is read by a routing policy that weighs the cache, by the router queue
-        // (its thresholds count the prefill the index says is cached), by KV hints and by the
-        // shared pool's prefix runs. Round robin alone reads none of it, so its engines' events
-        // go nowhere (Dynamo's replay keeps no index for round robin either): the same results
-        // for half the CPU.
-        let feeds_index = config.index == IndexMode::Events
-            && (replicas.iter().any(|r| r.router.policy_reads_index())
-                || config.queue.is_some()
-                || config.kv_hints.is_some()
-                || pool.is_some());
         Ok(Self {
-            feeds_index,
+            feeds_index: false,
             replicas,
             queued_hint_rounds: 0,
             root_of,
@@ -558,10 +547,25 @@ impl<'w> Simulation<'w> {
 
     /// Run to completion; `progress` hears of every request that ends (finished or failed).
     pub fn run(mut self, progress: &mut dyn FnMut()) -> Outcome {
-        self.quiet_runs = self
-            .replicas
-            .iter()
-            .all(|r| r.router_queue.is_none() && r.hints.is_none());
+        let hints = self.replicas.iter().any(|r| r.hints.is_some());
+        let queues = self.replicas.iter().any(|r| r.router_queue.is_some());
+        self.quiet_runs = !hints && !queues;
+        // The index is read by a routing policy that weighs the cache, by the router queue
+        // (its thresholds count the prefill the index says is cached), by KV hints and by the
+        // shared pool's prefix runs. Round robin alone reads none of it, so its engines' events
+        // go nowhere (Dynamo's replay keeps no index for round robin either): the same results
+        // for half the CPU.
+        self.feeds_index = self.config.index == IndexMode::Events
+            && (self.replicas.iter().any(|r| r.router.policy_reads_index())
+                || queues
+                || hints
+                || self.pool.is_some());
+        if hints {
+            // The hint path names blocks to the engines as their events did.
+            for worker in &mut self.workers {
+                worker.keep_names();
+            }
+        }
         while let Some((now, event)) = self.queue.pop() {
             self.ending = match event {
                 Event::StepEnd(w, _) => Some(w),

@@ -21,7 +21,7 @@
 //! **Outcomes.** What became of each action reaches the policy at its replica's next round,
 //! before its events (`on_outcomes`), as the gateway's hint task delivers them.
 
-use super::{Event, IndexMode, RoutedTurn, SimError, Simulation};
+use super::{Event, RoutedTurn, SimError, Simulation};
 use crate::report::{HintCount, KvHintsReport};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -53,11 +53,6 @@ impl Simulation<'_> {
         for (replica, policy) in self.replicas.iter_mut().zip(policies) {
             replica.hints = Some(ReplicaHints::new(policy));
         }
-        for worker in &mut self.workers {
-            worker.keep_names();
-        }
-        // The hint path reads the index, so the engines' events must reach it.
-        self.feeds_index |= self.config.index == IndexMode::Events;
         Ok(self)
     }
 
