@@ -3,6 +3,8 @@
 //! A block id becomes `block_size` token ids drawn from a generator seeded by the id alone, so
 //! equal ids give equal blocks and the engines' prefix caches, their KV events and the router's
 //! hashes all see exactly the trace's prefix structure.
+//!
+//! [`Workload::with_block_size`]: crate::workload::Workload::with_block_size
 
 /// Token ids used; low ids are left to special tokens, as a tokenizer would.
 const VOCAB: std::ops::Range<u32> = 1_000..100_000;
@@ -28,12 +30,19 @@ pub fn complete_prompt(
     let block_size = block_size as usize;
     let given = tokens.len() / block_size.max(1);
     debug_assert_eq!(tokens.len(), given * block_size, "whole blocks only");
-    for &id in hash_ids.iter().skip(given) {
+    for (i, &id) in hash_ids.iter().enumerate().skip(given) {
         if tokens.len() >= len {
             break;
         }
         let take = block_size.min(len - tokens.len());
-        extend(tokens, id, take);
+        let start = tokens.len();
+        if i > 0 && hash_ids[i - 1] == id {
+            // A refined trace block is one block repeated ([`Workload::with_block_size`]):
+            // copied, not drawn again.
+            tokens.extend_from_within(start - block_size..start - block_size + take);
+        } else {
+            extend(tokens, id, take);
+        }
     }
     let rest = len - tokens.len();
     extend(tokens, salt ^ TAIL_SALT, rest);
@@ -121,6 +130,18 @@ mod tests {
             prompt(&[42], 64, 64, 1),
             "a function of the block id alone"
         );
+    }
+
+    #[test]
+    fn a_repeated_id_repeats_its_block() {
+        let a = prompt(&[7, 7, 8, 7], 4, 15, 1);
+        let seven = prompt(&[7], 4, 4, 0);
+        assert_eq!(a[..4], seven[..]);
+        assert_eq!(a[4..8], seven[..]);
+        assert_eq!(a[12..], seven[..3], "cut like any last block");
+        let mut tokens = a[..4].to_vec();
+        complete_prompt(&mut tokens, &[7, 7, 8, 7], 4, 15, 1);
+        assert_eq!(tokens, a, "completed after a shared block");
     }
 
     #[test]

@@ -214,8 +214,11 @@ impl Workload {
 
     /// The same workload over `block_size`-token blocks.
     ///
-    /// Refining (512 -> 64) expands each id into `512 / 64` ids derived from it, so equal ids
-    /// still expand to equal blocks; ids past the prompt's last token are dropped. Coarsening
+    /// Refining (512 -> 64) repeats each id `512 / 64` times: a trace block becomes one block's
+    /// tokens repeated, as Dynamo's replay fills a trace block with one token. The prefix
+    /// structure is the trace's, since sequence hashes chain, and the block drawn and hashed once
+    /// ([`switchyard_core::hash::BlockHasher::locals`] reuses the local hash of a block equal to the one before). Ids
+    /// past the prompt's last token are dropped. Coarsening
     /// (16 -> 64) names each group of ids by a hash of the group, and needs the old size to
     /// divide the new one.
     pub fn with_block_size(&self, block_size: u32) -> Result<Workload, WorkloadError> {
@@ -230,12 +233,12 @@ impl Workload {
         let convert: BlockConversion = if from == block_size {
             Box::new(|r| r.hash_ids.clone())
         } else if from.is_multiple_of(block_size) {
-            let factor = u64::from(from / block_size);
+            let factor = (from / block_size) as usize;
             Box::new(move |r| {
                 let keep = r.input_tokens.div_ceil(block_size) as usize;
                 r.hash_ids
                     .iter()
-                    .flat_map(|&id| (0..factor).map(move |part| derive_id(id, part)))
+                    .flat_map(|&id| std::iter::repeat_n(id, factor))
                     .take(keep.max(1))
                     .collect()
             })
@@ -310,17 +313,8 @@ impl Workload {
 /// The new hash ids of one request.
 type BlockConversion = Box<dyn Fn(&TraceRequest) -> Vec<u64>>;
 
-const REFINE_SEED: u64 = 0x7265_6669_6e65;
 const COARSEN_SEED: u64 = 0x636f_6172_7365;
 const SCOPE_SEED: u64 = 0x7363_6f70_655f_6964;
-
-/// Part `part` of block `id` at a finer block size.
-fn derive_id(id: u64, part: u64) -> u64 {
-    let mut bytes = [0u8; 16];
-    bytes[..8].copy_from_slice(&id.to_le_bytes());
-    bytes[8..].copy_from_slice(&part.to_le_bytes());
-    xxh3_64_with_seed(&bytes, REFINE_SEED)
-}
 
 /// A trace-local id made unique across traces (ids of two Claude Code files never mean the same
 /// block).

@@ -223,8 +223,8 @@ fn one(hash_ids: Vec<u64>, input_tokens: u32) -> Workload {
 fn block_sizes_refine_deterministically_and_coarsen_only_when_divisible() {
     let a = one(vec![1, 2], 600).with_block_size(64).expect("refine");
     let ids = &a.sessions[0].requests[0].hash_ids;
-    // 600 tokens need 10 blocks of 64: 8 from id 1, 2 from id 2.
-    assert_eq!(ids.len(), 10);
+    // 600 tokens need 10 blocks of 64: 8 from id 1, 2 from id 2, each its trace block repeated.
+    assert_eq!(ids[..], [1, 1, 1, 1, 1, 1, 1, 1, 2, 2]);
     let b = one(vec![1, 3], 1024).with_block_size(64).expect("refine");
     assert_eq!(ids[..8], b.sessions[0].requests[0].hash_ids[..8]);
     assert_ne!(ids[8], b.sessions[0].requests[0].hash_ids[8]);
