@@ -560,6 +560,11 @@ impl<'w> Simulation<'w> {
                 || queues
                 || hints
                 || self.pool.is_some());
+        if !self.feeds_index {
+            for worker in &mut self.workers {
+                worker.engine.publish_events(false);
+            }
+        }
         if hints {
             // The hint path names blocks to the engines as their events did.
             for worker in &mut self.workers {
@@ -971,12 +976,9 @@ impl<'w> Simulation<'w> {
         };
         if steps >= 2 {
             // Nothing to see until the last one ends, unless a request arrives first.
-            let end = worker
-                .engine
-                .quiet_durations(steps)
-                .fold(now, |at, d| at + d);
-            worker.quiet = Some(QuietRun { start: now, steps });
-            self.queue_step_end(w, end);
+            let plan = worker.engine.plan_quiet(steps);
+            worker.quiet = Some(QuietRun { start: now, plan });
+            self.queue_step_end(w, now + plan.duration());
             return;
         }
         let step = worker.engine.step();
@@ -1026,7 +1028,7 @@ impl<'w> Simulation<'w> {
         // order: step ends first, by worker).
         let ended_first = self.ending.is_none_or(|v| w < v);
         let engine = &mut self.workers[w].engine;
-        let mut durations = engine.quiet_durations(run.steps);
+        let mut durations = engine.quiet_durations(run.plan.steps);
         let (mut begun, mut start) = (1, run.start);
         let mut current = durations.next().expect("a quiet run has steps");
         for next in durations {
@@ -1036,7 +1038,7 @@ impl<'w> Simulation<'w> {
             }
             (begun, start, current) = (begun + 1, end, next);
         }
-        engine.run_quiet(begun);
+        engine.run_quiet(engine.plan_quiet(begun));
         let step = Step {
             duration: current,
             ..Step::default()
@@ -1049,7 +1051,7 @@ impl<'w> Simulation<'w> {
         if let Some(run) = self.workers[w].quiet.take() {
             // Quiet steps report nothing, and no router queue waits on them (runs are off
             // with one): on to the next step.
-            self.workers[w].engine.run_quiet(run.steps);
+            self.workers[w].engine.run_quiet(run.plan);
             return self.start_step(w, now);
         }
         let Some((_, step)) = self.workers[w].step.take() else {
@@ -1109,9 +1111,9 @@ impl<'w> Simulation<'w> {
         }
         // Load dropped (first tokens, ends): the router queue may let requests go.
         self.drain(now, progress);
-        // Approximate replicas subscribe to nothing, nor do indexes nothing reads: no message to
-        // carry.
-        if !step.events.is_empty() && self.feeds_index {
+        // Approximate replicas subscribe to nothing, nor do indexes nothing reads: then the
+        // engines publish nothing.
+        if !step.events.is_empty() {
             let message = self.workers[w].publish(step.events, now);
             self.queue
                 .push(now + self.config.event_delay, Event::KvEvents(w, message));

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 use std::time::Duration;
-use switchyard_core::engine::{CacheEvent, EngineModel, Step};
+use switchyard_core::engine::{CacheEvent, EngineModel, QuietPlan, Step};
 use switchyard_core::index::IndexOp;
 use switchyard_core::worker::Rank;
 use switchyard_kv_events::ingest::{EngineNames, Ingestor};
@@ -46,7 +46,7 @@ pub(crate) struct SimWorker {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct QuietRun {
     pub(crate) start: Duration,
-    pub(crate) steps: usize,
+    pub(crate) plan: QuietPlan,
 }
 
 impl SimWorker {

@@ -204,6 +204,8 @@ pub struct KvCache {
     /// Blocks promised to admitted sequences, not yet taken; never more than the free list holds.
     reserved: usize,
     events: Vec<CacheEvent>,
+    /// Whether changes are recorded in `events` ([`KvCache::publish_events`]).
+    publish: bool,
     /// Blocks cached since the last [`KvCache::take_stored`], kept only once
     /// [`KvCache::log_stored`] turned it on (the engine's lower tiers write them through).
     stored: Option<Vec<StoredBlock>>,
@@ -262,6 +264,7 @@ impl KvCache {
             cached: U64Map::new(),
             reserved: 0,
             events: Vec::new(),
+            publish: true,
             stored: None,
             contents: None,
         };
@@ -471,8 +474,25 @@ impl KvCache {
             self.free.push_back(&mut self.blocks, id);
         }
         self.cached.clear();
-        self.events.push(CacheEvent::Cleared);
+        if self.publish {
+            self.events.push(CacheEvent::Cleared);
+        }
         true
+    }
+
+    /// Whether the cache's changes are recorded as events for [`KvCache::take_events`] (on
+    /// from the start). A driver with no subscriber turns them off and saves copying every
+    /// stored block's tokens.
+    pub fn publish_events(&mut self, on: bool) {
+        self.publish = on;
+        if !on {
+            self.events.clear();
+        }
+    }
+
+    /// Whether changes are recorded as events ([`KvCache::publish_events`]).
+    pub fn publishes_events(&self) -> bool {
+        self.publish
     }
 
     /// Keep a log of the blocks cached from now on, for [`KvCache::take_stored`].
@@ -548,12 +568,14 @@ impl KvCache {
         block.mark = Mark::Plain;
         if let Some(hash) = block.hash.take() {
             self.cached.remove(hash);
-            match self.events.last_mut() {
-                Some(CacheEvent::Removed { hashes, .. }) => hashes.push(hash),
-                _ => self.events.push(CacheEvent::Removed {
-                    tier: Tier::Device,
-                    hashes: vec![hash],
-                }),
+            if self.publish {
+                match self.events.last_mut() {
+                    Some(CacheEvent::Removed { hashes, .. }) => hashes.push(hash),
+                    _ => self.events.push(CacheEvent::Removed {
+                        tier: Tier::Device,
+                        hashes: vec![hash],
+                    }),
+                }
             }
         }
     }
@@ -671,23 +693,25 @@ impl KvCache {
                 token_ids: token_ids.to_vec(),
             });
         }
-        // Consecutive blocks of one prefix go out as one event.
-        match self.events.last_mut() {
-            Some(CacheEvent::Stored {
-                tier: Tier::Device,
-                hashes,
-                token_ids: tokens,
-                ..
-            }) if parent.is_some() && hashes.last() == parent.as_ref() => {
-                hashes.push(hash);
-                tokens.extend_from_slice(token_ids);
+        if self.publish {
+            // Consecutive blocks of one prefix go out as one event.
+            match self.events.last_mut() {
+                Some(CacheEvent::Stored {
+                    tier: Tier::Device,
+                    hashes,
+                    token_ids: tokens,
+                    ..
+                }) if parent.is_some() && hashes.last() == parent.as_ref() => {
+                    hashes.push(hash);
+                    tokens.extend_from_slice(token_ids);
+                }
+                _ => self.events.push(CacheEvent::Stored {
+                    tier: Tier::Device,
+                    hashes: vec![hash],
+                    parent,
+                    token_ids: token_ids.to_vec(),
+                }),
             }
-            _ => self.events.push(CacheEvent::Stored {
-                tier: Tier::Device,
-                hashes: vec![hash],
-                parent,
-                token_ids: token_ids.to_vec(),
-            }),
         }
         Some(id)
     }
@@ -703,7 +727,7 @@ impl KvCache {
 
     /// Emit `Stored` for the table's blocks `range`, if any.
     fn store_run(&mut self, table: &BlockTable, tokens: &[u32], range: std::ops::Range<usize>) {
-        if range.is_empty() {
+        if range.is_empty() || !self.publish {
             return;
         }
         let block_size = self.block_size();

@@ -344,6 +344,26 @@ pub struct EngineModel {
 /// are admitted no later than this.
 pub const LOAD_POLL: Duration = Duration::from_millis(5);
 
+/// Quiet steps timed but not run yet ([`EngineModel::plan_quiet`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuietPlan {
+    /// How many steps.
+    pub steps: usize,
+    /// The engine's clock when it was made: the first step's start.
+    from: Duration,
+    /// The last step's start.
+    last_start: Duration,
+    /// The last step's end.
+    end: Duration,
+}
+
+impl QuietPlan {
+    /// How long the steps take together.
+    pub fn duration(&self) -> Duration {
+        self.end - self.from
+    }
+}
+
 /// The links loads take into the device, one per tier: when each is free again (model time).
 /// A load starts when its link is free, so loads on one link queue; different links overlap.
 #[derive(Debug, Default)]
@@ -414,6 +434,13 @@ impl EngineModel {
     /// The KV cache, to inspect.
     pub fn cache(&self) -> &KvCache {
         &self.cache
+    }
+
+    /// Whether steps report KV events (on from the start, as a vLLM with `--kv-events-config`).
+    /// A driver that subscribes to nothing turns them off: the same steps, without copying
+    /// every stored block's tokens into an event nobody reads.
+    pub fn publish_events(&mut self, on: bool) {
+        self.cache.publish_events(on);
     }
 
     /// Simulated time so far: the step durations, plus idle time a driver let pass
@@ -626,7 +653,12 @@ impl EngineModel {
             }
         }
         let mut events = pass.events;
-        events.extend(self.cache.take_events());
+        if self.cache.publishes_events() {
+            events.extend(self.cache.take_events());
+        } else {
+            // The tiers' and hints' own events go the same way.
+            events.clear();
+        }
         Step {
             duration,
             events,
@@ -681,29 +713,52 @@ impl EngineModel {
         (1..=steps).map(move |i| self.step_duration(0, true, kv_tokens + i * batch))
     }
 
-    /// Run `steps` quiet steps ([`EngineModel::quiet_steps`]): exactly what as many calls of
-    /// [`EngineModel::step`] do, without the outputs nobody needs (no first token, no last).
+    /// The next `steps` steps, all of them quiet ([`EngineModel::quiet_steps`]), timed once so
+    /// that a driver can wait for their end and then run them.
+    pub fn plan_quiet(&self, steps: usize) -> QuietPlan {
+        let (mut last_start, mut end) = (self.clock, self.clock);
+        for step in self.quiet_durations(steps) {
+            last_start = end;
+            end += step;
+        }
+        QuietPlan {
+            steps,
+            from: self.clock,
+            last_start,
+            end,
+        }
+    }
+
+    /// Run the quiet steps of `plan`: exactly what as many calls of [`EngineModel::step`] do,
+    /// without the outputs nobody needs (no first token, no last).
     ///
     /// # Panics
-    /// If `steps` is more than [`EngineModel::quiet_steps`].
-    pub fn run_quiet(&mut self, steps: usize) {
-        assert!(steps <= self.quiet_steps(), "not that many quiet steps");
-        let vocab = self.config.output_vocab.clone();
-        let mut kv_tokens: usize = self.running.iter().map(|s| s.computed).sum();
-        for _ in 0..steps {
-            let clock = self.clock;
-            self.loading.retain(|_, ready| *ready > clock);
-            for seq in &mut self.running {
-                // `advance` of a decode that neither takes nor fills a block: the cache's write
-                // has nothing to do.
-                seq.computed += 1;
-                let generated = seq.tokens.len() - seq.prompt_len;
-                seq.tokens.push(output_token(seq.seed, generated, &vocab));
-            }
-            kv_tokens += self.running.len();
-            self.clock += self.step_duration(0, true, kv_tokens);
-            self.stats.generation_tokens += self.running.len() as u64;
+    /// If the engine changed since the plan was made, or the plan has more steps than
+    /// [`EngineModel::quiet_steps`].
+    pub fn run_quiet(&mut self, plan: QuietPlan) {
+        let steps = plan.steps;
+        assert!(
+            plan.from == self.clock && steps <= self.quiet_steps(),
+            "not that many quiet steps from here"
+        );
+        if steps == 0 {
+            return;
         }
+        // Step by step, only the clock depends on the step before; each request's tokens and
+        // the loads done by the last step's start do not, so they are brought up to date once.
+        self.loading.retain(|_, ready| *ready > plan.last_start);
+        let vocab = self.config.output_vocab.clone();
+        for seq in &mut self.running {
+            // `advance` of decodes that neither take nor fill a block: the cache's write has
+            // nothing to do.
+            seq.computed += steps;
+            let generated = seq.tokens.len() - seq.prompt_len;
+            let seed = seq.seed;
+            seq.tokens
+                .extend((generated..generated + steps).map(|at| output_token(seed, at, &vocab)));
+        }
+        self.clock = plan.end;
+        self.stats.generation_tokens += (steps * self.running.len()) as u64;
     }
 
     /// How long a step takes that prefills `prefill_tokens`, decodes or not, and holds

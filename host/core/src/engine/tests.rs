@@ -367,7 +367,9 @@ proptest! {
                 .min(next_arrival.map_or(usize::MAX, |at| at - step - 1));
             if run >= 1 {
                 let durations: Vec<Duration> = skipping.quiet_durations(run).collect();
-                skipping.run_quiet(run);
+                let plan = skipping.plan_quiet(run);
+                prop_assert_eq!(plan.duration(), durations.iter().sum::<Duration>());
+                skipping.run_quiet(plan);
                 for expected in durations {
                     let s = stepped.step();
                     prop_assert_eq!(s.duration, expected);
@@ -404,7 +406,7 @@ fn a_lone_decode_is_quiet_between_block_boundaries_and_before_its_last_token() {
     assert!(first.outputs[0].first);
     // 10 tokens written, 3 of the 2 blocks' 16 free (block 2 fills at 16), then a new block.
     assert_eq!(engine.quiet_steps(), 5);
-    engine.run_quiet(5);
+    engine.run_quiet(engine.plan_quiet(5));
     assert_eq!(engine.quiet_steps(), 0);
     let fill = engine.step();
     assert_eq!(fill.events.len(), 1, "the second block is full: {fill:?}");
@@ -420,6 +422,45 @@ fn a_lone_decode_is_quiet_between_block_boundaries_and_before_its_last_token() {
         .add_request(request(2, (0..10).collect(), 3))
         .expect("fits");
     assert_eq!(engine.quiet_steps(), 0);
+}
+
+#[test]
+#[should_panic(expected = "not that many quiet steps from here")]
+fn a_quiet_plan_runs_only_where_it_was_made() {
+    let mut engine = EngineModel::new(config(8, 48)).expect("valid");
+    engine
+        .add_request(request(1, (0..10).collect(), 30))
+        .expect("fits");
+    engine.step();
+    let plan = engine.plan_quiet(5);
+    engine.step();
+    engine.run_quiet(plan);
+}
+
+#[test]
+fn an_engine_that_publishes_no_events_runs_the_same_steps() {
+    let mut publishing = EngineModel::new(config(8, 6)).expect("valid");
+    let mut silent = EngineModel::new(config(8, 6)).expect("valid");
+    silent.publish_events(false);
+    // Three prompts over six blocks: stores, and evictions of what the first cached.
+    for id in 0..3u64 {
+        let prompt: Vec<u32> = (0..20).map(|t| t + 100 * id as u32).collect();
+        for engine in [&mut publishing, &mut silent] {
+            engine
+                .add_request(request(id, prompt.clone(), 4))
+                .expect("fits");
+        }
+    }
+    let mut published = 0;
+    while publishing.has_work() {
+        let (a, b) = (publishing.step(), silent.step());
+        assert_eq!((a.duration, &a.outputs), (b.duration, &b.outputs));
+        assert!(b.events.is_empty(), "{b:?}");
+        published += a.events.len();
+    }
+    assert!(!silent.has_work());
+    assert!(published > 0);
+    assert_eq!(publishing.stats(), silent.stats());
 }
 
 #[test]
