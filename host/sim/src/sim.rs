@@ -731,8 +731,10 @@ impl<'w> Simulation<'w> {
                 .count()
         });
         let shared_tokens = shared * block_size as usize;
-        // Fresh buffers of the right size: the engine takes them, and growing one copies it.
-        let mut prompt = Vec::with_capacity(request.input_tokens.max(1) as usize);
+        // Fresh buffers of the right size: the engine takes the prompt and appends its outputs
+        // (`send`'s `max_tokens`), and growing it would copy it.
+        let outputs = request.output_tokens.max(1) as usize;
+        let mut prompt = Vec::with_capacity(request.input_tokens.max(1) as usize + outputs);
         prompt.extend_from_slice(&last.tokens[..shared_tokens]);
         tokens::complete_prompt(
             &mut prompt,
