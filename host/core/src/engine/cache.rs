@@ -491,7 +491,7 @@ impl KvCache {
     }
 
     /// Whether changes are recorded as events ([`KvCache::publish_events`]).
-    pub fn publishes_events(&self) -> bool {
+    pub(crate) fn publishes_events(&self) -> bool {
         self.publish
     }
 
