@@ -33,6 +33,7 @@ use crate::hash::{BlockHasher, LocalBlockHash, SequenceHash};
 use crate::worker::{Rank, Tier, WorkerId};
 use flat::U64Map;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 pub mod flat;
 
@@ -459,6 +460,33 @@ struct RankEntry {
     blocks: [u64; 3],
 }
 
+/// A name for what a rank holds in one index: the index, and its change that last touched the
+/// rank ([`KvIndex::rank_stamp`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RankStamp {
+    index: u64,
+    change: u64,
+}
+
+/// An index's own number, drawn once in the process: a new index and every copy get their own,
+/// so two indexes' stamps never compare equal.
+#[derive(Debug)]
+struct IndexId(u64);
+
+static INDEX_IDS: AtomicU64 = AtomicU64::new(0);
+
+impl Default for IndexId {
+    fn default() -> Self {
+        Self(INDEX_IDS.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+impl Clone for IndexId {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
 /// All ranks' blocks.
 ///
 /// One node per sequence hash, whose value is a bit mask per tier of the ranks holding it (ranks
@@ -469,6 +497,12 @@ struct RankEntry {
 pub struct KvIndex {
     groups: Vec<Group>,
     ranks: Vec<RankEntry>,
+    /// Per rank (as `ranks`), the number of the last change to what it holds
+    /// ([`KvIndex::rank_stamp`]); apart from `ranks`, which lookups read.
+    stamps: Vec<u64>,
+    /// Changes applied so far.
+    changes: u64,
+    id: IndexId,
     slots: HashMap<Rank, u32>,
 }
 
@@ -493,6 +527,7 @@ impl KvIndex {
                 let bit = 1u64 << (slot % GROUP);
                 let (group, tier) = (&mut self.groups[slot / GROUP], *tier as usize);
                 self.ranks[slot].blocks[tier] += group.store(blocks, locals, tier, bit);
+                self.stamps[slot] = self.next_change();
             }
             IndexOp::Remove { rank, tier, blocks } => {
                 let Some(&slot) = self.slots.get(rank) else {
@@ -504,6 +539,7 @@ impl KvIndex {
                 let removed = group.remove(blocks, tier, bit);
                 group.compact_if_sparse();
                 self.ranks[slot].blocks[tier] -= removed;
+                self.stamps[slot] = self.next_change();
             }
             IndexOp::Clear { rank } => {
                 let Some(&slot) = self.slots.get(rank) else {
@@ -518,6 +554,7 @@ impl KvIndex {
                 group.clear(bit);
                 group.compact_if_sparse();
                 self.ranks[slot].blocks = [0; 3];
+                self.stamps[slot] = self.next_change();
             }
         }
     }
@@ -649,6 +686,27 @@ impl KvIndex {
         }
     }
 
+    /// A name for what `rank` holds now: this index and its last change to the rank. Equal
+    /// stamps mean equal holdings, so an answer about this rank alone (its part of
+    /// [`find_matches`]) can be kept until the stamp moves. Every index, copies included
+    /// (left-right's two), stamps apart from the others.
+    ///
+    /// [`find_matches`]: Self::find_matches
+    pub fn rank_stamp(&self, rank: Rank) -> RankStamp {
+        RankStamp {
+            index: self.id.0,
+            change: self
+                .slots
+                .get(&rank)
+                .map_or(0, |&slot| self.stamps[slot as usize]),
+        }
+    }
+
+    fn next_change(&mut self) -> u64 {
+        self.changes += 1;
+        self.changes
+    }
+
     /// Blocks `rank` holds in `tier`.
     pub fn blocks(&self, rank: Rank, tier: Tier) -> u64 {
         self.slots
@@ -706,6 +764,7 @@ impl KvIndex {
             rank,
             blocks: [0; 3],
         });
+        self.stamps.push(0);
         if slot / GROUP == self.groups.len() {
             self.groups.push(Group::default());
         }

@@ -12,9 +12,10 @@
 use super::actions::{ActionType, BlockPayload, HintAction};
 use super::{HintKind, HintTier, KvHint, LifecycleEvent, LifecycleKind, SessionResidency};
 use crate::hash::SequenceHash;
-use crate::index::KvIndex;
+use crate::index::{KvIndex, Overlap, RankStamp};
 use crate::programs::TurnEnd;
 use crate::worker::Rank;
+use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,7 +49,7 @@ pub struct RoutedTurn<'a> {
 struct Session {
     parent: Option<String>,
     /// The last prompt routed to each rank, most recent last.
-    lineage: Vec<(Rank, Arc<[SequenceHash]>)>,
+    lineage: Vec<Lineage>,
     prompt_tokens: u64,
     /// The turn that ended in a tool call, waiting for its result: tool name and when.
     waiting_tool: Option<(Option<String>, Duration)>,
@@ -59,16 +60,54 @@ struct Session {
     stamp: u64,
 }
 
+/// A session's last prompt on one rank.
+#[derive(Debug)]
+struct Lineage {
+    rank: Rank,
+    hashes: Arc<[SequenceHash]>,
+    /// What the rank held of it at the last lookup, and the rank's stamp then
+    /// ([`KvIndex::rank_stamp`]): the answer while the stamp has not moved. Sessions waiting on
+    /// a tool are looked up every round, and most ranks change less often than that.
+    seen: Cell<Option<(RankStamp, Option<Overlap>)>>,
+}
+
+impl Lineage {
+    fn new(rank: Rank, hashes: &[SequenceHash]) -> Self {
+        Self {
+            rank,
+            hashes: hashes.into(),
+            seen: Cell::new(None),
+        }
+    }
+
+    /// How much of it the rank holds, per tier (`None`: not even its first block).
+    fn residency(&self, index: &KvIndex) -> Option<Overlap> {
+        let stamp = index.rank_stamp(self.rank);
+        if let Some((seen, overlap)) = self.seen.get()
+            && seen == stamp
+        {
+            return overlap;
+        }
+        let matches = index.find_matches(&self.hashes);
+        let overlap = matches
+            .iter()
+            .find(|(r, _)| *r == self.rank)
+            .map(|(_, overlap)| *overlap);
+        self.seen.set(Some((stamp, overlap)));
+        overlap
+    }
+}
+
 impl Session {
-    fn latest(&self) -> Option<&(Rank, Arc<[SequenceHash]>)> {
+    fn latest(&self) -> Option<&Lineage> {
         self.lineage.last()
     }
 
     fn on(&self, rank: Rank) -> Option<&Arc<[SequenceHash]>> {
         self.lineage
             .iter()
-            .find(|(r, _)| *r == rank)
-            .map(|(_, h)| h)
+            .find(|l| l.rank == rank)
+            .map(|l| &l.hashes)
     }
 }
 
@@ -156,7 +195,9 @@ impl SessionTracker {
                         LifecycleKind::ToolResult { tool_name, waited },
                     ));
                 }
-                if let Some((_, previous)) = session.latest()
+                if let Some(Lineage {
+                    hashes: previous, ..
+                }) = session.latest()
                     && is_compaction(previous, session.prompt_tokens, &turn)
                 {
                     events.push(event(
@@ -168,8 +209,8 @@ impl SessionTracker {
                     ));
                 }
                 session.prompt_tokens = turn.prompt_tokens;
-                session.lineage.retain(|(rank, _)| *rank != turn.rank);
-                session.lineage.push((turn.rank, turn.hashes.into()));
+                session.lineage.retain(|l| l.rank != turn.rank);
+                session.lineage.push(Lineage::new(turn.rank, turn.hashes));
             }
             None => {
                 let parent = turn
@@ -185,7 +226,7 @@ impl SessionTracker {
                     turn.session_id.to_owned(),
                     Session {
                         parent: parent.map(str::to_owned),
-                        lineage: vec![(turn.rank, turn.hashes.into())],
+                        lineage: vec![Lineage::new(turn.rank, turn.hashes)],
                         prompt_tokens: turn.prompt_tokens,
                         waiting_tool: None,
                         thinks: false,
@@ -269,7 +310,7 @@ impl SessionTracker {
             .get(session_id)
             .into_iter()
             .flat_map(|s| s.lineage.iter())
-            .map(|(rank, hashes)| (*rank, u32::try_from(hashes.len()).unwrap_or(u32::MAX)))
+            .map(|l| (l.rank, u32::try_from(l.hashes.len()).unwrap_or(u32::MAX)))
     }
 
     /// The sessions a round of the hint path with `events` concerns: those the events name (a
@@ -313,14 +354,13 @@ impl SessionTracker {
             let Some(session) = self.sessions.get(id) else {
                 continue;
             };
-            for (rank, hashes) in &session.lineage {
-                let matches = index.find_matches(hashes);
-                let Some((_, overlap)) = matches.iter().find(|(r, _)| r == rank) else {
+            for lineage in &session.lineage {
+                let Some(overlap) = lineage.residency(index) else {
                     continue;
                 };
                 out.push(SessionResidency {
                     session_id: id.to_owned(),
-                    rank: *rank,
+                    rank: lineage.rank,
                     device_blocks: overlap.device,
                     host_blocks: overlap.host,
                     disk_blocks: overlap.disk,
@@ -352,7 +392,11 @@ impl SessionTracker {
             };
         let ranks: Vec<(Rank, &Arc<[SequenceHash]>)> = match hint.target {
             Some(rank) => session.on(rank).map(|h| (rank, h)).into_iter().collect(),
-            None => session.lineage.iter().map(|(r, h)| (*r, h)).collect(),
+            None => session
+                .lineage
+                .iter()
+                .map(|l| (l.rank, &l.hashes))
+                .collect(),
         };
         let every = |kind: ActionType, tier: Option<HintTier>, ttl: Option<u64>| {
             ranks
@@ -368,7 +412,7 @@ impl SessionTracker {
             HintKind::Prefetch(tier) => {
                 let chosen = match hint.target {
                     Some(_) => ranks.first().copied(),
-                    None => session.latest().map(|(r, h)| (*r, h)),
+                    None => session.latest().map(|l| (l.rank, &l.hashes)),
                 };
                 chosen
                     .filter(|(_, h)| !h.is_empty())
@@ -391,7 +435,7 @@ impl SessionTracker {
                             .map(|p| {
                                 p.lineage
                                     .iter()
-                                    .map(|(_, ph)| common_prefix(ph, hashes))
+                                    .map(|l| common_prefix(&l.hashes, hashes))
                                     .max()
                                     .unwrap_or(0)
                             })
@@ -406,12 +450,13 @@ impl SessionTracker {
             HintKind::Share(other) => {
                 let mut actions = every(ActionType::Retain, None, None);
                 let theirs = self.sessions.get(other).and_then(Session::latest);
-                if let (Some((their_rank, _)), Some((_, hashes))) = (theirs, session.latest())
-                    && session.on(*their_rank).is_none()
-                    && !hashes.is_empty()
+                if let (Some(theirs), Some(ours)) = (theirs, session.latest())
+                    && session.on(theirs.rank).is_none()
+                    && !ours.hashes.is_empty()
                 {
+                    let hashes = &ours.hashes;
                     actions.push((
-                        *their_rank,
+                        theirs.rank,
                         ActionType::Prefetch,
                         payload(hashes, Some(HintTier::Device), None),
                     ));

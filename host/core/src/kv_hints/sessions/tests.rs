@@ -206,6 +206,50 @@ fn residency_reads_each_lineage_from_the_index() {
 }
 
 #[test]
+fn residency_follows_every_change_of_the_rank_and_of_the_lineage() {
+    let mut tracker = SessionTracker::default();
+    let prompt = hashes(0..10);
+    tracker.routed(turn("s", R0, &prompt), ms(0));
+    let store = |rank, tier, blocks| IndexOp::Store {
+        rank,
+        tier,
+        blocks,
+        locals: Vec::new(),
+    };
+    let device = |tracker: &SessionTracker, index: &KvIndex| -> Vec<(u32, u32)> {
+        tracker
+            .residency(["s"], index)
+            .iter()
+            .map(|r| (r.device_blocks, r.host_blocks))
+            .collect()
+    };
+    let mut index = KvIndex::new();
+    assert_eq!(device(&tracker, &index), []);
+    index.apply(&store(R0, Tier::Device, hashes(0..4)));
+    assert_eq!(device(&tracker, &index), [(4, 0)]);
+    // Another rank's change leaves the answer (and what it was kept with) as it was.
+    let r0 = index.rank_stamp(R0);
+    index.apply(&store(R1, Tier::Device, hashes(0..10)));
+    assert_eq!(index.rank_stamp(R0), r0);
+    assert_eq!(device(&tracker, &index), [(4, 0)]);
+    // The rank's own changes are seen: more stored, then a hole in the prefix.
+    index.apply(&store(R0, Tier::Device, hashes(4..8)));
+    assert_eq!(device(&tracker, &index), [(8, 0)]);
+    index.apply(&IndexOp::Remove {
+        rank: R0,
+        tier: Tier::Device,
+        blocks: hashes(2..3),
+    });
+    index.apply(&store(R0, Tier::Host, hashes(2..3)));
+    assert_eq!(device(&tracker, &index), [(2, 6)]);
+    // So is a new lineage on the rank, and another index (its stamps are its own).
+    tracker.routed(turn("s", R0, &hashes(0..2)), ms(1));
+    assert_eq!(device(&tracker, &index), [(2, 0)]);
+    let other = KvIndex::new();
+    assert_eq!(device(&tracker, &other), []);
+}
+
+#[test]
 fn the_lineage_is_the_last_prompt_per_rank_most_recent_last() {
     let mut tracker = SessionTracker::default();
     tracker.routed(turn("s", R0, &hashes(0..4)), ms(0));
