@@ -216,11 +216,12 @@ impl Workload {
     ///
     /// Refining (512 -> 64) repeats each id `512 / 64` times: a trace block becomes one block's
     /// tokens repeated, as Dynamo's replay fills a trace block with one token. The prefix
-    /// structure is the trace's, since sequence hashes chain, and the block drawn and hashed once
-    /// ([`switchyard_core::hash::BlockHasher::locals`] reuses the local hash of a block equal to the one before). Ids
-    /// past the prompt's last token are dropped. Coarsening
-    /// (16 -> 64) names each group of ids by a hash of the group, and needs the old size to
-    /// divide the new one.
+    /// structure is the trace's, since sequence hashes chain, and the block is drawn and hashed
+    /// once ([`BlockHasher::locals`] reuses the local hash of a block equal to the one before).
+    /// Ids past the prompt's last token are dropped. Coarsening (16 -> 64) names each group of
+    /// ids by a hash of the group, and needs the old size to divide the new one.
+    ///
+    /// [`BlockHasher::locals`]: switchyard_core::hash::BlockHasher::locals
     pub fn with_block_size(&self, block_size: u32) -> Result<Workload, WorkloadError> {
         let from = self.block_size;
         let error = WorkloadError::BlockSize {
