@@ -11,7 +11,8 @@
 //! Every handle returns its slot on drop, so a failed transition or a forgotten block never
 //! leaks. A [`WeakBlock`] does not keep a block alive; it upgrades by slot first, then by hash.
 
-use std::collections::{BTreeSet, HashMap};
+use rustc_hash::FxHashMap;
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use crate::error::KvbmError;
@@ -61,9 +62,10 @@ struct PoolState {
     slots: Vec<SlotState>,
     generations: Vec<u64>,
     free: Vec<BlockId>,
-    registry: HashMap<SequenceHash, BlockId>,
+    /// Keyed by hashes already, so by a one-multiply hasher rather than SipHash.
+    registry: FxHashMap<SequenceHash, BlockId>,
     /// Registered blocks per parent hash: a block with children is not a leaf.
-    children: HashMap<SequenceHash, u32>,
+    children: FxHashMap<SequenceHash, u32>,
     candidates: Candidates,
     pins: BTreeSet<(Tick, BlockId)>,
     pin_budget: usize,
@@ -145,8 +147,8 @@ impl BlockPool {
             slots: vec![SlotState::Reset; capacity],
             generations: vec![0; capacity],
             free,
-            registry: HashMap::with_capacity(capacity),
-            children: HashMap::new(),
+            registry: FxHashMap::with_capacity_and_hasher(capacity, Default::default()),
+            children: FxHashMap::default(),
             candidates: Candidates::new(capacity),
             pins: BTreeSet::new(),
             pin_budget,
