@@ -337,9 +337,6 @@ pub struct Simulation<'w> {
     ending: Option<usize>,
     /// `Hints` events in the queue: ticks stop once nothing else is.
     queued_hint_rounds: usize,
-    /// Whether the engines' KV events reach the replicas' indexes: only when something reads
-    /// them (set when the run starts, see [`Simulation::run`]).
-    feeds_index: bool,
 }
 
 impl<'w> Simulation<'w> {
@@ -515,7 +512,6 @@ impl<'w> Simulation<'w> {
             queue.push(at, Event::Arrive(root));
         }
         Ok(Self {
-            feeds_index: false,
             replicas,
             queued_hint_rounds: 0,
             root_of,
@@ -552,15 +548,15 @@ impl<'w> Simulation<'w> {
         self.quiet_runs = !hints && !queues;
         // The index is read by a routing policy that weighs the cache, by the router queue
         // (its thresholds count the prefill the index says is cached), by KV hints and by the
-        // shared pool's prefix runs. Round robin alone reads none of it, so its engines' events
-        // go nowhere (Dynamo's replay keeps no index for round robin either): the same results
+        // shared pool's prefix runs. Round robin alone reads none of it, so its engines publish
+        // no events (Dynamo's replay keeps no index for round robin either): the same results
         // for half the CPU.
-        self.feeds_index = self.config.index == IndexMode::Events
+        let feeds_index = self.config.index == IndexMode::Events
             && (self.replicas.iter().any(|r| r.router.policy_reads_index())
                 || queues
                 || hints
                 || self.pool.is_some());
-        if !self.feeds_index {
+        if !feeds_index {
             for worker in &mut self.workers {
                 worker.engine.publish_events(false);
             }
