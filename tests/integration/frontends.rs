@@ -165,6 +165,21 @@ async fn malformed_requests_get_400s_in_their_own_apis_shape() {
                    "nvext": {"cache_control": {"type": "ephemeral", "ttl": "forever"}}}),
             "ttl",
         ),
+        // The model's template is text-only: an image is named, not Jinja's type error.
+        (
+            "/v1/chat/completions",
+            json!({"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "what is this?"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}),
+            "message 0 has an image",
+        ),
+        (
+            "/v1/messages",
+            json!({"model": "smollm2-135m-instruct", "max_tokens": 5, "messages": [{"role": "user", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                 "data": "AAAA"}}]}]}),
+            "message 0 has an image",
+        ),
     ];
     for (path, body, field) in cases {
         let r = client()

@@ -9,7 +9,7 @@ use serde_json::Value;
 use std::sync::Arc;
 use std::time::Instant;
 use switchyard_frontend::{
-    AgentHints, Api, ApiError, CacheControl, Completion, Conversation, ErrorKind, Prompt,
+    AgentHints, Api, ApiError, Block, CacheControl, Completion, Conversation, ErrorKind, Prompt,
     ResponsesRequest, chat, completions, messages, responses, to_template_messages,
 };
 use switchyard_tokenizer::{CacheOutcome, ChatTemplateInput, IncrementalEncoding, content_key};
@@ -267,10 +267,19 @@ fn render_conversation(
             .get("chat_template_kwargs")
             .and_then(Value::as_object),
     };
-    shared
-        .tokenizer
-        .render_chat(&input)
-        .map_err(|e| GatewayError::BadRequest(format!("cannot render the chat template: {e}")))
+    shared.tokenizer.render_chat(&input).map_err(|e| {
+        // A text-only template fails on an image part deep inside Jinja; say what was sent.
+        let with_image = conversation.messages.iter().position(|message| {
+            (message.blocks.iter()).any(|block| matches!(block, Block::Image { .. }))
+        });
+        GatewayError::BadRequest(match with_image {
+            Some(at) => format!(
+                "message {at} has an image, and this model's chat template could not render it \
+                 (a text-only model takes text parts only): {e}"
+            ),
+            None => format!("cannot render the chat template: {e}"),
+        })
+    })
 }
 
 /// Where a prompt's tokens are cached: its session's entry or, without a session id, its
