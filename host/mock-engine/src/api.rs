@@ -285,6 +285,13 @@ async fn completions(
     if prompts.is_empty() {
         return Err(ApiError::bad_request("prompt must not be empty"));
     }
+    // vLLM refuses ids the model has no embedding for, in these words.
+    let vocab = state.tokenizer.vocab_size();
+    if let Some(&id) = prompts.iter().flatten().find(|&&id| id >= vocab) {
+        return Err(ApiError::bad_request(format!(
+            "Token id {id} is out of vocabulary"
+        )));
+    }
     generate(&state, Kind::Completion, prompts, &request.common).await
 }
 

@@ -198,6 +198,15 @@ async fn completions_take_lists_of_token_ids() {
             "one chunk per token, no usage unless asked"
         );
         assert_eq!(chunks[3]["choices"][0]["finish_reason"], "length");
+
+        let request = json!({"prompt": [1000, 99_999_999], "max_tokens": 3});
+        let response = engine.post("/v1/completions", request).await;
+        assert_eq!(response.status(), 400);
+        let error: Value = response.json().await.expect("error body");
+        assert_eq!(
+            error["error"]["message"],
+            "Token id 99999999 is out of vocabulary"
+        );
         engine.stop().await;
     })
     .await;
