@@ -8,8 +8,9 @@
 #      Kubernetes $K8S_VERSION's schemas (custom resources: required and known fields only);
 #   3. deploy/docker/build-steps.sh dev: the Dockerfile's build command, on a copy of the
 #      repository, reusing this checkout's target directory (the choice is explained there);
-#   4. the binary it built starts on deploy/k8s/configmap.yaml's switchyard.toml and on the
-#      image's default config, and answers the probes' endpoints as the probes expect.
+#   4. the binary it installed (debug info stripped, as in the image) starts on
+#      deploy/k8s/configmap.yaml's switchyard.toml and on the image's default config, and answers
+#      the probes' endpoints as the probes expect.
 #
 # Tools go into a venv under target/ (created once, pinned). Exits non-zero on any failure.
 set -euo pipefail
@@ -60,10 +61,11 @@ done
 
 step "deploy/docker/build-steps.sh dev"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}
-nice deploy/docker/build-steps.sh dev
+# Installed as the image installs it (debug info stripped); that copy is what runs below.
+bin=$rendered/switchyard
+nice deploy/docker/build-steps.sh dev "$bin"
 
 step "the gateway on the shipped configurations"
-bin=$CARGO_TARGET_DIR/debug/switchyard
 python deploy/smoke-config.py "$bin" deploy/k8s/configmap.yaml 503
 python deploy/smoke-config.py "$bin" deploy/docker/switchyard.toml 200
 

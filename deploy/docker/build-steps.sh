@@ -6,7 +6,8 @@
 #   deploy/docker/build-steps.sh [--in-place] PROFILE [DEST]
 #
 # PROFILE  a cargo profile: `release` (the image's default) or `dev` (CI's check: see below).
-# DEST     where to install the binary (e.g. /out/switchyard); absent: it stays in the target dir.
+# DEST     where to install the binary without its debug info (e.g. /out/switchyard); absent: it
+#          stays in the target dir only.
 # --in-place  build the tree the script is in (the Dockerfile's case: /src is already a clean
 #             copy, the build context minus .dockerignore). Without it, the script first copies
 #             the repository into a temporary directory and builds there (CI's case).
@@ -88,7 +89,13 @@ case $profile in
 esac
 bin="${CARGO_TARGET_DIR:-target}/$out/switchyard"
 "$bin" --version
+# 4. The installed copy without its DWARF: the release profile keeps line tables for profiling
+#    (perf, backtraces with file:line), ~200 of the binary's ~260 MB. The image ships the symbol
+#    table only, so a backtrace still names its functions; the target directory keeps the full
+#    binary. objcopy comes with gcc's binutils.
 if [[ -n "$dest" ]]; then
   install -D -m 0755 "$bin" "$dest"
-  echo "build-steps: installed $dest" >&2
+  objcopy --strip-debug "$dest"
+  "$dest" --version >/dev/null
+  echo "build-steps: installed $dest ($(du -h "$dest" | cut -f1), debug info stripped)" >&2
 fi
