@@ -32,7 +32,7 @@
 use crate::hash::{BlockHasher, LocalBlockHash, SequenceHash};
 use crate::worker::{Rank, Tier, WorkerId};
 use flat::U64Map;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub mod flat;
@@ -503,7 +503,7 @@ pub struct KvIndex {
     /// Changes applied so far.
     changes: u64,
     id: IndexId,
-    slots: HashMap<Rank, u32>,
+    slots: FxHashMap<Rank, u32>,
 }
 
 // === impl KvIndex ===

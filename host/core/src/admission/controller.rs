@@ -22,7 +22,8 @@ use super::{
 use crate::programs::{ProgramConfig, ProgramCounts, ProgramTracker, TurnEnd};
 use crate::router::{PolicyRequest, RequestId};
 use crate::worker::Rank;
-use std::collections::{BTreeSet, HashMap};
+use rustc_hash::FxHashMap;
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 /// Controller settings.
@@ -159,7 +160,7 @@ pub struct AdmissionController {
     programs: ProgramTracker,
     /// In arrival order, so releases are first come first served among equals.
     held: Vec<Held>,
-    active: HashMap<RequestId, Active>,
+    active: FxHashMap<RequestId, Active>,
     next_tick: Duration,
     metrics: AdmissionMetrics,
     /// The view the policy gets, kept between calls so its rows' strings are reused.
@@ -193,7 +194,7 @@ impl AdmissionController {
             config,
             policy,
             held: Vec::new(),
-            active: HashMap::new(),
+            active: FxHashMap::default(),
             next_tick: Duration::ZERO,
             metrics: AdmissionMetrics::default(),
             view: AdmissionView::default(),

@@ -98,7 +98,8 @@ use crate::hash::token_bytes;
 use switchyard_kvbm::Tick;
 use tiers::{HostTier, PoolTier};
 
-use std::collections::{HashMap, VecDeque};
+use rustc_hash::FxHashMap;
+use std::collections::VecDeque;
 use std::ops::Range;
 use std::time::Duration;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
@@ -337,7 +338,7 @@ pub struct EngineModel {
     /// When each tier's link into the device is free again.
     links: Links,
     /// Device blocks being loaded, and the model time each is there (pruned as time passes).
-    loading: HashMap<u64, Duration>,
+    loading: FxHashMap<u64, Duration>,
 }
 
 /// Longest step that computes nothing and only waits for a load: a driver's arrivals meanwhile
@@ -422,7 +423,7 @@ impl EngineModel {
             clock: Duration::ZERO,
             hints: hints::HintState::default(),
             links: Links::default(),
-            loading: HashMap::new(),
+            loading: FxHashMap::default(),
         })
     }
 

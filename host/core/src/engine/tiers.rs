@@ -24,7 +24,7 @@ pub use disk::{DEFAULT_DISK_BANDWIDTH, DiskTierConfig};
 use super::cache::{CacheEvent, StoredBlock};
 use crate::worker::Tier;
 use disk::{Demoted, DiskTier};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::time::Duration;
 use switchyard_kvbm::pool::{BlockPool, ImmutableBlock};
 use switchyard_kvbm::retention::Retention;
@@ -293,7 +293,7 @@ pub(crate) struct HostTier {
     disk: Option<DiskTier>,
     /// Where each host block is, its parent and tokens, so that an eviction can be written to
     /// disk and a prefetch can describe what it loads.
-    resident: HashMap<u64, Resident>,
+    resident: FxHashMap<u64, Resident>,
 }
 
 /// A block a tier holds, as a load into the device needs it.
@@ -316,7 +316,7 @@ impl HostTier {
             },
             config,
             disk: disk.map(DiskTier::new),
-            resident: HashMap::new(),
+            resident: FxHashMap::default(),
         }
     }
 

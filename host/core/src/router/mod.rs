@@ -18,6 +18,7 @@ use crate::predicted::PredictedBlocks;
 use crate::worker::Rank;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use rustc_hash::FxHashMap;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -237,7 +238,7 @@ pub struct Router {
     policy: Box<dyn RoutingPolicy>,
     ranks: Vec<RankState>,
     predicted: PredictedBlocks,
-    bookings: HashMap<RequestId, Booking>,
+    bookings: FxHashMap<RequestId, Booking>,
     /// Other replicas' bookings, by replica and their request id.
     peer_bookings: HashMap<(PeerId, RequestId), PeerBooking>,
     /// The earliest expiry among `peer_bookings` (nothing to scan before then).
@@ -260,7 +261,7 @@ impl Router {
             config,
             policy,
             ranks: Vec::new(),
-            bookings: HashMap::new(),
+            bookings: FxHashMap::default(),
             peer_bookings: HashMap::new(),
             next_peer_expiry: None,
             journal: None,

@@ -7,7 +7,7 @@
 
 use super::{CacheEvent, DEFAULT_BLOCK_BYTES, KvTransfer, Resident, TierStats, transfer_time};
 use crate::worker::Tier;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::time::Duration;
 use switchyard_kvbm::pool::{BlockPool, ImmutableBlock};
 use switchyard_kvbm::retention::Retention;
@@ -81,7 +81,7 @@ pub(crate) struct DiskTier {
     stats: TierStats,
     /// Each disk block's slot, parent and tokens, so that a prefetch can describe what it
     /// loads.
-    resident: HashMap<u64, Resident>,
+    resident: FxHashMap<u64, Resident>,
 }
 
 // === impl DiskTier ===
@@ -95,7 +95,7 @@ impl DiskTier {
                 ..TierStats::default()
             },
             config,
-            resident: HashMap::new(),
+            resident: FxHashMap::default(),
         }
     }
 
