@@ -68,10 +68,11 @@ enum Command {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     // The policy tools report a load's outcome themselves: the registry's own lines would say
-    // it twice.
+    // it twice. The zeromq crate logs every peer's connect and disconnect at info, with its
+    // binary identity; our subscribers report their connections themselves.
     let default_filter = match cli.command {
         Command::Policy(_) => "warn,switchyard_policy_host::slot=error",
-        _ => "info",
+        _ => "info,zeromq=warn",
     };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
