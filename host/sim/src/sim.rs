@@ -171,6 +171,11 @@ pub struct SimConfig {
     /// How often a replica asks its KV-hint policy while some session waits on a tool (the
     /// gateway's `[kv_hints] tick`), besides whenever lifecycle events arrive.
     pub kv_hints_tick: Duration,
+    /// Whether the router hears of a request's first token when it comes, which ends the
+    /// request's prefill load on its rank: clients that stream, or the gateway's `[server]
+    /// engine_stream = "always"`. `false` is the gateway's `"as-client"` with clients that do
+    /// not stream: the engine's answer comes whole, so the prefill load lasts until it ends.
+    pub prefill_signal: bool,
 }
 
 impl Default for SimConfig {
@@ -195,6 +200,7 @@ impl Default for SimConfig {
             index: IndexMode::Events,
             kv_hints: None,
             kv_hints_tick: Duration::from_millis(100),
+            prefill_signal: true,
         }
     }
 }
@@ -1090,7 +1096,9 @@ impl<'w> Simulation<'w> {
             let r = self.records[id as usize].replica;
             if first {
                 self.records[id as usize].first_token = Some(now);
-                self.replicas[r].router.first_token(request);
+                if self.config.prefill_signal {
+                    self.replicas[r].router.first_token(request);
+                }
             }
             if finished {
                 self.records[id as usize].finished = Some(now);

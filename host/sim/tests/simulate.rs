@@ -246,6 +246,48 @@ fn every_placement_is_the_routers_decision() {
     }
 }
 
+/// The first token ends a request's prefill load in the router's view, where the router hears
+/// of it; without it (the gateway's `engine_stream = "as-client"` with clients that do not
+/// stream), the load lasts until the request ends. The second agent arrives while the first
+/// decodes its long answer.
+#[test]
+fn the_first_token_ends_the_prefill_load_only_where_the_router_hears_of_it() {
+    let w = Agents {
+        prompt_blocks: 32,
+        turn_blocks: 4,
+        output_tokens: 400,
+        stagger: Duration::from_secs(1),
+    }
+    .workload(2, 1, Duration::ZERO);
+    let first_prompt = 36 * u64::from(BLOCK);
+    for (prefill_signal, load) in [(true, 0), (false, first_prompt)] {
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let policy = Box::new(Recording {
+            inner: KvCost,
+            calls: calls.clone(),
+        });
+        let config = SimConfig {
+            prefill_signal,
+            ..config("ignored")
+        };
+        let outcome = Simulation::with_policy(&w, config, policy)
+            .expect("valid")
+            .run(&mut || {});
+        let first = &outcome.records[0];
+        let arrival = Duration::from_secs(1);
+        assert!(first.first_token.is_some_and(|t| t < arrival), "prefilled before");
+        assert!(first.finished.is_some_and(|t| t > arrival), "decoding at");
+        let calls = calls.lock().expect("calls");
+        let (second, _) = &calls[1];
+        assert_eq!(second.iter().map(|c| c.active_requests).sum::<u32>(), 1);
+        assert_eq!(
+            second.iter().map(|c| c.active_prefill_tokens).sum::<u64>(),
+            load,
+            "prefill_signal: {prefill_signal}"
+        );
+    }
+}
+
 /// `agents` agents of `turns` turns over private, growing contexts (64 blocks, then 8 more a
 /// turn), with `gap` of tool time between turns: together far more KV than `config_small` has.
 fn overflowing(agents: u64, turns: u64, gap: Duration) -> Workload {

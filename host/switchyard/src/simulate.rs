@@ -65,6 +65,12 @@ pub(crate) struct SimulateArgs {
     /// `[kv_hints] tick`), besides whenever lifecycle events arrive.
     #[arg(long, default_value = "100ms", value_parser = parse_gap)]
     kv_hints_tick: Duration,
+    /// The gateway's `[server] engine_stream` for clients that do not stream: `always`, the
+    /// router hears of each request's first token when it comes (as with streaming clients);
+    /// `as-client`, engines answer whole, so a request's prefill loads its worker in the
+    /// router's view until the request ends.
+    #[arg(long, default_value = "always", value_parser = ["always", "as-client"])]
+    engine_stream: String,
     /// Router queue: a worker is saturated above this many engine steps of uncached prefill
     /// (x --max-batched-tokens); requests wait in the router while every worker is. 0: no queue.
     #[arg(long, default_value_t = 0.0)]
@@ -425,6 +431,7 @@ fn configs(args: &SimulateArgs, workload: &Workload) -> anyhow::Result<Vec<SimCo
                             index,
                             kv_hints: kv_hints.clone(),
                             kv_hints_tick: args.kv_hints_tick,
+                            prefill_signal: args.engine_stream == "always",
                             ..SimConfig::default()
                         });
                     }
