@@ -171,14 +171,14 @@ async fn malformed_requests_get_400s_in_their_own_apis_shape() {
             json!({"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": [
                 {"type": "text", "text": "what is this?"},
                 {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}),
-            "message 0 has an image",
+            "the conversation has an image",
         ),
         (
             "/v1/messages",
             json!({"model": "smollm2-135m-instruct", "max_tokens": 5, "messages": [{"role": "user", "content": [
                 {"type": "image", "source": {"type": "base64", "media_type": "image/png",
                  "data": "AAAA"}}]}]}),
-            "message 0 has an image",
+            "the conversation has an image",
         ),
     ];
     for (path, body, field) in cases {

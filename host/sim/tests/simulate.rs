@@ -275,7 +275,10 @@ fn the_first_token_ends_the_prefill_load_only_where_the_router_hears_of_it() {
             .run(&mut || {});
         let first = &outcome.records[0];
         let arrival = Duration::from_secs(1);
-        assert!(first.first_token.is_some_and(|t| t < arrival), "prefilled before");
+        assert!(
+            first.first_token.is_some_and(|t| t < arrival),
+            "prefilled before"
+        );
         assert!(first.finished.is_some_and(|t| t > arrival), "decoding at");
         let calls = calls.lock().expect("calls");
         let (second, _) = &calls[1];

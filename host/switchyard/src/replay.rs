@@ -50,10 +50,12 @@ pub(crate) struct ReplayArgs {
     /// Send at most this many requests.
     #[arg(long)]
     max_requests: Option<usize>,
-    /// Token ids the target's model accepts: synthetic ids are folded below this (equal blocks
-    /// stay equal). Default: the simulator's ids as they are (below 100,000).
-    #[arg(long)]
-    vocab_size: Option<u32>,
+    /// Token ids the target's model accepts: a synthetic id at or above this is folded into
+    /// 1,000 up to it (equal blocks stay equal; the ids below 1,000, where models keep their
+    /// special tokens, are left out). The default, 32,000, is below every common chat model's
+    /// vocabulary (Llama 2's and Mistral's are 32,000); an engine refuses an id outside its own.
+    #[arg(long, default_value_t = 32_000, value_parser = clap::value_parser!(u32).range(2_000..))]
+    vocab_size: u32,
     /// Write the report as JSON.
     #[arg(long)]
     report: Option<PathBuf>,
@@ -86,8 +88,8 @@ pub(crate) async fn run(args: ReplayArgs, stop: CancellationToken) -> anyhow::Re
     if !(args.speedup.is_finite() && args.speedup > 0.0) {
         bail!("--speedup must be a positive number");
     }
-    if args.concurrency == Some(0) || args.vocab_size == Some(0) {
-        bail!("--concurrency and --vocab-size must be positive");
+    if args.concurrency == Some(0) {
+        bail!("--concurrency must be positive");
     }
     let (path, format) = (args.trace.clone(), args.format);
     let workload = tokio::task::spawn_blocking(move || workload::load(&path, format))
@@ -188,7 +190,7 @@ struct Replay {
     url: String,
     model: String,
     speedup: f64,
-    vocab_size: Option<u32>,
+    vocab_size: u32,
     budget: usize,
     sent: AtomicUsize,
     results: Mutex<Vec<Measured>>,
@@ -281,8 +283,10 @@ impl Replay {
             request.input_tokens,
             salt,
         );
-        if let Some(vocab) = self.vocab_size {
-            prompt.iter_mut().for_each(|t| *t %= vocab);
+        const FIRST: u32 = 1_000;
+        let vocab = self.vocab_size;
+        for t in prompt.iter_mut().filter(|t| **t >= vocab) {
+            *t = FIRST + (*t - FIRST) % (vocab - FIRST);
         }
         let body = json!({
             "model": self.model,

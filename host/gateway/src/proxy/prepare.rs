@@ -269,15 +269,18 @@ fn render_conversation(
     };
     shared.tokenizer.render_chat(&input).map_err(|e| {
         // A text-only template fails on an image part deep inside Jinja; say what was sent.
-        let with_image = conversation.messages.iter().position(|message| {
-            (message.blocks.iter()).any(|block| matches!(block, Block::Image { .. }))
-        });
-        GatewayError::BadRequest(match with_image {
-            Some(at) => format!(
-                "message {at} has an image, and this model's chat template could not render it \
-                 (a text-only model takes text parts only): {e}"
-            ),
-            None => format!("cannot render the chat template: {e}"),
+        // (No message number: the IR's count includes a system prompt that some APIs send
+        // beside their messages.)
+        let with_image = (conversation.messages.iter())
+            .flat_map(|message| &message.blocks)
+            .any(|block| matches!(block, Block::Image { .. }));
+        GatewayError::BadRequest(if with_image {
+            format!(
+                "the conversation has an image, and this model's chat template could not render \
+                 it (a text-only model takes text parts only): {e}"
+            )
+        } else {
+            format!("cannot render the chat template: {e}")
         })
     })
 }
