@@ -185,6 +185,9 @@ pub struct SseTap {
     /// Stream `index` of each entry of `finish.tool_calls`.
     call_slots: Vec<u64>,
     token_events: u64,
+    /// The message of an error event, as engines send one after their `200` when a request
+    /// fails mid-stream (llama.cpp: `data: {"error": {"message": ...}}`).
+    error: Option<String>,
 }
 
 impl SseTap {
@@ -205,6 +208,11 @@ impl SseTap {
     /// Usage seen so far.
     pub fn usage(&self) -> Option<Usage> {
         self.usage
+    }
+
+    /// The first error event's message, if the engine sent one.
+    pub fn error(&self) -> Option<&str> {
+        self.error.as_deref()
     }
 
     /// Events that carried a choice (generated tokens or the finish) so far.
@@ -258,6 +266,10 @@ impl SseTap {
             let Ok(json) = serde_json::from_str::<Value>(data.trim()) else {
                 continue;
             };
+            if let Some(error) = json.get("error").filter(|_| self.error.is_none()) {
+                let message = error.get("message").and_then(Value::as_str);
+                self.error = Some(message.map_or_else(|| error.to_string(), str::to_owned));
+            }
             if let Some(choice) = first_choice(&json) {
                 self.token_events += 1;
                 self.finish
@@ -443,6 +455,18 @@ mod tests {
                 })
             );
         }
+    }
+
+    /// llama.cpp answers `200` and then reports a failed request as an event.
+    #[test]
+    fn keeps_the_message_of_an_error_event() {
+        let mut tap = SseTap::new(false);
+        let event =
+            "data: {\"error\":{\"code\":500,\"message\":\"Context size has been exceeded.\"}}\n\n";
+        assert_eq!(tap.feed(event.as_bytes()), event.as_bytes());
+        tap.feed(event.replace("Context", "Other").as_bytes());
+        assert_eq!(tap.error(), Some("Context size has been exceeded."));
+        assert_eq!(tap.token_events(), 0);
     }
 
     #[test]

@@ -360,6 +360,9 @@ impl Replay {
             m.cached_tokens = usage.cached_tokens;
             m.output_tokens = usage.completion_tokens;
         }
+        if let Some(error) = tap.error() {
+            bail!("the engine's stream ended in an error: {error}");
+        }
         if m.first_token.is_none() {
             bail!("the stream carried no tokens");
         }
