@@ -266,7 +266,12 @@ impl SseTap {
             let Ok(json) = serde_json::from_str::<Value>(data.trim()) else {
                 continue;
             };
-            if let Some(error) = json.get("error").filter(|_| self.error.is_none()) {
+            // `{"error": {...}}` (llama.cpp, SGLang) or `{"object": "error", ...}` (older vLLM).
+            let error = match json.get("error") {
+                Some(error) if !error.is_null() => Some(error),
+                _ => (json.get("object").and_then(Value::as_str) == Some("error")).then_some(&json),
+            };
+            if let Some(error) = error.filter(|_| self.error.is_none()) {
                 let message = error.get("message").and_then(Value::as_str);
                 self.error = Some(message.map_or_else(|| error.to_string(), str::to_owned));
             }
@@ -467,6 +472,11 @@ mod tests {
         tap.feed(event.replace("Context", "Other").as_bytes());
         assert_eq!(tap.error(), Some("Context size has been exceeded."));
         assert_eq!(tap.token_events(), 0);
+        let mut tap = SseTap::new(false);
+        tap.feed(b"data: {\"choices\":[{\"index\":0,\"text\":\"a\"}],\"error\":null}\n\n");
+        assert_eq!(tap.error(), None, "a null error is none");
+        tap.feed(b"data: {\"object\":\"error\",\"message\":\"bad\"}\n\n");
+        assert_eq!(tap.error(), Some("bad"));
     }
 
     #[test]
