@@ -15,6 +15,7 @@ use switchyard_core::engine::{
 use switchyard_core::kv_hints::KvHintPolicy;
 use switchyard_core::router::queue::{QueueConfig, QueueOrder};
 use switchyard_core::router::{RouterConfig, RoutingPolicy};
+use switchyard_gateway::config::EngineStream;
 use switchyard_policy_host::{
     EngineConfig as PolicyEngineConfig, PolicyEngine, PolicyStats, WasmAdmission, WasmKvHints,
     WasmRouter,
@@ -69,8 +70,8 @@ pub(crate) struct SimulateArgs {
     /// router hears of each request's first token when it comes (as with streaming clients);
     /// `as-client`, engines answer whole, so a request's prefill loads its worker in the
     /// router's view until the request ends.
-    #[arg(long, default_value = "always", value_parser = ["always", "as-client"])]
-    engine_stream: String,
+    #[arg(long, default_value = "always", value_parser = parse_engine_stream)]
+    engine_stream: EngineStream,
     /// Router queue: a worker is saturated above this many engine steps of uncached prefill
     /// (x --max-batched-tokens); requests wait in the router while every worker is. 0: no queue.
     #[arg(long, default_value_t = 0.0)]
@@ -163,6 +164,12 @@ pub(crate) struct SimulateArgs {
     /// Runs at once (default: the machine's cores).
     #[arg(long)]
     jobs: Option<usize>,
+}
+
+/// The setting by the name the gateway's config gives it.
+fn parse_engine_stream(s: &str) -> Result<EngineStream, String> {
+    serde_json::from_value(serde_json::Value::from(s))
+        .map_err(|_| format!("`{s}` is not an engine_stream setting: always or as-client"))
 }
 
 fn parse_gap(s: &str) -> Result<Duration, String> {
@@ -431,7 +438,7 @@ fn configs(args: &SimulateArgs, workload: &Workload) -> anyhow::Result<Vec<SimCo
                             index,
                             kv_hints: kv_hints.clone(),
                             kv_hints_tick: args.kv_hints_tick,
-                            prefill_signal: args.engine_stream == "always",
+                            prefill_signal: args.engine_stream == EngineStream::Always,
                             ..SimConfig::default()
                         });
                     }
@@ -695,6 +702,15 @@ mod tests {
         );
         assert!(configs_of(&["--replicas", "0"]).is_err());
         assert!(configs_of(&["--replica-affinity", "sticky"]).is_err());
+    }
+
+    #[test]
+    fn engine_stream_takes_the_gateways_setting_names() {
+        let signal = |flags: &[&str]| configs_of(flags).map(|c| c[0].prefill_signal);
+        assert!(signal(&[]).unwrap(), "the gateway's default");
+        assert!(signal(&["--engine-stream", "always"]).unwrap());
+        assert!(!signal(&["--engine-stream", "as-client"]).unwrap());
+        assert!(signal(&["--engine-stream", "as_client"]).is_err());
     }
 
     #[test]
