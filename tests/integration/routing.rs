@@ -259,3 +259,74 @@ async fn a_repeated_prompt_stays_on_its_worker_streaming_or_not() {
         );
     }
 }
+
+/// What the gateway's metrics showed of worker 0 while one request ran: whether its prefill
+/// load was seen booked, then ended while the request still ran; and the TTFTs recorded.
+struct PrefillSeen {
+    booked: bool,
+    ended_in_flight: bool,
+    ttfts: f64,
+}
+
+/// Send one long-prompt, long-answer request that does not stream through `gateway`, watching
+/// the router's view of worker 0 in the metrics while it runs.
+async fn watch_prefill(gateway: &Gateway) -> PrefillSeen {
+    let prompt = (0..1500).map(|i| format!("w{i}")).collect::<Vec<_>>();
+    let body = json!({"model": MODEL, "max_tokens": 100,
+        "messages": [{"role": "user", "content": prompt.join(" ")}]});
+    let url = format!("{}/v1/chat/completions", gateway.url);
+    let request = tokio::spawn(async move { client().post(url).json(&body).send().await });
+    let (mut booked, mut ended_in_flight) = (false, false);
+    while !request.is_finished() {
+        let metrics = crate::support::get_text(&format!("{}/metrics", gateway.url)).await;
+        let worker = ["worker=\"0.0\""];
+        let in_flight = crate::support::sample(&metrics, "switchyard_worker_in_flight", &worker);
+        let prefill = crate::support::sample(&metrics, "switchyard_worker_prefill_tokens", &worker);
+        booked |= in_flight == 1.0 && prefill > 0.0;
+        ended_in_flight |= booked && in_flight == 1.0 && prefill == 0.0;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let response = request.await.unwrap().unwrap();
+    assert_eq!(response.status(), 200);
+    assert!(!chat_text(&response.text().await.unwrap(), false).is_empty());
+    let metrics = crate::support::get_text(&format!("{}/metrics", gateway.url)).await;
+    PrefillSeen {
+        booked,
+        ended_in_flight,
+        ttfts: crate::support::metric_sum(&metrics, "switchyard_ttft_seconds_count"),
+    }
+}
+
+/// A client that does not stream, at the default `engine_stream = "auto"`: a worker that
+/// publishes KV events answers it whole (no first token, so no TTFT), and the stored event of
+/// the prompt's last block ends its prefill load in the router's view long before the answer
+/// is done; a worker without events is asked to stream, and its first token does the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_answers_prefill_ends_at_the_engines_stored_event() {
+    // Half real time: the prefill of ~3,000 tokens takes about 0.1 s, the answer over 1 s.
+    let engine = MockEngine::start_with(0.5, 4096, &["--answer-median-tokens", "100000"]);
+    let with_events = Gateway::start(&Gateway::config_for(&[&engine], "kv-cost"));
+    let connected = crate::support::eventually(20, async || {
+        let metrics = crate::support::get_text(&format!("{}/metrics", with_events.url)).await;
+        crate::support::metric_sum(&metrics, "switchyard_kv_events_connected") == 1.0
+    })
+    .await;
+    assert!(connected, "the engine's KV events never connected");
+    let seen = watch_prefill(&with_events).await;
+    assert!(seen.booked && seen.ended_in_flight, "with events");
+    assert_eq!(seen.ttfts, 0.0, "a whole answer has no first token to time");
+    drop(with_events);
+
+    let config = Gateway::config_for(&[&engine], "kv-cost");
+    let without_events: String = config
+        .lines()
+        .filter(|l| !l.starts_with("kv_events") && !l.starts_with("replay"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let seen = watch_prefill(&Gateway::start(&without_events)).await;
+    assert!(seen.booked && seen.ended_in_flight, "without events");
+    assert_eq!(
+        seen.ttfts, 1.0,
+        "the engine streamed, for the router's sake"
+    );
+}

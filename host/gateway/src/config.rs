@@ -9,6 +9,7 @@ use switchyard_core::admission::{
     native_admission,
 };
 use switchyard_core::programs::ProgramConfig;
+pub use switchyard_core::router::EngineStream;
 use switchyard_core::router::queue::{QueueConfig, QueueOrder};
 use switchyard_core::router::{CostWeights, RouterConfig};
 
@@ -251,26 +252,9 @@ pub struct ServerConfig {
     /// concurrent requests the idle pool otherwise holds N connections (and file descriptors)
     /// per engine for 90 s. Default: 1,024 (Envoy's default `max_connections` per cluster).
     pub upstream_max_idle_per_engine: usize,
-    /// When engines are asked to stream. Default: `always`.
+    /// When engines are asked to stream an answer the client did not ask to stream. Default:
+    /// `auto`.
     pub engine_stream: EngineStream,
-}
-
-/// When the gateway asks an engine to stream its answer (`[server] engine_stream`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum EngineStream {
-    /// Every answer is streamed, with usage, whatever the client asked: the router releases a
-    /// request's prefill load at its first token, and the TTFT metric and learning policies see
-    /// it; a client that did not ask for a stream gets one body assembled from the chunks.
-    #[default]
-    Always,
-    /// An engine streams only when the client does; a client that did not ask for a stream
-    /// gets the engine's whole answer, re-encoded for its API. About half the gateway's CPU for
-    /// such a request (docs/benchmarks.md (k)), at a price: the router counts the request's
-    /// prefill load until the whole answer is back, no TTFT is recorded for it (its trace
-    /// line's TTFT is the whole answer's time), and an engine that stalls before answering is
-    /// cut by `request_timeout`, not `stream_idle_timeout` (nothing arrives until the end).
-    AsClient,
 }
 
 /// One `[[server.api_keys]]` entry: where a client API key comes from.
@@ -338,7 +322,7 @@ impl Default for ServerConfig {
             tls: None,
             upstream_ca_file: None,
             upstream_identity: None,
-            engine_stream: EngineStream::Always,
+            engine_stream: EngineStream::Auto,
             upstream_max_idle_per_engine: 1024,
         }
     }
@@ -1061,7 +1045,7 @@ mod tests {
         assert_eq!(c.router.block_size, 16);
         assert_eq!(c.workers[0].kind, EngineKind::Vllm);
         assert_eq!(c.server.max_body_bytes, 32 << 20);
-        assert_eq!(c.server.engine_stream, EngineStream::Always);
+        assert_eq!(c.server.engine_stream, EngineStream::Auto);
     }
 
     #[test]
@@ -1124,7 +1108,7 @@ mod tests {
             ),
             (
                 "[server]\nengine_stream = \"never\"\n[[workers]]\nurl = \"http://a\"",
-                "unknown variant `never`, expected `always` or `as-client`",
+                "unknown variant `never`, expected one of `auto`, `always`, `as-client`",
             ),
             (
                 "[server]\napi_keys = [{ key = \"a\", key_env = \"B\" }]\n[[workers]]\nurl = \"http://a\"",

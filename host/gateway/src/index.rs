@@ -8,7 +8,9 @@
 //! arrives, so a burst's publish applies that burst only.
 
 use left_right::{Absorb, ReadHandleFactory, WriteHandle};
+use switchyard_core::hash::SequenceHash;
 use switchyard_core::index::{IndexOp, KvIndex};
+use switchyard_core::worker::{Rank, Tier};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -54,80 +56,145 @@ impl IndexReader {
 
 const MAX_OPS_PER_PUBLISH: usize = 1024;
 
-/// Create the index and the task that applies `IndexOp`s sent on the returned channel.
-pub fn spawn_index_writer(
+/// The index's writing side, before its task runs ([`IndexWriter::spawn`]).
+pub struct IndexWriter {
+    write: WriteHandle<IndexCopy, IndexOp>,
+    rx: mpsc::Receiver<IndexOp>,
     shutdown: CancellationToken,
-) -> (
-    mpsc::Sender<IndexOp>,
-    IndexReader,
-    tokio::task::JoinHandle<()>,
-) {
+}
+
+/// Create the index: the channel that takes `IndexOp`s, read access, and the writer to start.
+pub fn index_channel(
+    shutdown: CancellationToken,
+) -> (mpsc::Sender<IndexOp>, IndexReader, IndexWriter) {
     let (tx, rx) = mpsc::channel(4096);
     let (write, read) = left_right::new_from_empty::<IndexCopy, IndexOp>(IndexCopy::default());
     let reader = IndexReader(read.factory());
-    let task = tokio::task::spawn_blocking(move || write_loop(write, rx, shutdown));
-    (tx, reader, task)
+    (
+        tx,
+        reader,
+        IndexWriter {
+            write,
+            rx,
+            shutdown,
+        },
+    )
 }
 
-/// Apply ops as they arrive, publishing after each burst so readers see a consistent batch.
-fn write_loop(
-    mut write: WriteHandle<IndexCopy, IndexOp>,
-    mut rx: mpsc::Receiver<IndexOp>,
-    shutdown: CancellationToken,
-) {
-    // A blocking thread: left-right's publish waits for readers to leave the old copy. It ends
-    // when every sender is gone or on shutdown, whichever comes first (the fleet keeps a sender
-    // for workers that join later).
-    let next = |rx: &mut mpsc::Receiver<IndexOp>| {
-        futures::executor::block_on(async {
-            tokio::select! {
-                op = rx.recv() => op,
-                () = shutdown.cancelled() => None,
+impl std::fmt::Debug for IndexWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("IndexWriter")
+    }
+}
+
+impl IndexWriter {
+    /// Apply ops as they arrive, on a blocking thread. `on_stored` hears the device blocks
+    /// each burst stored, by rank, once readers see them (the router ends prefill loads there).
+    pub fn spawn(
+        self,
+        on_stored: impl FnMut(&[(Rank, SequenceHash)]) + Send + 'static,
+    ) -> tokio::task::JoinHandle<()> {
+        tokio::task::spawn_blocking(move || self.run(on_stored))
+    }
+
+    /// Publish after each burst so that readers see a consistent batch.
+    fn run(self, mut on_stored: impl FnMut(&[(Rank, SequenceHash)])) {
+        let IndexWriter {
+            mut write,
+            mut rx,
+            shutdown,
+        } = self;
+        // A blocking thread: left-right's publish waits for readers to leave the old copy. It
+        // ends when every sender is gone or on shutdown, whichever comes first (the fleet keeps
+        // a sender for workers that join later).
+        let next = |rx: &mut mpsc::Receiver<IndexOp>| {
+            futures::executor::block_on(async {
+                tokio::select! {
+                    op = rx.recv() => op,
+                    () = shutdown.cancelled() => None,
+                }
+            })
+        };
+        let mut stored = Vec::new();
+        while let Some(op) = next(&mut rx) {
+            append(&mut write, op, &mut stored);
+            // Bound a burst so a flood of events cannot hide all of them from readers for long.
+            for _ in 1..MAX_OPS_PER_PUBLISH {
+                match rx.try_recv() {
+                    Ok(op) => append(&mut write, op, &mut stored),
+                    Err(_) => break,
+                };
             }
-        })
-    };
-    while let Some(op) = next(&mut rx) {
-        write.append(op);
-        // Bound a burst so a flood of events cannot hide all of them from readers for long.
-        for _ in 1..MAX_OPS_PER_PUBLISH {
-            match rx.try_recv() {
-                Ok(op) => write.append(op),
-                Err(_) => break,
-            };
-        }
-        write.publish();
-        if rx.is_empty() {
-            // Idle: bring the other copy up to date now. left-right would apply this burst to
-            // it at the next publish, before the next burst, and readers would wait for both.
             write.publish();
+            if !stored.is_empty() {
+                on_stored(&stored);
+                stored.clear();
+            }
+            if rx.is_empty() {
+                // Idle: bring the other copy up to date now. left-right would apply this burst
+                // to it at the next publish, before the next burst, and readers would wait for
+                // both.
+                write.publish();
+            }
         }
     }
+}
+
+/// Queue `op` for the next publish, noting the device blocks it stores.
+fn append(
+    write: &mut WriteHandle<IndexCopy, IndexOp>,
+    op: IndexOp,
+    stored: &mut Vec<(Rank, SequenceHash)>,
+) {
+    if let IndexOp::Store {
+        rank,
+        tier: Tier::Device,
+        blocks,
+        ..
+    } = &op
+    {
+        stored.extend(blocks.iter().map(|&b| (*rank, b)));
+    }
+    write.append(op);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::{Arc, Mutex};
     use switchyard_core::hash::BlockHasher;
-    use switchyard_core::worker::{Rank, Tier};
 
     #[tokio::test]
-    async fn readers_see_published_ops() {
-        let (tx, reader, _task) = spawn_index_writer(CancellationToken::new());
+    async fn readers_see_published_ops_and_the_writer_tells_of_device_stores() {
+        let (tx, reader, writer) = index_channel(CancellationToken::new());
+        let heard = Arc::new(Mutex::new(Vec::new()));
+        let _task = writer.spawn({
+            let heard = heard.clone();
+            move |stored| heard.lock().unwrap().extend_from_slice(stored)
+        });
+        let rank = Rank::new(0, 0);
         let blocks = BlockHasher::new(4).sequence(&[1; 16]);
-        tx.send(IndexOp::Store {
-            rank: Rank::new(0, 0),
-            tier: Tier::Device,
-            blocks: blocks.clone(),
-            locals: Vec::new(),
-        })
-        .await
-        .unwrap();
+        let offloaded = BlockHasher::new(4).sequence(&[2; 8]);
+        for (tier, blocks) in [(Tier::Host, &offloaded), (Tier::Device, &blocks)] {
+            let op = IndexOp::Store {
+                rank,
+                tier,
+                blocks: blocks.clone(),
+                locals: Vec::new(),
+            };
+            tx.send(op).await.unwrap();
+        }
+        let device_stores: Vec<_> = blocks.iter().map(|&b| (rank, b)).collect();
         for _ in 0..200 {
-            if reader.read(|i| i.find_matches(&blocks).len()) == 1 {
+            let visible = reader.read(|i| i.find_matches(&blocks).len()) == 1;
+            if visible && *heard.lock().unwrap() == device_stores {
                 return;
             }
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
-        panic!("op never became visible");
+        panic!(
+            "ops never became visible or heard: {:?}",
+            heard.lock().unwrap()
+        );
     }
 }

@@ -111,6 +111,9 @@ pub struct Metrics {
     pub worker_healthy: Family<WorkerLabels, Gauge>,
     /// Requests in flight per worker rank, as the router books them.
     pub in_flight: Family<WorkerLabels, Gauge>,
+    /// Uncached prompt tokens booked per worker rank whose prefill has not ended in the
+    /// router's view (no first token, no stored event of the prompt's end yet).
+    pub prefill_tokens: Family<WorkerLabels, Gauge>,
     /// Trace lines dropped because the writer was behind or failing.
     pub trace_dropped: Counter,
     /// Stored responses the Responses store's journal could not write (kept in memory only).
@@ -181,6 +184,7 @@ impl Metrics {
             epp_served_elsewhere: Counter::default(),
             worker_healthy: Family::default(),
             in_flight: Family::default(),
+            prefill_tokens: Family::default(),
             trace_dropped: Counter::default(),
             response_journal_errors: Counter::default(),
             config_reloads: Family::default(),
@@ -287,6 +291,12 @@ impl Metrics {
             "worker_in_flight",
             "Requests booked on the worker",
             m.in_flight.clone(),
+        );
+        registry.register(
+            "worker_prefill_tokens",
+            "Uncached prompt tokens booked on the worker whose prefill has not ended (the \
+             router heard of no first token and no KV event of the prompt's last block)",
+            m.prefill_tokens.clone(),
         );
         registry.register(
             "trace_dropped",

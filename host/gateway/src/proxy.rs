@@ -6,7 +6,7 @@
 
 use crate::admission::{Admission, Ticket};
 use crate::agent::AgentContext;
-use crate::config::{EngineStream, HintDelivery};
+use crate::config::HintDelivery;
 use crate::error::GatewayError;
 use crate::hints::llama_slots::{self, SlotLease};
 use crate::key_tokens::KeyTokens;
@@ -197,7 +197,12 @@ async fn proxy(
             ticket.started(decision.rank);
         }
         let session = agent.session_id.as_deref();
-        let whole = whole_answer(shared, &turn);
+        let whole = !shared
+            .live()
+            .config
+            .server
+            .engine_stream
+            .streams(turn.request.streaming().0, &decision);
         match send(shared, &turn, &decision, (release.priority, session, whole)).await {
             Ok((upstream, parse, slot)) => {
                 booking.slot = slot;
@@ -460,13 +465,6 @@ async fn send(
         ),
     };
     Ok((response, parse, slot))
-}
-
-/// Whether the engine is asked for its whole answer rather than a stream: a client that does not
-/// stream, under `[server] engine_stream = "as-client"`.
-fn whole_answer(shared: &Shared, turn: &Turn) -> bool {
-    !turn.request.streaming().0
-        && shared.live().config.server.engine_stream == EngineStream::AsClient
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use crate::config::{Config, ConfigError, WorkerConfig};
 use crate::error::GatewayError;
 use crate::events::EventMetrics;
 use crate::fleet::{Fleet, FleetError, Source};
-use crate::index::{IndexReader, spawn_index_writer};
+use crate::index::{IndexReader, index_channel};
 use crate::key_tokens::KeyTokens;
 use crate::metrics::{Metrics, RequestLabels, worker_label};
 use crate::policies::{PolicyMetrics, PolicyRuntime};
@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use switchyard_core::admission::RankUtilization;
-use switchyard_core::hash::BlockHasher;
+use switchyard_core::hash::{BlockHasher, SequenceHash};
 use switchyard_core::index::SHARED_POOL;
 use switchyard_core::router::{
     Outcome, RequestId, RouteRequest, Router, RoutingPolicy, native_policy,
@@ -342,6 +342,19 @@ impl Shared {
         Queue::drain(self);
     }
 
+    /// Ranks stored these device blocks (their KV events): end the prefill loads of the
+    /// requests whose prompts end there.
+    fn blocks_stored(&self, stored: &[(Rank, SequenceHash)]) {
+        {
+            let mut router = self.router();
+            if !router.blocks_stored(stored.iter().copied()) {
+                return;
+            }
+            self.share_bookings(&mut router);
+        }
+        Queue::drain(self);
+    }
+
     /// Tell the routing policy how a request it placed went.
     pub(crate) fn observe(&self, outcome: &Outcome) {
         self.router().observe(outcome);
@@ -557,10 +570,7 @@ pub async fn start(
     // `shutdown` starts the drain; the background work (index, events, health checks, trace)
     // stops only once the last request is done, since in-flight requests still use it.
     let background = CancellationToken::new();
-    let (ops, index, writer) = spawn_index_writer(background.clone());
-    tasks.spawn(async move {
-        let _ = writer.await;
-    });
+    let (ops, index, writer) = index_channel(background.clone());
 
     let model_name = config
         .model
@@ -681,6 +691,17 @@ pub async fn start(
         next_request: AtomicU64::new(1),
     });
 
+    let writer = writer.spawn({
+        let shared = Arc::downgrade(&shared);
+        move |stored| {
+            if let Some(shared) = shared.upgrade() {
+                shared.blocks_stored(stored);
+            }
+        }
+    });
+    tasks.spawn(async move {
+        let _ = writer.await;
+    });
     tasks.spawn(expire_sessions(shared.clone(), background.clone()));
     tasks.spawn(crate::hints::run(shared.clone(), background.clone()));
     if let Some(cluster) = cluster_tasks {
@@ -954,11 +975,17 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     {
         let router = shared.router();
         for (rank, _) in router.ranks() {
-            shared
-                .metrics
+            let label = worker_label(rank);
+            let load = router.load(rank);
+            let metrics = &shared.metrics;
+            metrics
                 .in_flight
-                .get_or_create(&worker_label(rank))
-                .set(i64::from(router.load(rank).requests));
+                .get_or_create(&label)
+                .set(i64::from(load.requests));
+            metrics
+                .prefill_tokens
+                .get_or_create(&label)
+                .set(i64::try_from(load.prefill_tokens).unwrap_or(i64::MAX));
         }
     }
     (

@@ -27,7 +27,7 @@ use crate::queue::EventQueue;
 use crate::tokens;
 use crate::worker::{Published, QuietRun, SimWorker};
 use crate::workload::{SpawnTree, Workload};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::str::FromStr;
 use std::time::Duration;
 use switchyard_core::admission::{
@@ -38,8 +38,8 @@ use switchyard_core::engine::{
     EngineConfig, EngineModel, EngineRequest, KvTransfer, Step, TierStats, TokenOut,
 };
 use switchyard_core::hash::{BlockHasher, SequenceHash};
-use switchyard_core::index::KvIndex;
 use switchyard_core::index::flat::U64Map;
+use switchyard_core::index::{IndexOp, KvIndex};
 use switchyard_core::kv_hints::params::native_kv_hints_spec;
 use switchyard_core::kv_hints::sessions::RoutedTurn;
 use switchyard_core::programs::{TurnEnd, Usage};
@@ -47,9 +47,10 @@ use switchyard_core::router::queue::{
     QueueConfig, QueueStats, QueuedRequest, RouterQueue, Submitted,
 };
 use switchyard_core::router::{
-    PolicyRequest, RequestId, RouteRequest, Router, RouterConfig, RoutingPolicy, native_policy,
+    Decision, EngineStream, PolicyRequest, RequestId, RouteRequest, Router, RouterConfig,
+    RoutingPolicy, native_policy,
 };
-use switchyard_core::worker::Rank;
+use switchyard_core::worker::{Rank, Tier};
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 /// How the load balancer in front of the replicas picks one for a request.
@@ -171,11 +172,11 @@ pub struct SimConfig {
     /// How often a replica asks its KV-hint policy while some session waits on a tool (the
     /// gateway's `[kv_hints] tick`), besides whenever lifecycle events arrive.
     pub kv_hints_tick: Duration,
-    /// Whether the router hears of a request's first token when it comes, which ends the
-    /// request's prefill load on its rank: clients that stream, or the gateway's `[server]
-    /// engine_stream = "always"`. `false` is the gateway's `"as-client"` with clients that do
-    /// not stream: the engine's answer comes whole, so the prefill load lasts until it ends.
-    pub prefill_signal: bool,
+    /// The gateway's `[server] engine_stream`, with clients that do not stream: whether an
+    /// engine streams a request's answer, so that the router hears of its first token (which
+    /// ends the request's prefill load, as the stored event of the prompt's last full block
+    /// does where the index hears of events).
+    pub engine_stream: EngineStream,
 }
 
 impl Default for SimConfig {
@@ -200,7 +201,7 @@ impl Default for SimConfig {
             index: IndexMode::Events,
             kv_hints: None,
             kv_hints_tick: Duration::from_millis(100),
-            prefill_signal: true,
+            engine_stream: EngineStream::default(),
         }
     }
 }
@@ -315,6 +316,9 @@ pub struct Simulation<'w> {
     sent: u64,
     /// Requests sent and not yet in an engine (held by admission, or in the router queue).
     pending: HashMap<u64, Pending>,
+    /// Requests in engines that answer whole ([`SimConfig::engine_stream`]): their first tokens
+    /// do not reach the router.
+    whole_answers: HashSet<u64>,
     hasher: BlockHasher,
     workers: Vec<SimWorker>,
     /// The shared pool, with `SimConfig::pool_blocks`.
@@ -523,6 +527,7 @@ impl<'w> Simulation<'w> {
             root_of,
             sent: 0,
             pending: HashMap::new(),
+            whole_answers: HashSet::new(),
             hasher: BlockHasher::new(workload.block_size as usize),
             sessions: (0..workload.sessions.len())
                 .map(|_| SessionState::default())
@@ -589,11 +594,27 @@ impl<'w> Simulation<'w> {
                 }
                 Event::StepEnd(..) => {}
                 Event::KvEvents(w, message) => {
-                    // Every replica subscribes to every engine: the same ops reach each index.
+                    // Every replica subscribes to every engine: the same ops reach each index,
+                    // and a prompt's last stored block ends its prefill in each router's view.
+                    let mut prefilled = false;
                     for op in self.workers[w].ingest(message) {
                         for replica in &mut self.replicas {
                             replica.index.apply(&op);
+                            if let IndexOp::Store {
+                                rank,
+                                tier: Tier::Device,
+                                blocks,
+                                ..
+                            } = &op
+                            {
+                                let stored = blocks.iter().map(|&b| (*rank, b));
+                                prefilled |= replica.router.blocks_stored(stored);
+                            }
                         }
+                    }
+                    if prefilled {
+                        // Load dropped: the router queue may let requests go.
+                        self.drain(now, progress);
                     }
                 }
                 Event::AdmissionTick(r) => self.admission_tick(r, now, progress),
@@ -814,7 +835,7 @@ impl<'w> Simulation<'w> {
             Some(queue) => {
                 let waiting = QueuedRequest::new(release.id, &route);
                 match queue.submit(waiting, &mut replica.router, &replica.index, now) {
-                    Ok(Submitted::Routed(decision)) => Some(decision.rank),
+                    Ok(Submitted::Routed(decision)) => Some(decision),
                     Ok(Submitted::Queued { .. }) => return self.drain(now, progress),
                     Err(_) => None,
                 }
@@ -822,11 +843,10 @@ impl<'w> Simulation<'w> {
             None => replica
                 .router
                 .route(release.id, &route, &replica.index, now)
-                .ok()
-                .map(|d| d.rank),
+                .ok(),
         };
         match placed {
-            Some(rank) => self.start(id, rank, now, progress),
+            Some(decision) => self.start(id, &decision, now, progress),
             None => self.fail(id, now, progress),
         }
     }
@@ -841,15 +861,16 @@ impl<'w> Simulation<'w> {
             for drained in queue.drain(&mut replica.router, &replica.index, now) {
                 let id = drained.request.id.0;
                 match drained.result {
-                    Ok(decision) => self.start(id, decision.rank, now, progress),
+                    Ok(decision) => self.start(id, &decision, now, progress),
                     Err(_) => self.fail(id, now, progress),
                 }
             }
         }
     }
 
-    /// Request `id` was placed on `rank`: hand it to that worker's engine.
-    fn start(&mut self, id: u64, rank: Rank, now: Duration, progress: &mut dyn FnMut()) {
+    /// Request `id` was placed by `decision`: hand it to that worker's engine.
+    fn start(&mut self, id: u64, decision: &Decision, now: Duration, progress: &mut dyn FnMut()) {
+        let rank = decision.rank;
         let Some(Pending {
             prompt,
             hashes,
@@ -887,6 +908,9 @@ impl<'w> Simulation<'w> {
             return self.fail(id, now, progress);
         }
         self.records[id as usize].worker = Some(worker);
+        if !self.config.engine_stream.streams(false, decision) {
+            self.whole_answers.insert(id);
+        }
         self.unadmitted.insert(id, hashes);
         let r = self.records[id as usize].replica;
         self.replicas[r]
@@ -1096,11 +1120,12 @@ impl<'w> Simulation<'w> {
             let r = self.records[id as usize].replica;
             if first {
                 self.records[id as usize].first_token = Some(now);
-                if self.config.prefill_signal {
+                if !self.whole_answers.contains(&id) {
                     self.replicas[r].router.first_token(request);
                 }
             }
             if finished {
+                self.whole_answers.remove(&id);
                 self.records[id as usize].finished = Some(now);
                 self.replicas[r].router.finish(request, now);
                 let (s, k) = {

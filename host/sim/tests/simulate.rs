@@ -4,10 +4,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use switchyard_core::engine::{EngineConfig, HostTierConfig};
 use switchyard_core::router::{
-    Candidate, KvCost, PolicyRequest, RoundRobin, RoutingPolicy, Selection,
+    Candidate, EngineStream, KvCost, PolicyRequest, RoundRobin, RoutingPolicy, Selection,
 };
 use switchyard_sim::workload::{Session, Spawn, TraceRequest, Workload};
-use switchyard_sim::{SimConfig, Simulation};
+use switchyard_sim::{IndexMode, SimConfig, Simulation};
 
 const BLOCK: u32 = 16;
 
@@ -246,12 +246,13 @@ fn every_placement_is_the_routers_decision() {
     }
 }
 
-/// The first token ends a request's prefill load in the router's view, where the router hears
-/// of it; without it (the gateway's `engine_stream = "as-client"` with clients that do not
-/// stream), the load lasts until the request ends. The second agent arrives while the first
-/// decodes its long answer.
+/// A request's prefill load ends, in the router's view, at the first of its first token and the
+/// stored event of its prompt's last full block, when the router hears of them. Without either
+/// (the gateway's `engine_stream = "as-client"`, a client that does not stream and a worker that
+/// publishes no KV events) the load lasts until the request ends; `auto` streams exactly there.
+/// The second agent arrives while the first decodes its long answer.
 #[test]
-fn the_first_token_ends_the_prefill_load_only_where_the_router_hears_of_it() {
+fn a_prefill_load_ends_at_the_first_token_or_the_prompts_stored_event() {
     let w = Agents {
         prompt_blocks: 32,
         turn_blocks: 4,
@@ -260,14 +261,43 @@ fn the_first_token_ends_the_prefill_load_only_where_the_router_hears_of_it() {
     }
     .workload(2, 1, Duration::ZERO);
     let first_prompt = 36 * u64::from(BLOCK);
-    for (prefill_signal, load) in [(true, 0), (false, first_prompt)] {
+    // Events that come only after the second arrival stand for a worker whose events are late.
+    let late = Duration::from_secs(2);
+    let runs = [
+        (EngineStream::Auto, IndexMode::Events, None, 0),
+        (
+            EngineStream::Auto,
+            IndexMode::Events,
+            Some(late),
+            first_prompt,
+        ),
+        (EngineStream::Auto, IndexMode::Approximate, None, 0),
+        (EngineStream::Always, IndexMode::Events, Some(late), 0),
+        (EngineStream::Always, IndexMode::Approximate, None, 0),
+        (EngineStream::AsClient, IndexMode::Events, None, 0),
+        (
+            EngineStream::AsClient,
+            IndexMode::Events,
+            Some(late),
+            first_prompt,
+        ),
+        (
+            EngineStream::AsClient,
+            IndexMode::Approximate,
+            None,
+            first_prompt,
+        ),
+    ];
+    for (engine_stream, index, event_delay, load) in runs {
         let calls = Arc::new(Mutex::new(Vec::new()));
         let policy = Box::new(Recording {
             inner: KvCost,
             calls: calls.clone(),
         });
         let config = SimConfig {
-            prefill_signal,
+            engine_stream,
+            index,
+            event_delay: event_delay.unwrap_or(SimConfig::default().event_delay),
             ..config("ignored")
         };
         let outcome = Simulation::with_policy(&w, config, policy)
@@ -286,7 +316,7 @@ fn the_first_token_ends_the_prefill_load_only_where_the_router_hears_of_it() {
         assert_eq!(
             second.iter().map(|c| c.active_prefill_tokens).sum::<u64>(),
             load,
-            "prefill_signal: {prefill_signal}"
+            "{engine_stream:?}, {index:?}, events late: {event_delay:?}"
         );
     }
 }

@@ -66,11 +66,13 @@ pub(crate) struct SimulateArgs {
     /// `[kv_hints] tick`), besides whenever lifecycle events arrive.
     #[arg(long, default_value = "100ms", value_parser = parse_gap)]
     kv_hints_tick: Duration,
-    /// The gateway's `[server] engine_stream` for clients that do not stream: `always`, the
-    /// router hears of each request's first token when it comes (as with streaming clients);
-    /// `as-client`, engines answer whole, so a request's prefill loads its worker in the
+    /// The gateway's `[server] engine_stream` for clients that do not stream: `auto`, engines
+    /// answer whole where the router hears of each prefill's end from KV events (the stored
+    /// event of the prompt's last full block), else they stream; `always`, the router hears of
+    /// each request's first token when it comes (as with streaming clients); `as-client`,
+    /// engines answer whole, so without KV events a request's prefill loads its worker in the
     /// router's view until the request ends.
-    #[arg(long, default_value = "always", value_parser = parse_engine_stream)]
+    #[arg(long, default_value = "auto", value_parser = parse_engine_stream)]
     engine_stream: EngineStream,
     /// Router queue: a worker is saturated above this many engine steps of uncached prefill
     /// (x --max-batched-tokens); requests wait in the router while every worker is. 0: no queue.
@@ -169,7 +171,7 @@ pub(crate) struct SimulateArgs {
 /// The setting by the name the gateway's config gives it.
 fn parse_engine_stream(s: &str) -> Result<EngineStream, String> {
     serde_json::from_value(serde_json::Value::from(s))
-        .map_err(|_| format!("`{s}` is not an engine_stream setting: always or as-client"))
+        .map_err(|_| format!("`{s}` is not an engine_stream setting: auto, always or as-client"))
 }
 
 fn parse_gap(s: &str) -> Result<Duration, String> {
@@ -438,7 +440,7 @@ fn configs(args: &SimulateArgs, workload: &Workload) -> anyhow::Result<Vec<SimCo
                             index,
                             kv_hints: kv_hints.clone(),
                             kv_hints_tick: args.kv_hints_tick,
-                            prefill_signal: args.engine_stream == EngineStream::Always,
+                            engine_stream: args.engine_stream,
                             ..SimConfig::default()
                         });
                     }
@@ -706,11 +708,20 @@ mod tests {
 
     #[test]
     fn engine_stream_takes_the_gateways_setting_names() {
-        let signal = |flags: &[&str]| configs_of(flags).map(|c| c[0].prefill_signal);
-        assert!(signal(&[]).unwrap(), "the gateway's default");
-        assert!(signal(&["--engine-stream", "always"]).unwrap());
-        assert!(!signal(&["--engine-stream", "as-client"]).unwrap());
-        assert!(signal(&["--engine-stream", "as_client"]).is_err());
+        let setting = |flags: &[&str]| configs_of(flags).map(|c| c[0].engine_stream);
+        assert_eq!(
+            setting(&[]).unwrap(),
+            EngineStream::default(),
+            "the gateway's"
+        );
+        for (name, value) in [
+            ("auto", EngineStream::Auto),
+            ("always", EngineStream::Always),
+            ("as-client", EngineStream::AsClient),
+        ] {
+            assert_eq!(setting(&["--engine-stream", name]).unwrap(), value);
+        }
+        assert!(setting(&["--engine-stream", "as_client"]).is_err());
     }
 
     #[test]

@@ -117,6 +117,49 @@ pub struct Decision {
     pub candidates: usize,
     /// Index of the chosen rank among them (what [`Outcome::candidate_index`] reports back).
     pub candidate_index: usize,
+    /// The rank's KV events will end the request's prefill load ([`Router::blocks_stored`]):
+    /// the router does not need its first token.
+    pub prefill_end_heard: bool,
+}
+
+/// Whether an engine is asked to stream an answer its client did not ask to stream (the
+/// gateway's `[server] engine_stream`). The router needs to hear when each request's prefill
+/// ends: from its first token, which only a stream brings before the end, or from its rank's KV
+/// events ([`Decision::prefill_end_heard`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EngineStream {
+    /// Only where the router would not hear otherwise when the prefill ends: the worker
+    /// publishes no KV events, or the prompt's last full block is cached there already (no
+    /// stored event will come). Elsewhere the engine answers whole, which costs the gateway about
+    /// half the CPU of reading its stream (docs/benchmarks.md (k)); such a request records no
+    /// TTFT (its trace line's TTFT is the whole answer's time).
+    #[default]
+    Auto,
+    /// Every answer is streamed, with usage, whatever the client asked: the router hears of
+    /// each first token, and the TTFT metric and learning policies see it; a client that did not
+    /// ask for a stream gets one body assembled from the chunks.
+    Always,
+    /// An engine streams only when the client does; a client that did not ask for a stream gets
+    /// the engine's whole answer, re-encoded for its API. Where the rank publishes no KV events
+    /// the router counts the request's prefill load until the whole answer is back (up to 30 %
+    /// more TTFT under load, docs/benchmarks.md (k)). An engine that stalls before answering
+    /// whole is cut by `request_timeout`, not `stream_idle_timeout` (nothing arrives until the
+    /// end).
+    AsClient,
+}
+
+impl EngineStream {
+    /// Whether the engine is asked to stream the answer to a request routed by `decision`
+    /// whose client asked for a stream or not (`client_streams`).
+    pub fn streams(self, client_streams: bool, decision: &Decision) -> bool {
+        client_streams
+            || match self {
+                EngineStream::Auto => !decision.prefill_end_heard,
+                EngineStream::Always => true,
+                EngineStream::AsClient => false,
+            }
+    }
 }
 
 /// Why a request could not be placed.
@@ -212,6 +255,9 @@ struct Booking {
     prefill_tokens: u64,
     decode_blocks: u64,
     prefill_done: bool,
+    /// The prompt's last full block, when its stored event on the rank ends the prefill load
+    /// (a key of [`Router::prefill_ends`]).
+    prefill_end: Option<SequenceHash>,
     /// The prompt, kept only on approximate ranks (which book it again when it finishes).
     hashes: Vec<SequenceHash>,
 }
@@ -239,6 +285,8 @@ pub struct Router {
     ranks: Vec<RankState>,
     predicted: PredictedBlocks,
     bookings: FxHashMap<RequestId, Booking>,
+    /// Bookings on event-fed ranks by the block whose stored event ends their prefill.
+    prefill_ends: FxHashMap<(Rank, SequenceHash), RequestId>,
     /// Other replicas' bookings, by replica and their request id.
     peer_bookings: HashMap<(PeerId, RequestId), PeerBooking>,
     /// The earliest expiry among `peer_bookings` (nothing to scan before then).
@@ -262,6 +310,7 @@ impl Router {
             policy,
             ranks: Vec::new(),
             bookings: FxHashMap::default(),
+            prefill_ends: FxHashMap::default(),
             peer_bookings: HashMap::new(),
             next_peer_expiry: None,
             journal: None,
@@ -610,9 +659,13 @@ impl Router {
             cost,
             candidates: candidates.len(),
             candidate_index: chosen,
+            prefill_end_heard: false,
         };
-        self.book(id, slots[chosen], request, &decision, now);
-        Ok(decision)
+        let prefill_end_heard = self.book(id, slots[chosen], request, &decision, now);
+        Ok(Decision {
+            prefill_end_heard,
+            ..decision
+        })
     }
 
     /// The request as the routing policy sees it.
@@ -658,8 +711,32 @@ impl Router {
             booking.prefill_done = true;
             let load = &mut self.ranks[booking.slot].load;
             load.prefill_tokens = load.prefill_tokens.saturating_sub(booking.prefill_tokens);
+            if let Some(block) = booking.prefill_end.take() {
+                let key = (self.ranks[booking.slot].rank, block);
+                unwatch(&mut self.prefill_ends, key, id);
+            }
             self.journal(BookingDelta::PrefillDone { id });
         }
+    }
+
+    /// Ranks stored these blocks on their devices (their KV events, as the index applies them):
+    /// a request whose prompt ends in one of them has been prefilled there, whether or not
+    /// anyone streams its first token. Whether that ended any request's prefill load.
+    pub fn blocks_stored(
+        &mut self,
+        stored: impl IntoIterator<Item = (Rank, SequenceHash)>,
+    ) -> bool {
+        if self.prefill_ends.is_empty() {
+            return false;
+        }
+        let mut ended = false;
+        for key in stored {
+            if let Some(&id) = self.prefill_ends.get(&key) {
+                self.first_token(id);
+                ended = true;
+            }
+        }
+        ended
     }
 
     /// Tell the policy what happened to a request it placed (call before [`Router::finish`]).
@@ -702,7 +779,7 @@ impl Router {
         request: &RouteRequest<'_>,
         decision: &Decision,
         now: Duration,
-    ) {
+    ) -> bool {
         let bs = u64::from(self.config.block_size.max(1));
         let cached_tokens = u64::from(decision.overlap.device) * bs;
         let prefill_tokens = u64::from(request.tokens).saturating_sub(cached_tokens);
@@ -739,8 +816,23 @@ impl Router {
                     .prefill_tokens
                     .saturating_sub(old.prefill_tokens);
             }
+            if let Some(block) = old.prefill_end {
+                unwatch(&mut self.prefill_ends, (old_state.rank, block), id);
+            }
         }
         let rank = self.ranks[slot].rank;
+        // An event-fed rank stores the prompt's last full block when it has computed it, unless
+        // the block is cached there already (then what is left to prefill is under one block).
+        let prefill_end = match request.hashes.last() {
+            Some(&last)
+                if !self.ranks[slot].approximate
+                    && request.hashes.len() > decision.overlap.device as usize =>
+            {
+                self.prefill_ends.insert((rank, last), id);
+                Some(last)
+            }
+            _ => None,
+        };
         self.journal(BookingDelta::Booked {
             id,
             rank,
@@ -754,9 +846,11 @@ impl Router {
                 prefill_tokens,
                 decode_blocks,
                 prefill_done: false,
+                prefill_end,
                 hashes,
             },
         );
+        prefill_end.is_some()
     }
 
     /// Pick an index from costs: the cheapest at temperature 0 (ties: fewest indexed blocks, then
@@ -799,6 +893,18 @@ impl Router {
             policy: self.policy.name().to_string(),
             detail,
         }
+    }
+}
+
+/// Stop waiting for `key`'s stored event on behalf of `id` (a later booking of the same prompt
+/// end on the same rank may have taken the key over).
+fn unwatch(
+    prefill_ends: &mut FxHashMap<(Rank, SequenceHash), RequestId>,
+    key: (Rank, SequenceHash),
+    id: RequestId,
+) {
+    if prefill_ends.get(&key) == Some(&id) {
+        prefill_ends.remove(&key);
     }
 }
 

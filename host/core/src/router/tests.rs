@@ -319,6 +319,65 @@ fn invalid_selections_are_errors_not_panics() {
 }
 
 #[test]
+fn the_stored_event_of_the_prompts_last_full_block_ends_its_prefill_load() {
+    let hashes = BlockHasher::new(4).sequence(&[5; 42]);
+    assert_eq!(hashes.len(), 10, "ten full blocks and two tokens");
+    let index = KvIndex::new();
+    let mut r = router(2, Box::new(KvCost));
+    let d = r
+        .route(RequestId(1), &request(&hashes, 42), &index, ms(0))
+        .unwrap();
+    assert!(d.prefill_end_heard);
+    let other = Rank::new(1 - d.rank.worker.0, 0);
+    r.blocks_stored(hashes[..9].iter().map(|&b| (d.rank, b)));
+    r.blocks_stored(hashes[9..].iter().map(|&b| (other, b)));
+    assert_eq!(r.load(d.rank).prefill_tokens, 42, "not yet, not there");
+    assert!(r.blocks_stored(hashes[8..].iter().map(|&b| (d.rank, b))));
+    assert_eq!(r.load(d.rank).prefill_tokens, 0);
+    assert_eq!(r.load(d.rank).requests, 1, "still decoding");
+
+    // The same prompt again: its blocks are booked there already, so no event will come.
+    let again = r
+        .route(RequestId(2), &request(&hashes, 42), &index, ms(1))
+        .unwrap();
+    assert_eq!((again.rank, again.overlap.device), (d.rank, 10));
+    assert!(!again.prefill_end_heard);
+    r.finish(RequestId(1), ms(2));
+    r.finish(RequestId(2), ms(2));
+
+    // A retried request waits for its new rank's event only.
+    let fresh = BlockHasher::new(4).sequence(&[6; 40]);
+    let first = r
+        .route(RequestId(3), &request(&fresh, 40), &index, ms(2))
+        .unwrap();
+    let exclude = [first.rank];
+    let retry = RouteRequest {
+        exclude: &exclude,
+        ..request(&fresh, 40)
+    };
+    let second = r.route(RequestId(3), &retry, &index, ms(3)).unwrap();
+    assert_ne!(second.rank, first.rank);
+    r.blocks_stored(fresh.iter().map(|&b| (first.rank, b)));
+    assert_eq!(r.load(second.rank).prefill_tokens, 40);
+    r.blocks_stored(fresh.iter().map(|&b| (second.rank, b)));
+    assert_eq!(r.load(second.rank).prefill_tokens, 0);
+
+    r.finish(RequestId(3), ms(10));
+    assert!(r.prefill_ends.is_empty());
+    assert_eq!(r.load(d.rank), RankLoad::default());
+
+    // A rank without events never waits for them.
+    r.add_rank(Rank::new(2, 0), true);
+    let pinned = RouteRequest {
+        pinned_rank: Some(Rank::new(2, 0)),
+        ..request(&fresh, 40)
+    };
+    let approximate = r.route(RequestId(4), &pinned, &index, ms(20)).unwrap();
+    assert_eq!(approximate.rank, Rank::new(2, 0));
+    assert!(!approximate.prefill_end_heard);
+}
+
+#[test]
 fn approximate_ranks_learn_from_decisions() {
     let hashes = BlockHasher::new(4).sequence(&[3; 64]);
     let index = KvIndex::new();
