@@ -2,12 +2,16 @@
 # The gateway's own CPU per request and its memory, in front of four of the gateway-anchor
 # harness's fake backends: a quick probe between two builds, or of one build under two
 # environments, before an interleaved run of the harness itself (docs/benchmarks.md (k)).
-# Needs the harness's `fakebackend` and `oha`, built as its README says. Extra VAR=VALUE
-# arguments go into the gateway's environment (e.g. MIMALLOC_ARENA_EAGER_COMMIT=0).
+# Needs the harness's `fakebackend` and `oha`, built as its README says. FAKEBACKEND `mock`
+# runs four `switchyard mock-engine`s instead (answering in `chat` mode, about 64 tokens per
+# answer, publishing KV events, as engines do where the router hears of prefills from events).
+# ENGINE_STREAM sets the gateway's `[server] engine_stream`. Extra VAR=VALUE arguments go into
+# the gateway's environment (e.g. MIMALLOC_ARENA_EAGER_COMMIT=0).
 #
-#   scripts/gateway-cpu.sh FAKEBACKEND OHA BODY.json SWITCHYARD [SECONDS] [CLIENTS] [VAR=VALUE...]
+#   [ENGINE_STREAM=auto|always|as-client] scripts/gateway-cpu.sh FAKEBACKEND|mock OHA BODY.json \
+#       SWITCHYARD [SECONDS] [CLIENTS] [VAR=VALUE...]
 set -euo pipefail
-usage="usage: gateway-cpu.sh FAKEBACKEND OHA BODY.json SWITCHYARD [SECONDS] [CLIENTS] [VAR=VALUE...]"
+usage="usage: gateway-cpu.sh FAKEBACKEND|mock OHA BODY.json SWITCHYARD [SECONDS] [CLIENTS] [VAR=VALUE...]"
 backend=${1:?$usage}
 oha=${2:?$usage}
 body=${3:?$usage}
@@ -21,11 +25,23 @@ trap 'kill "${pids[@]}" 2>/dev/null; rm -rf "$work"' EXIT
 
 port=19040
 config=$work/switchyard.toml
-printf '[server]\nhost = "127.0.0.1"\nport = %s\n[model]\nname = "fake-model"\n' "$port" > "$config"
+printf '[server]\nhost = "127.0.0.1"\nport = %s\n' "$port" > "$config"
+if [[ -n ${ENGINE_STREAM:-} ]]; then
+  printf 'engine_stream = "%s"\n' "$ENGINE_STREAM" >> "$config"
+fi
+printf '[model]\nname = "fake-model"\n' >> "$config"
 for i in 1 2 3 4; do
-  "$backend" --port $((port + i)) --threads 1 --model fake-model --tokens 64 > /dev/null 2>&1 &
+  if [[ $backend == mock ]]; then
+    events="tcp://127.0.0.1:$((port + 10 + i))"
+    "$switchyard" mock-engine --port $((port + i)) --kv-events "$events" --model fake-model \
+      --speedup 1000 --answer-median-tokens 64 > /dev/null 2>&1 &
+    printf '[[workers]]\nurl = "http://127.0.0.1:%s"\nkind = "mock"\nupstream = "chat"\nkv_events = "%s"\n' \
+      $((port + i)) "$events" >> "$config"
+  else
+    "$backend" --port $((port + i)) --threads 1 --model fake-model --tokens 64 > /dev/null 2>&1 &
+    printf '[[workers]]\nurl = "http://127.0.0.1:%s"\nkind = "openai"\nblock_size = 16\n' $((port + i)) >> "$config"
+  fi
   pids+=($!)
-  printf '[[workers]]\nurl = "http://127.0.0.1:%s"\nkind = "openai"\nblock_size = 16\n' $((port + i)) >> "$config"
 done
 env RUST_LOG=warn "$@" "$switchyard" serve --config "$config" > "$work/gateway.log" 2>&1 &
 gateway=$!

@@ -125,10 +125,13 @@ fn mooncake_kv_routing() {
     assert_digest(&mooncake(16_384, 1.0), "ddab1c933238acf2");
 }
 
-/// At 4x on devices of 2,048 blocks: queues, evictions and recomputation.
+/// At 4x on devices of 2,048 blocks: queues, evictions and recomputation. Since
+/// `engine_stream = "auto"` the engines answer whole, and the stored event of each prompt's last
+/// block ends its prefill load in the router's view one event delay (5 ms) after the first token
+/// would have: TTFT mean 29,538.7 -> 29,562.4 ms, 2.7 % more recomputed tokens.
 #[test]
 fn mooncake_kv_routing_overloaded() {
-    assert_digest(&mooncake(2_048, 4.0), "ef225b8c5f21ac86");
+    assert_digest(&mooncake(2_048, 4.0), "4e4be1ce247cf5bd");
 }
 
 /// Round robin, overloaded: its engines' KV events reach no index (nothing reads one), which

@@ -15,11 +15,12 @@ pub use policy::{
 use crate::hash::SequenceHash;
 use crate::index::{KvIndex, Matches, Overlap, SHARED_POOL};
 use crate::predicted::PredictedBlocks;
-use crate::worker::Rank;
+use crate::worker::{Rank, Tier};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rustc_hash::FxHashMap;
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::time::Duration;
 
 /// Router settings.
@@ -661,7 +662,7 @@ impl Router {
             candidate_index: chosen,
             prefill_end_heard: false,
         };
-        let prefill_end_heard = self.book(id, slots[chosen], request, &decision, now);
+        let prefill_end_heard = self.book(id, slots[chosen], request, (&decision, index), now);
         Ok(Decision {
             prefill_end_heard,
             ..decision
@@ -777,7 +778,7 @@ impl Router {
         id: RequestId,
         slot: usize,
         request: &RouteRequest<'_>,
-        decision: &Decision,
+        (decision, index): (&Decision, &KvIndex),
         now: Duration,
     ) -> bool {
         let bs = u64::from(self.config.block_size.max(1));
@@ -822,14 +823,22 @@ impl Router {
         }
         let rank = self.ranks[slot].rank;
         // An event-fed rank stores the prompt's last full block when it has computed it, unless
-        // the block is cached there already (then what is left to prefill is under one block).
+        // the block is cached there already (then what is left to prefill is under one block,
+        // or the block outlived an evicted parent, and the engine computes up to it but stores
+        // nothing new), and only once: a booking that already waits for it keeps it.
         let prefill_end = match request.hashes.last() {
             Some(&last)
                 if !self.ranks[slot].approximate
-                    && request.hashes.len() > decision.overlap.device as usize =>
+                    && request.hashes.len() > decision.overlap.device as usize
+                    && !index.contains(rank, Tier::Device, last) =>
             {
-                self.prefill_ends.insert((rank, last), id);
-                Some(last)
+                match self.prefill_ends.entry((rank, last)) {
+                    Entry::Vacant(waiting) => {
+                        waiting.insert(id);
+                        Some(last)
+                    }
+                    Entry::Occupied(_) => None,
+                }
             }
             _ => None,
         };
@@ -896,8 +905,7 @@ impl Router {
     }
 }
 
-/// Stop waiting for `key`'s stored event on behalf of `id` (a later booking of the same prompt
-/// end on the same rank may have taken the key over).
+/// Stop waiting for `key`'s stored event on behalf of `id`, if it is `id` that waits.
 fn unwatch(
     prefill_ends: &mut FxHashMap<(Rank, SequenceHash), RequestId>,
     key: (Rank, SequenceHash),

@@ -366,6 +366,46 @@ fn the_stored_event_of_the_prompts_last_full_block_ends_its_prefill_load() {
     assert!(r.prefill_ends.is_empty());
     assert_eq!(r.load(d.rank), RankLoad::default());
 
+    // Bookings whose predictions expired see the same prompt as new: the engine will store its
+    // last block once, so only the first waits for it (the second needs its first token).
+    let mut r = Router::new(
+        RouterConfig {
+            block_size: 4,
+            booking_ttl: ms(1),
+            ..RouterConfig::default()
+        },
+        Box::new(KvCost),
+    );
+    r.add_rank(Rank::new(0, 0), false);
+    let first = r
+        .route(RequestId(5), &request(&fresh, 40), &index, ms(0))
+        .unwrap();
+    let second = r
+        .route(RequestId(6), &request(&fresh, 40), &index, ms(10))
+        .unwrap();
+    assert_eq!(second.overlap.device, 0);
+    assert!(first.prefill_end_heard && !second.prefill_end_heard);
+    r.blocks_stored(fresh.iter().map(|&b| (first.rank, b)));
+    assert_eq!(r.load(first.rank).prefill_tokens, 40, "the second's");
+    r.first_token(RequestId(6));
+    assert_eq!(r.load(first.rank).prefill_tokens, 0);
+
+    // A last block the rank holds already, its parents evicted: computing up to it stores
+    // nothing new, so nothing is waited for.
+    let mut index = KvIndex::new();
+    let orphan = BlockHasher::new(4).sequence(&[7; 40]);
+    index.apply(&IndexOp::Store {
+        rank: Rank::new(0, 0),
+        tier: Tier::Device,
+        blocks: orphan[9..].to_vec(),
+        locals: Vec::new(),
+    });
+    let d = r
+        .route(RequestId(7), &request(&orphan, 40), &index, ms(20))
+        .unwrap();
+    assert_eq!((d.rank, d.overlap.device), (Rank::new(0, 0), 0));
+    assert!(!d.prefill_end_heard);
+
     // A rank without events never waits for them.
     r.add_rank(Rank::new(2, 0), true);
     let pinned = RouteRequest {

@@ -1,10 +1,10 @@
 //! What the gateway sends an engine, and how it reads the answer back as reply events.
 //!
-//! Engines are asked to stream, with usage, whatever the client asked (`[server] engine_stream
-//! = "always"`, the default): the gateway sees the first token (releasing the router's prefill
-//! load) and the engine's cached-token count, and re-encodes the stream into the client's API or
-//! aggregates it into one body. With `as-client`, a client that does not stream gets the engine's
-//! whole answer, read here in one piece.
+//! Engines stream, with usage, when the client streams, and otherwise when the router needs the
+//! first token to learn that the prefill ended (`[server] engine_stream`, `EngineStream::streams`):
+//! the gateway then sees the first token and the engine's cached-token count, and re-encodes the
+//! stream into the client's API or aggregates it into one body. Otherwise the engine's whole
+//! answer is read here in one piece.
 
 use super::prepare::{Request, Turn};
 use crate::config::{EngineKind, UpstreamMode};
