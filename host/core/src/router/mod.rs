@@ -118,21 +118,22 @@ pub struct Decision {
     pub candidates: usize,
     /// Index of the chosen rank among them (what [`Outcome::candidate_index`] reports back).
     pub candidate_index: usize,
-    /// The rank's KV events will end the request's prefill load ([`Router::blocks_stored`]):
-    /// the router does not need its first token.
-    pub prefill_end_heard: bool,
+    /// Whether the router needs the request's first token to end its prefill load: not where
+    /// the rank's KV events will end it ([`Router::blocks_stored`]), nor where what is left to
+    /// prefill on a rank with events is under one block.
+    pub needs_first_token: bool,
 }
 
 /// Whether an engine is asked to stream an answer its client did not ask to stream (the
 /// gateway's `[server] engine_stream`). The router needs to hear when each request's prefill
 /// ends: from its first token, which only a stream brings before the end, or from its rank's KV
-/// events ([`Decision::prefill_end_heard`]).
+/// events ([`Decision::needs_first_token`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum EngineStream {
-    /// Only where the router would not hear otherwise when the prefill ends: the worker
-    /// publishes no KV events, or the prompt's last full block is cached there already (no
-    /// stored event will come). Elsewhere the engine answers whole, which costs the gateway about
+    /// Only where the router would not hear otherwise when a prefill of a block or more ends:
+    /// the worker publishes no KV events, or no stored event will come for the prompt's last
+    /// full block (the rank holds it already). Elsewhere the engine answers whole, which costs the gateway about
     /// half the CPU of reading its stream (docs/benchmarks.md (k)); such a request records no
     /// TTFT (its trace line's TTFT is the whole answer's time).
     #[default]
@@ -156,7 +157,7 @@ impl EngineStream {
     pub fn streams(self, client_streams: bool, decision: &Decision) -> bool {
         client_streams
             || match self {
-                EngineStream::Auto => !decision.prefill_end_heard,
+                EngineStream::Auto => decision.needs_first_token,
                 EngineStream::Always => true,
                 EngineStream::AsClient => false,
             }
@@ -660,11 +661,11 @@ impl Router {
             cost,
             candidates: candidates.len(),
             candidate_index: chosen,
-            prefill_end_heard: false,
+            needs_first_token: true,
         };
-        let prefill_end_heard = self.book(id, slots[chosen], request, (&decision, index), now);
+        let needs_first_token = self.book(id, slots[chosen], request, (&decision, index), now);
         Ok(Decision {
-            prefill_end_heard,
+            needs_first_token,
             ..decision
         })
     }
@@ -822,14 +823,17 @@ impl Router {
             }
         }
         let rank = self.ranks[slot].rank;
-        // An event-fed rank stores the prompt's last full block when it has computed it, unless
-        // the block is cached there already (then what is left to prefill is under one block,
-        // or the block outlived an evicted parent, and the engine computes up to it but stores
-        // nothing new), and only once: a booking that already waits for it keeps it.
+        // A rank with events stores the prompt's last full block once it has computed it, unless
+        // it holds the block already (a block that outlived its evicted parent: the engine
+        // computes up to it but stores nothing new), and once only: a booking that already
+        // waits for it keeps it. With every full block cached, under one block is left to
+        // prefill, not worth waiting for.
+        let with_events = !self.ranks[slot].approximate;
+        let blocks_to_compute = request.hashes.len() > decision.overlap.device as usize;
         let prefill_end = match request.hashes.last() {
             Some(&last)
-                if !self.ranks[slot].approximate
-                    && request.hashes.len() > decision.overlap.device as usize
+                if with_events
+                    && blocks_to_compute
                     && !index.contains(rank, Tier::Device, last) =>
             {
                 match self.prefill_ends.entry((rank, last)) {
@@ -842,6 +846,7 @@ impl Router {
             }
             _ => None,
         };
+        let needs_first_token = !with_events || (blocks_to_compute && prefill_end.is_none());
         self.journal(BookingDelta::Booked {
             id,
             rank,
@@ -859,7 +864,7 @@ impl Router {
                 hashes,
             },
         );
-        prefill_end.is_some()
+        needs_first_token
     }
 
     /// Pick an index from costs: the cheapest at temperature 0 (ties: fewest indexed blocks, then

@@ -327,7 +327,7 @@ fn the_stored_event_of_the_prompts_last_full_block_ends_its_prefill_load() {
     let d = r
         .route(RequestId(1), &request(&hashes, 42), &index, ms(0))
         .unwrap();
-    assert!(d.prefill_end_heard);
+    assert!(!d.needs_first_token);
     let other = Rank::new(1 - d.rank.worker.0, 0);
     r.blocks_stored(hashes[..9].iter().map(|&b| (d.rank, b)));
     r.blocks_stored(hashes[9..].iter().map(|&b| (other, b)));
@@ -336,12 +336,14 @@ fn the_stored_event_of_the_prompts_last_full_block_ends_its_prefill_load() {
     assert_eq!(r.load(d.rank).prefill_tokens, 0);
     assert_eq!(r.load(d.rank).requests, 1, "still decoding");
 
-    // The same prompt again: its blocks are booked there already, so no event will come.
+    // The same prompt again: its blocks are booked there already, so no event will come, and
+    // what is left to prefill (two tokens) is not worth one.
     let again = r
         .route(RequestId(2), &request(&hashes, 42), &index, ms(1))
         .unwrap();
     assert_eq!((again.rank, again.overlap.device), (d.rank, 10));
-    assert!(!again.prefill_end_heard);
+    assert!(!again.needs_first_token);
+    assert!(r.prefill_ends.is_empty(), "it waits for nothing");
     r.finish(RequestId(1), ms(2));
     r.finish(RequestId(2), ms(2));
 
@@ -384,7 +386,7 @@ fn the_stored_event_of_the_prompts_last_full_block_ends_its_prefill_load() {
         .route(RequestId(6), &request(&fresh, 40), &index, ms(10))
         .unwrap();
     assert_eq!(second.overlap.device, 0);
-    assert!(first.prefill_end_heard && !second.prefill_end_heard);
+    assert!(!first.needs_first_token && second.needs_first_token);
     r.blocks_stored(fresh.iter().map(|&b| (first.rank, b)));
     assert_eq!(r.load(first.rank).prefill_tokens, 40, "the second's");
     r.first_token(RequestId(6));
@@ -404,7 +406,7 @@ fn the_stored_event_of_the_prompts_last_full_block_ends_its_prefill_load() {
         .route(RequestId(7), &request(&orphan, 40), &index, ms(20))
         .unwrap();
     assert_eq!((d.rank, d.overlap.device), (Rank::new(0, 0), 0));
-    assert!(!d.prefill_end_heard);
+    assert!(d.needs_first_token);
 
     // A rank without events never waits for them.
     r.add_rank(Rank::new(2, 0), true);
@@ -414,7 +416,7 @@ fn the_stored_event_of_the_prompts_last_full_block_ends_its_prefill_load() {
     };
     let approximate = r.route(RequestId(4), &pinned, &index, ms(20)).unwrap();
     assert_eq!(approximate.rank, Rank::new(2, 0));
-    assert!(!approximate.prefill_end_heard);
+    assert!(approximate.needs_first_token);
 }
 
 #[test]
