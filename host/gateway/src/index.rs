@@ -5,7 +5,8 @@
 //! to the other, then the two swap. Memory doubles; `docs/benchmarks.md` measures the alternative
 //! (one index behind a `RwLock`) and shows lookups stalling behind writes. Each burst is applied
 //! to the second copy as soon as the writer is idle (a second publish), not when the next burst
-//! arrives, so a burst's publish applies that burst only.
+//! arrives, so a burst's publish applies that burst only. After each publish the writer hands
+//! the burst's device stores to the router, whose prefill loads some of them end.
 
 use left_right::{Absorb, ReadHandleFactory, WriteHandle};
 use switchyard_core::hash::SequenceHash;
