@@ -443,7 +443,7 @@ impl GatewayHandle {
 
     /// Make `workers` the members of `source` (discovery calls this with what it found): each
     /// is checked as a `[[workers]]` entry, and nothing changes if one is refused (see
-    /// [`Fleet::reconcile`]). Returns whether anything changed.
+    /// `Fleet::reconcile`). Returns whether anything changed.
     pub fn reconcile_workers(
         &self,
         source: Source,

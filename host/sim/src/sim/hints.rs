@@ -37,8 +37,9 @@ use switchyard_core::worker::{Rank, Tier};
 
 impl Simulation<'_> {
     /// Run the KV-hint path with `policies`, one per replica (Wasm components through the
-    /// gateway's policy host, or instrumented ones), in place of [`SimConfig::kv_hints`]; the
-    /// report names the first one's `name()`.
+    /// gateway's policy host, or instrumented ones), in place of
+    /// [`SimConfig::kv_hints`](crate::SimConfig::kv_hints); the report names the first one's
+    /// `name()`.
     pub fn with_kv_hint_policies(
         mut self,
         policies: Vec<Box<dyn KvHintPolicy>>,
