@@ -77,6 +77,21 @@ impl IndexOp {
             IndexOp::Clear { .. } => 1,
         }
     }
+
+    /// The blocks this op stores on a device, with their rank: what ends prefill loads
+    /// ([`Router::blocks_stored`](crate::router::Router::blocks_stored)).
+    pub fn device_stores(&self) -> impl Iterator<Item = (Rank, SequenceHash)> + '_ {
+        let stored = match self {
+            IndexOp::Store {
+                rank,
+                tier: Tier::Device,
+                blocks,
+                ..
+            } => Some((*rank, blocks)),
+            _ => None,
+        };
+        (stored.into_iter()).flat_map(|(rank, blocks)| blocks.iter().map(move |&b| (rank, b)))
+    }
 }
 
 /// The shared KV pool (G4), indexed as one more owner: its event stream goes through the same

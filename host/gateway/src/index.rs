@@ -11,7 +11,7 @@
 use left_right::{Absorb, ReadHandleFactory, WriteHandle};
 use switchyard_core::hash::SequenceHash;
 use switchyard_core::index::{IndexOp, KvIndex};
-use switchyard_core::worker::{Rank, Tier};
+use switchyard_core::worker::Rank;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -147,15 +147,7 @@ fn append(
     op: IndexOp,
     stored: &mut Vec<(Rank, SequenceHash)>,
 ) {
-    if let IndexOp::Store {
-        rank,
-        tier: Tier::Device,
-        blocks,
-        ..
-    } = &op
-    {
-        stored.extend(blocks.iter().map(|&b| (*rank, b)));
-    }
+    stored.extend(op.device_stores());
     write.append(op);
 }
 
@@ -164,6 +156,7 @@ mod tests {
     use super::*;
     use std::sync::{Arc, Mutex};
     use switchyard_core::hash::BlockHasher;
+    use switchyard_core::worker::Tier;
 
     #[tokio::test]
     async fn readers_see_published_ops_and_the_writer_tells_of_device_stores() {

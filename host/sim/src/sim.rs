@@ -38,8 +38,8 @@ use switchyard_core::engine::{
     EngineConfig, EngineModel, EngineRequest, KvTransfer, Step, TierStats, TokenOut,
 };
 use switchyard_core::hash::{BlockHasher, SequenceHash};
+use switchyard_core::index::KvIndex;
 use switchyard_core::index::flat::U64Map;
-use switchyard_core::index::{IndexOp, KvIndex};
 use switchyard_core::kv_hints::params::native_kv_hints_spec;
 use switchyard_core::kv_hints::sessions::RoutedTurn;
 use switchyard_core::programs::{TurnEnd, Usage};
@@ -50,7 +50,7 @@ use switchyard_core::router::{
     Decision, EngineStream, PolicyRequest, RequestId, RouteRequest, Router, RouterConfig,
     RoutingPolicy, native_policy,
 };
-use switchyard_core::worker::{Rank, Tier};
+use switchyard_core::worker::Rank;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 /// How the load balancer in front of the replicas picks one for a request.
@@ -600,16 +600,7 @@ impl<'w> Simulation<'w> {
                     for op in self.workers[w].ingest(message) {
                         for replica in &mut self.replicas {
                             replica.index.apply(&op);
-                            if let IndexOp::Store {
-                                rank,
-                                tier: Tier::Device,
-                                blocks,
-                                ..
-                            } = &op
-                            {
-                                let stored = blocks.iter().map(|&b| (*rank, b));
-                                prefilled |= replica.router.blocks_stored(stored);
-                            }
+                            prefilled |= replica.router.blocks_stored(op.device_stores());
                         }
                     }
                     if prefilled {
