@@ -14,8 +14,7 @@ use switchyard_core::engine::{
 };
 use switchyard_core::kv_hints::KvHintPolicy;
 use switchyard_core::router::queue::{QueueConfig, QueueOrder};
-use switchyard_core::router::{RouterConfig, RoutingPolicy};
-use switchyard_gateway::config::EngineStream;
+use switchyard_core::router::{EngineStream, RouterConfig, RoutingPolicy};
 use switchyard_policy_host::{
     EngineConfig as PolicyEngineConfig, PolicyEngine, PolicyStats, WasmAdmission, WasmKvHints,
     WasmRouter,
