@@ -939,6 +939,7 @@ impl TryFrom<RawConfig> for Config {
                 booking_ttl: raw.router.booking_ttl,
                 approx_ttl: raw.router.approx_ttl,
                 approx_max_blocks: raw.router.approx_max_blocks,
+                engine_stream: raw.server.engine_stream,
                 ..RouterConfig::default()
             },
             frontend: raw.frontend,

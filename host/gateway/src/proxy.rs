@@ -11,7 +11,7 @@ use crate::error::GatewayError;
 use crate::hints::llama_slots::{self, SlotLease};
 use crate::key_tokens::KeyTokens;
 use crate::metrics::RequestLabels;
-use crate::queue::Routed;
+use crate::queue::{Queue, Routed};
 use crate::server::{KeyPass, Shared};
 use crate::trace::{RequestDraft, RequestFacts, WorkerRef};
 use crate::upstream::EngineResponse;
@@ -197,12 +197,7 @@ async fn proxy(
             ticket.started(decision.rank);
         }
         let session = agent.session_id.as_deref();
-        let whole = !shared
-            .live()
-            .config
-            .server
-            .engine_stream
-            .streams(turn.request.streaming().0, &decision);
+        let whole = !decision.engine_streams;
         match send(shared, &turn, &decision, (release.priority, session, whole)).await {
             Ok((upstream, parse, slot)) => {
                 booking.slot = slot;
@@ -275,6 +270,7 @@ fn route_request<'a>(
         hashes,
         tokens: turn.tokens.len() as u32,
         expected_output_tokens: turn.request.expected_output_tokens(),
+        client_streams: turn.request.streaming().0,
         exclude: excluded,
         session_id: agent.session_id.as_deref(),
         parent_session_id: agent.parent_session_id.as_deref(),
@@ -292,10 +288,14 @@ async fn decide(
     request: &RouteRequest<'_>,
     do_not_queue: bool,
 ) -> Result<Decision, GatewayError> {
-    match shared.route(id, request, do_not_queue)? {
-        Routed::Now(decision) => Ok(decision),
-        Routed::Later(waiting) => waiting.decision().await,
+    let decision = match shared.route(id, request, do_not_queue)? {
+        Routed::Now(decision) => decision,
+        Routed::Later(waiting) => waiting.decision().await?,
+    };
+    if let Some(due) = decision.prefill_due {
+        Queue::drain_at(shared, due);
     }
+    Ok(decision)
 }
 
 /// Tell the hint path where a session's request went (its lineage there is this prompt).

@@ -7,6 +7,7 @@ use crate::error::GatewayError;
 use crate::server::Shared;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use switchyard_core::router::queue::{
     QueueConfig, QueueError, QueueStats, QueuedRequest, RouterQueue, Submitted,
 };
@@ -102,6 +103,20 @@ impl Queue {
             Err(e @ QueueError::Full { .. }) => Err(GatewayError::Rejected(e.to_string())),
             Err(QueueError::Route(e)) => Err(e.into()),
         }
+    }
+
+    /// A prefill load ends at `due` by the router's prediction (nothing will be heard): drain
+    /// then, as when a first token comes.
+    pub(crate) fn drain_at(shared: &Arc<Shared>, due: Duration) {
+        if !shared.queue.enabled {
+            return; // nothing ever waits, and routing ends due loads itself
+        }
+        let shared = shared.clone();
+        let wait = due.saturating_sub(shared.now());
+        tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            Queue::drain(&shared);
+        });
     }
 
     /// Load dropped: route what waits, best first, while workers have room.

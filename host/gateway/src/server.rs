@@ -334,9 +334,10 @@ impl Shared {
     }
 
     pub(crate) fn first_token(&self, id: RequestId) {
+        let now = self.now();
         {
             let mut router = self.router();
-            router.first_token(id);
+            router.first_token(id, now);
             self.share_bookings(&mut router);
         }
         Queue::drain(self);
@@ -345,9 +346,10 @@ impl Shared {
     /// Ranks stored these device blocks (their KV events): end the prefill loads of the
     /// requests whose prompts end there.
     fn blocks_stored(&self, stored: &[(Rank, SequenceHash)]) {
+        let now = self.now();
         {
             let mut router = self.router();
-            if !router.blocks_stored(stored.iter().copied()) {
+            if !router.blocks_stored(stored.iter().copied(), now) {
                 return;
             }
             self.share_bookings(&mut router);
@@ -973,7 +975,12 @@ async fn health(State(shared): State<Arc<Shared>>) -> Response {
 
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     {
-        let router = shared.router();
+        let now = shared.now();
+        let mut router = shared.router();
+        // Loads whose predicted end has passed are over now, not at the next decision.
+        if router.end_due_prefills(now) {
+            shared.share_bookings(&mut router);
+        }
         for (rank, _) in router.ranks() {
             let label = worker_label(rank);
             let load = router.load(rank);

@@ -47,8 +47,8 @@ use switchyard_core::router::queue::{
     QueueConfig, QueueStats, QueuedRequest, RouterQueue, Submitted,
 };
 use switchyard_core::router::{
-    Decision, EngineStream, PolicyRequest, RequestId, RouteRequest, Router, RouterConfig,
-    RoutingPolicy, native_policy,
+    Decision, PolicyRequest, RequestId, RouteRequest, Router, RouterConfig, RoutingPolicy,
+    native_policy,
 };
 use switchyard_core::worker::Rank;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
@@ -172,11 +172,6 @@ pub struct SimConfig {
     /// How often a replica asks its KV-hint policy while some session waits on a tool (the
     /// gateway's `[kv_hints] tick`), besides whenever lifecycle events arrive.
     pub kv_hints_tick: Duration,
-    /// The gateway's `[server] engine_stream`, with clients that do not stream: whether an
-    /// engine streams a request's answer, so that the router hears of its first token (which
-    /// ends the request's prefill load, as the stored event of the prompt's last full block
-    /// does where the index hears of events).
-    pub engine_stream: EngineStream,
 }
 
 impl Default for SimConfig {
@@ -201,7 +196,6 @@ impl Default for SimConfig {
             index: IndexMode::Events,
             kv_hints: None,
             kv_hints_tick: Duration::from_millis(100),
-            engine_stream: EngineStream::default(),
         }
     }
 }
@@ -316,7 +310,7 @@ pub struct Simulation<'w> {
     sent: u64,
     /// Requests sent and not yet in an engine (held by admission, or in the router queue).
     pending: HashMap<u64, Pending>,
-    /// Requests in engines that answer whole ([`SimConfig::engine_stream`]): their first tokens
+    /// Requests in engines that answer whole (`RouterConfig::engine_stream`): their first tokens
     /// do not reach the router.
     whole_answers: HashSet<u64>,
     hasher: BlockHasher,
@@ -600,7 +594,7 @@ impl<'w> Simulation<'w> {
                     for op in self.workers[w].ingest(message) {
                         for replica in &mut self.replicas {
                             replica.index.apply(&op);
-                            prefilled |= replica.router.blocks_stored(op.device_stores());
+                            prefilled |= replica.router.blocks_stored(op.device_stores(), now);
                         }
                     }
                     if prefilled {
@@ -899,7 +893,7 @@ impl<'w> Simulation<'w> {
             return self.fail(id, now, progress);
         }
         self.records[id as usize].worker = Some(worker);
-        if !self.config.engine_stream.streams(false, decision) {
+        if !decision.engine_streams {
             self.whole_answers.insert(id);
         }
         self.unadmitted.insert(id, hashes);
@@ -1112,7 +1106,7 @@ impl<'w> Simulation<'w> {
             if first {
                 self.records[id as usize].first_token = Some(now);
                 if !self.whole_answers.contains(&id) {
-                    self.replicas[r].router.first_token(request);
+                    self.replicas[r].router.first_token(request, now);
                 }
             }
             if finished {

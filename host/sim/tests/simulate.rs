@@ -4,7 +4,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use switchyard_core::engine::{EngineConfig, HostTierConfig};
 use switchyard_core::router::{
-    Candidate, EngineStream, KvCost, PolicyRequest, RoundRobin, RoutingPolicy, Selection,
+    Candidate, EngineStream, KvCost, PolicyRequest, RoundRobin, RouterConfig, RoutingPolicy,
+    Selection,
 };
 use switchyard_sim::workload::{Session, Spawn, TraceRequest, Workload};
 use switchyard_sim::{IndexMode, SimConfig, Simulation};
@@ -294,11 +295,15 @@ fn a_prefill_load_ends_at_the_first_token_or_the_prompts_stored_event() {
             inner: KvCost,
             calls: calls.clone(),
         });
+        let base = config("ignored");
         let config = SimConfig {
-            engine_stream,
+            router: RouterConfig {
+                engine_stream,
+                ..base.router.clone()
+            },
             index,
             event_delay: event_delay.unwrap_or(SimConfig::default().event_delay),
-            ..config("ignored")
+            ..base
         };
         let outcome = Simulation::with_policy(&w, config, policy)
             .expect("valid")

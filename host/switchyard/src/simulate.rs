@@ -422,6 +422,7 @@ fn configs(args: &SimulateArgs, workload: &Workload) -> anyhow::Result<Vec<SimCo
                             pool_blocks: *pool_blocks,
                             router: RouterConfig {
                                 temperature: args.temperature,
+                                engine_stream: args.engine_stream,
                                 ..RouterConfig::default()
                             },
                             policy: policy.clone(),
@@ -439,7 +440,6 @@ fn configs(args: &SimulateArgs, workload: &Workload) -> anyhow::Result<Vec<SimCo
                             index,
                             kv_hints: kv_hints.clone(),
                             kv_hints_tick: args.kv_hints_tick,
-                            engine_stream: args.engine_stream,
                             ..SimConfig::default()
                         });
                     }
@@ -707,7 +707,7 @@ mod tests {
 
     #[test]
     fn engine_stream_takes_the_gateways_setting_names() {
-        let setting = |flags: &[&str]| configs_of(flags).map(|c| c[0].engine_stream);
+        let setting = |flags: &[&str]| configs_of(flags).map(|c| c[0].router.engine_stream);
         assert_eq!(
             setting(&[]).unwrap(),
             EngineStream::default(),

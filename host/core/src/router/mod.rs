@@ -4,6 +4,7 @@
 //! epoch of its choosing) and an index to read; the gateway drives it with tokio and real engines,
 //! the simulator with a virtual clock.
 
+mod pace;
 mod policy;
 pub mod queue;
 
@@ -16,11 +17,13 @@ use crate::hash::SequenceHash;
 use crate::index::{KvIndex, Matches, Overlap, SHARED_POOL};
 use crate::predicted::PredictedBlocks;
 use crate::worker::{Rank, Tier};
+use pace::PrefillPace;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rustc_hash::FxHashMap;
-use std::collections::HashMap;
+use std::cmp::Reverse;
 use std::collections::hash_map::Entry;
+use std::collections::{BinaryHeap, HashMap};
 use std::time::Duration;
 
 /// Router settings.
@@ -40,6 +43,9 @@ pub struct RouterConfig {
     pub approx_max_blocks: usize,
     /// Seed of the sampling RNG, so simulations repeat.
     pub seed: u64,
+    /// Whether engines stream answers their clients did not ask to stream (the gateway's
+    /// `[server] engine_stream`).
+    pub engine_stream: EngineStream,
 }
 
 impl RouterConfig {
@@ -65,6 +71,7 @@ impl Default for RouterConfig {
             approx_ttl: Duration::from_secs(120),
             approx_max_blocks: 1 << 20,
             seed: 0x5717_c4ad,
+            engine_stream: EngineStream::default(),
         }
     }
 }
@@ -82,6 +89,8 @@ pub struct RouteRequest<'a> {
     pub tokens: u32,
     /// Expected output tokens, if the caller hinted them.
     pub expected_output_tokens: Option<u32>,
+    /// The client asked for a stream: the engine streams, and its first token ends the prefill.
+    pub client_streams: bool,
     /// Per-request cost weights.
     pub weights: Option<CostWeights>,
     /// Per-request temperature.
@@ -118,24 +127,30 @@ pub struct Decision {
     pub candidates: usize,
     /// Index of the chosen rank among them (what [`Outcome::candidate_index`] reports back).
     pub candidate_index: usize,
-    /// Whether the router needs the request's first token to end its prefill load: not where
-    /// the rank's KV events will end it ([`Router::blocks_stored`]), nor where what is left to
-    /// prefill on a rank with events is under one block.
-    pub needs_first_token: bool,
+    /// Whether the engine is to stream the answer: the client asked for a stream, or the
+    /// router needs its first token to hear that the prefill ended
+    /// ([`RouterConfig::engine_stream`]).
+    pub engine_streams: bool,
+    /// When the router will take the prefill as ended, where nothing else will tell it: the
+    /// time the rank's learnt prefill pace predicts ([`Router::end_due_prefills`]).
+    pub prefill_due: Option<Duration>,
 }
 
 /// Whether an engine is asked to stream an answer its client did not ask to stream (the
 /// gateway's `[server] engine_stream`). The router needs to hear when each request's prefill
-/// ends: from its first token, which only a stream brings before the end, or from its rank's KV
-/// events ([`Decision::needs_first_token`]).
+/// ends: from its first token, which only a stream brings before the end, from its rank's KV
+/// events ([`Router::blocks_stored`]), or, where neither comes, at the time the rank's learnt
+/// prefill pace predicts ([`Decision::prefill_due`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum EngineStream {
     /// Only where the router would not hear otherwise when a prefill of a block or more ends:
-    /// the worker publishes no KV events, or no stored event will come for the prompt's last
-    /// full block (the rank holds it already). Elsewhere the engine answers whole, which costs the gateway about
-    /// half the CPU of reading its stream (docs/benchmarks.md (k)); such a request records no
-    /// TTFT (its trace line's TTFT is the whole answer's time).
+    /// no stored event will come for the prompt's last full block (the worker publishes no KV
+    /// events, or the rank holds the block already) and the rank's prefill pace is not learnt
+    /// yet, or it is the one request in 16 that keeps it learning. Elsewhere the engine answers
+    /// whole, which costs the gateway about half the CPU of reading its stream
+    /// (docs/benchmarks.md (k)); such a request records no TTFT (its trace line's TTFT is the
+    /// whole answer's time).
     #[default]
     Auto,
     /// Every answer is streamed, with usage, whatever the client asked: the router hears of
@@ -144,7 +159,8 @@ pub enum EngineStream {
     Always,
     /// An engine streams only when the client does; a client that did not ask for a stream gets
     /// the engine's whole answer, re-encoded for its API. Where the rank publishes no KV events
-    /// the router counts the request's prefill load until the whole answer is back (up to 30 %
+    /// the router ends the request's prefill load at the time the rank's pace predicts, learnt
+    /// from streaming clients, or at the end of the whole answer while it knows none (up to 30 %
     /// more TTFT under load, docs/benchmarks.md (k)). An engine that stalls before answering
     /// whole is cut by `request_timeout`, not `stream_idle_timeout` (nothing arrives until the
     /// end).
@@ -152,12 +168,12 @@ pub enum EngineStream {
 }
 
 impl EngineStream {
-    /// Whether the engine is asked to stream the answer to a request routed by `decision`
-    /// whose client asked for a stream or not (`client_streams`).
-    pub fn streams(self, client_streams: bool, decision: &Decision) -> bool {
+    /// Whether the engine is asked to stream the answer to a request whose client asked for a
+    /// stream or not, when the router needs its first token or not.
+    fn streams(self, client_streams: bool, needs_first_token: bool) -> bool {
         client_streams
             || match self {
-                EngineStream::Auto => decision.needs_first_token,
+                EngineStream::Auto => needs_first_token,
                 EngineStream::Always => true,
                 EngineStream::AsClient => false,
             }
@@ -249,6 +265,8 @@ struct RankState {
     load: RankLoad,
     /// What other gateway replicas booked on it (soft state; zero without a cluster).
     peer: RankLoad,
+    /// How fast it gets through its prefill backlog, from the prefill ends heard.
+    pace: PrefillPace,
 }
 
 #[derive(Debug, Clone)]
@@ -260,6 +278,13 @@ struct Booking {
     /// The prompt's last full block, when its stored event on the rank ends the prefill load
     /// (a key of [`Router::prefill_ends`]).
     prefill_end: Option<SequenceHash>,
+    /// When its prefill load ends unless something is heard first (a key of
+    /// [`Router::prefill_dues`]).
+    prefill_due: Option<Duration>,
+    /// When it was booked, behind how many prefill tokens (its own included): a heard end is a
+    /// sample of the rank's pace.
+    booked_at: Duration,
+    backlog: u64,
     /// The prompt, kept only on approximate ranks (which book it again when it finishes).
     hashes: Vec<SequenceHash>,
 }
@@ -289,6 +314,9 @@ pub struct Router {
     bookings: FxHashMap<RequestId, Booking>,
     /// Bookings on event-fed ranks by the block whose stored event ends their prefill.
     prefill_ends: FxHashMap<(Rank, SequenceHash), RequestId>,
+    /// Bookings whose prefill load ends at a predicted time, soonest first (entries of bookings
+    /// that ended meanwhile are skipped when they come up).
+    prefill_dues: BinaryHeap<Reverse<(Duration, RequestId)>>,
     /// Other replicas' bookings, by replica and their request id.
     peer_bookings: HashMap<(PeerId, RequestId), PeerBooking>,
     /// The earliest expiry among `peer_bookings` (nothing to scan before then).
@@ -313,6 +341,7 @@ impl Router {
             ranks: Vec::new(),
             bookings: FxHashMap::default(),
             prefill_ends: FxHashMap::default(),
+            prefill_dues: BinaryHeap::new(),
             peer_bookings: HashMap::new(),
             next_peer_expiry: None,
             journal: None,
@@ -361,6 +390,7 @@ impl Router {
             approximate,
             load: RankLoad::default(),
             peer: RankLoad::default(),
+            pace: PrefillPace::default(),
         });
     }
 
@@ -562,6 +592,7 @@ impl Router {
     ) -> Result<Decision, RouteError> {
         self.predicted.expire(now);
         self.expire_peers(now);
+        self.end_due_prefills(now);
         let Scratch {
             indexed,
             predicted,
@@ -661,11 +692,14 @@ impl Router {
             cost,
             candidates: candidates.len(),
             candidate_index: chosen,
-            needs_first_token: true,
+            engine_streams: true,
+            prefill_due: None,
         };
-        let needs_first_token = self.book(id, slots[chosen], request, (&decision, index), now);
+        let (engine_streams, prefill_due) =
+            self.book(id, slots[chosen], request, (&decision, index), now);
         Ok(Decision {
-            needs_first_token,
+            engine_streams,
+            prefill_due,
             ..decision
         })
     }
@@ -704,29 +738,19 @@ impl Router {
             .filter(|k| k.is_finite())
     }
 
-    /// The request produced its first token: its prefill no longer loads the rank.
-    pub fn first_token(&mut self, id: RequestId) {
-        let Some(booking) = self.bookings.get_mut(&id) else {
-            return;
-        };
-        if !booking.prefill_done {
-            booking.prefill_done = true;
-            let load = &mut self.ranks[booking.slot].load;
-            load.prefill_tokens = load.prefill_tokens.saturating_sub(booking.prefill_tokens);
-            if let Some(block) = booking.prefill_end.take() {
-                let key = (self.ranks[booking.slot].rank, block);
-                unwatch(&mut self.prefill_ends, key, id);
-            }
-            self.journal(BookingDelta::PrefillDone { id });
-        }
+    /// The request produced its first token at `now`: its prefill no longer loads the rank.
+    pub fn first_token(&mut self, id: RequestId, now: Duration) {
+        self.end_prefill(id, Some(now));
     }
 
-    /// Ranks stored these blocks on their devices (their KV events, as the index applies them):
-    /// a request whose prompt ends in one of them has been prefilled there, whether or not
-    /// anyone streams its first token. Whether that ended any request's prefill load.
+    /// Ranks stored these blocks on their devices at `now` (their KV events, as the index
+    /// applies them): a request whose prompt ends in one of them has been prefilled there,
+    /// whether or not anyone streams its first token. Whether that ended any request's prefill
+    /// load.
     pub fn blocks_stored(
         &mut self,
         stored: impl IntoIterator<Item = (Rank, SequenceHash)>,
+        now: Duration,
     ) -> bool {
         if self.prefill_ends.is_empty() {
             return false;
@@ -734,11 +758,59 @@ impl Router {
         let mut ended = false;
         for key in stored {
             if let Some(&id) = self.prefill_ends.get(&key) {
-                self.first_token(id);
+                self.end_prefill(id, Some(now));
                 ended = true;
             }
         }
         ended
+    }
+
+    /// End the prefill loads whose predicted end ([`Decision::prefill_due`]) is past. Routing
+    /// does it itself; a driver whose router queue waits for load to drop calls it at those
+    /// times. Whether any ended.
+    pub fn end_due_prefills(&mut self, now: Duration) -> bool {
+        let mut ended = false;
+        while let Some(&Reverse((due, id))) = self.prefill_dues.peek() {
+            if due > now {
+                break;
+            }
+            self.prefill_dues.pop();
+            let pending = self
+                .bookings
+                .get(&id)
+                .is_some_and(|b| !b.prefill_done && b.prefill_due == Some(due));
+            if pending {
+                self.end_prefill(id, None);
+                ended = true;
+            }
+        }
+        ended
+    }
+
+    /// The request's prefill no longer loads its rank: `heard` at that time (a first token, a
+    /// stored event: a sample of the rank's pace), or taken as ended (predicted, finished).
+    fn end_prefill(&mut self, id: RequestId, heard: Option<Duration>) {
+        let Some(booking) = self.bookings.get_mut(&id) else {
+            return;
+        };
+        if booking.prefill_done {
+            return;
+        }
+        booking.prefill_done = true;
+        let state = &mut self.ranks[booking.slot];
+        state.load.prefill_tokens = state
+            .load
+            .prefill_tokens
+            .saturating_sub(booking.prefill_tokens);
+        if let Some(now) = heard {
+            state
+                .pace
+                .observe(booking.backlog, now.saturating_sub(booking.booked_at));
+        }
+        if let Some(block) = booking.prefill_end.take() {
+            unwatch(&mut self.prefill_ends, (state.rank, block), id);
+        }
+        self.journal(BookingDelta::PrefillDone { id });
     }
 
     /// Tell the policy what happened to a request it placed (call before [`Router::finish`]).
@@ -748,7 +820,7 @@ impl Router {
 
     /// The request ended (finished, failed or cancelled): release what it booked.
     pub fn finish(&mut self, id: RequestId, now: Duration) {
-        self.first_token(id);
+        self.end_prefill(id, None);
         let Some(booking) = self.bookings.remove(&id) else {
             return;
         };
@@ -774,6 +846,8 @@ impl Router {
         }
     }
 
+    /// Book the request on `slot`: whether its engine is to stream, and when its prefill load
+    /// ends by prediction.
     fn book(
         &mut self,
         id: RequestId,
@@ -781,7 +855,7 @@ impl Router {
         request: &RouteRequest<'_>,
         (decision, index): (&Decision, &KvIndex),
         now: Duration,
-    ) -> bool {
+    ) -> (bool, Option<Duration>) {
         let bs = u64::from(self.config.block_size.max(1));
         let cached_tokens = u64::from(decision.overlap.device) * bs;
         let prefill_tokens = u64::from(request.tokens).saturating_sub(cached_tokens);
@@ -847,6 +921,22 @@ impl Router {
             _ => None,
         };
         let needs_first_token = !with_events || (blocks_to_compute && prefill_end.is_none());
+        // Where nothing will be heard, predict the end from the rank's pace (when it knows one
+        // and it is not time to hear a real end again).
+        let mode = self.config.engine_stream;
+        let backlog = self.ranks[slot].load.prefill_tokens;
+        let prefill_due = if needs_first_token && !mode.streams(request.client_streams, false) {
+            self.ranks[slot].pace.predict(backlog, now)
+        } else {
+            None
+        };
+        if let Some(due) = prefill_due {
+            self.prefill_dues.push(Reverse((due, id)));
+        }
+        let engine_streams = mode.streams(
+            request.client_streams,
+            needs_first_token && prefill_due.is_none(),
+        );
         self.journal(BookingDelta::Booked {
             id,
             rank,
@@ -861,10 +951,13 @@ impl Router {
                 decode_blocks,
                 prefill_done: false,
                 prefill_end,
+                prefill_due,
+                booked_at: now,
+                backlog,
                 hashes,
             },
         );
-        needs_first_token
+        (engine_streams, prefill_due)
     }
 
     /// Pick an index from costs: the cheapest at temperature 0 (ties: fewest indexed blocks, then

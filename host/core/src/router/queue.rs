@@ -93,6 +93,8 @@ pub struct QueuedRequest {
     pub tokens: u32,
     /// Expected output tokens.
     pub expected_output_tokens: Option<u32>,
+    /// The client streams the answer.
+    pub client_streams: bool,
     /// Per-request cost weights.
     pub weights: Option<CostWeights>,
     /// Per-request temperature.
@@ -275,6 +277,7 @@ impl QueuedRequest {
             hashes: request.hashes.to_vec(),
             tokens: request.tokens,
             expected_output_tokens: request.expected_output_tokens,
+            client_streams: request.client_streams,
             weights: request.weights,
             temperature: request.temperature,
             exclude: request.exclude.to_vec(),
@@ -293,6 +296,7 @@ impl QueuedRequest {
             hashes: &self.hashes,
             tokens: self.tokens,
             expected_output_tokens: self.expected_output_tokens,
+            client_streams: self.client_streams,
             weights: self.weights,
             temperature: self.temperature,
             exclude: &self.exclude,
@@ -441,6 +445,7 @@ impl RouterQueue {
     /// Route waiting requests, best first, while ranks have room. A request whose only allowed
     /// rank is saturated (a pinned one) stays and lets the next one pass.
     pub fn drain(&mut self, router: &mut Router, index: &KvIndex, now: Duration) -> Vec<Drained> {
+        router.end_due_prefills(now);
         let mut out = Vec::new();
         let mut blocked = Vec::new();
         while self.any_room(router) {

@@ -133,7 +133,7 @@ fn bookings_let_siblings_see_each_other() {
     let first = r
         .route(RequestId(1), &request(&hashes, 64), &index, ms(0))
         .unwrap();
-    r.first_token(RequestId(1));
+    r.first_token(RequestId(1), Duration::ZERO);
     // Same prompt a millisecond later, no events yet: the booking predicts the prefix.
     let second = r
         .route(RequestId(2), &request(&hashes, 64), &index, ms(1))
@@ -166,7 +166,7 @@ fn load_is_released_at_first_token_and_finish() {
             requests: 1
         }
     );
-    r.first_token(RequestId(7));
+    r.first_token(RequestId(7), Duration::ZERO);
     assert_eq!(r.load(d.rank).prefill_tokens, 0);
     assert_eq!(r.load(d.rank).decode_blocks, 12);
     r.finish(RequestId(7), ms(10));
@@ -327,12 +327,12 @@ fn the_stored_event_of_the_prompts_last_full_block_ends_its_prefill_load() {
     let d = r
         .route(RequestId(1), &request(&hashes, 42), &index, ms(0))
         .unwrap();
-    assert!(!d.needs_first_token);
+    assert!(!d.engine_streams);
     let other = Rank::new(1 - d.rank.worker.0, 0);
-    r.blocks_stored(hashes[..9].iter().map(|&b| (d.rank, b)));
-    r.blocks_stored(hashes[9..].iter().map(|&b| (other, b)));
+    r.blocks_stored(hashes[..9].iter().map(|&b| (d.rank, b)), Duration::ZERO);
+    r.blocks_stored(hashes[9..].iter().map(|&b| (other, b)), Duration::ZERO);
     assert_eq!(r.load(d.rank).prefill_tokens, 42, "not yet, not there");
-    assert!(r.blocks_stored(hashes[8..].iter().map(|&b| (d.rank, b))));
+    assert!(r.blocks_stored(hashes[8..].iter().map(|&b| (d.rank, b)), Duration::ZERO));
     assert_eq!(r.load(d.rank).prefill_tokens, 0);
     assert_eq!(r.load(d.rank).requests, 1, "still decoding");
 
@@ -342,7 +342,7 @@ fn the_stored_event_of_the_prompts_last_full_block_ends_its_prefill_load() {
         .route(RequestId(2), &request(&hashes, 42), &index, ms(1))
         .unwrap();
     assert_eq!((again.rank, again.overlap.device), (d.rank, 10));
-    assert!(!again.needs_first_token);
+    assert!(!again.engine_streams);
     assert!(r.prefill_ends.is_empty(), "it waits for nothing");
     r.finish(RequestId(1), ms(2));
     r.finish(RequestId(2), ms(2));
@@ -359,9 +359,9 @@ fn the_stored_event_of_the_prompts_last_full_block_ends_its_prefill_load() {
     };
     let second = r.route(RequestId(3), &retry, &index, ms(3)).unwrap();
     assert_ne!(second.rank, first.rank);
-    r.blocks_stored(fresh.iter().map(|&b| (first.rank, b)));
+    r.blocks_stored(fresh.iter().map(|&b| (first.rank, b)), Duration::ZERO);
     assert_eq!(r.load(second.rank).prefill_tokens, 40);
-    r.blocks_stored(fresh.iter().map(|&b| (second.rank, b)));
+    r.blocks_stored(fresh.iter().map(|&b| (second.rank, b)), Duration::ZERO);
     assert_eq!(r.load(second.rank).prefill_tokens, 0);
 
     r.finish(RequestId(3), ms(10));
@@ -386,10 +386,10 @@ fn the_stored_event_of_the_prompts_last_full_block_ends_its_prefill_load() {
         .route(RequestId(6), &request(&fresh, 40), &index, ms(10))
         .unwrap();
     assert_eq!(second.overlap.device, 0);
-    assert!(!first.needs_first_token && second.needs_first_token);
-    r.blocks_stored(fresh.iter().map(|&b| (first.rank, b)));
+    assert!(!first.engine_streams && second.engine_streams);
+    r.blocks_stored(fresh.iter().map(|&b| (first.rank, b)), Duration::ZERO);
     assert_eq!(r.load(first.rank).prefill_tokens, 40, "the second's");
-    r.first_token(RequestId(6));
+    r.first_token(RequestId(6), Duration::ZERO);
     assert_eq!(r.load(first.rank).prefill_tokens, 0);
 
     // A last block the rank holds already, its parents evicted: computing up to it stores
@@ -406,7 +406,7 @@ fn the_stored_event_of_the_prompts_last_full_block_ends_its_prefill_load() {
         .route(RequestId(7), &request(&orphan, 40), &index, ms(20))
         .unwrap();
     assert_eq!((d.rank, d.overlap.device), (Rank::new(0, 0), 0));
-    assert!(d.needs_first_token);
+    assert!(d.engine_streams);
 
     // A rank without events never waits for them.
     r.add_rank(Rank::new(2, 0), true);
@@ -416,7 +416,121 @@ fn the_stored_event_of_the_prompts_last_full_block_ends_its_prefill_load() {
     };
     let approximate = r.route(RequestId(4), &pinned, &index, ms(20)).unwrap();
     assert_eq!(approximate.rank, Rank::new(2, 0));
-    assert!(approximate.needs_first_token);
+    assert!(approximate.engine_streams);
+}
+
+#[test]
+fn without_events_a_whole_answers_prefill_ends_when_the_ranks_learnt_pace_says() {
+    let index = KvIndex::new();
+    let rank = Rank::new(0, 0);
+    let router_with = |engine_stream| {
+        let mut r = Router::new(
+            RouterConfig {
+                block_size: 4,
+                engine_stream,
+                ..RouterConfig::default()
+            },
+            Box::new(KvCost),
+        );
+        r.add_rank(rank, true);
+        r
+    };
+    let prompts: Vec<Vec<SequenceHash>> = (0..40u32)
+        .map(|i| BlockHasher::new(4).sequence(&[i; 80]))
+        .collect();
+    let mut r = router_with(EngineStream::Auto);
+    // Until the pace is learnt, the engine streams and first tokens teach it: 40 uncached tokens
+    // prefilled in 100 ms, 2.5 ms a token.
+    for (i, prompt) in prompts[..3].iter().enumerate() {
+        let at = ms(1_000 * i as u64);
+        let d = r
+            .route(RequestId(i as u64), &request(&prompt[..10], 40), &index, at)
+            .unwrap();
+        assert!(d.engine_streams && d.prefill_due.is_none(), "{i}");
+        r.first_token(RequestId(i as u64), at + ms(100));
+        r.finish(RequestId(i as u64), at + ms(200));
+    }
+
+    // Now a whole answer's prefill of 80 tokens is due 200 ms after its booking.
+    let whole = r
+        .route(RequestId(10), &request(&prompts[10], 80), &index, ms(3_000))
+        .unwrap();
+    assert!(!whole.engine_streams);
+    let due = whole.prefill_due.expect("a predicted end");
+    assert!(
+        due.abs_diff(ms(3_200)) < Duration::from_micros(1),
+        "{due:?}"
+    );
+    // A client that streams gets a stream, and no prediction.
+    let streamed = RouteRequest {
+        client_streams: true,
+        ..request(&prompts[11], 80)
+    };
+    let d = r
+        .route(RequestId(11), &streamed, &index, ms(3_000))
+        .unwrap();
+    assert!(d.engine_streams && d.prefill_due.is_none());
+    assert_eq!(r.load(rank).prefill_tokens, 160);
+    assert!(!r.end_due_prefills(ms(3_199)));
+    assert!(r.end_due_prefills(ms(3_201)));
+    assert_eq!(
+        r.load(rank).prefill_tokens,
+        80,
+        "the streamed one waits for its token"
+    );
+    // A late first token of the whole answer changes nothing.
+    r.first_token(RequestId(10), ms(3_300));
+    assert_eq!(r.load(rank).prefill_tokens, 80);
+    r.first_token(RequestId(11), ms(3_300));
+    assert_eq!(r.load(rank).prefill_tokens, 0);
+    r.finish(RequestId(10), ms(3_400));
+    r.finish(RequestId(11), ms(3_400));
+
+    // One whole answer in sixteen is streamed again, so that the pace keeps up.
+    let streams = (12..44u64)
+        .filter(|&i| {
+            let prompt = &prompts[i as usize % prompts.len()];
+            let d = r
+                .route(RequestId(i), &request(prompt, 80), &index, ms(4_000))
+                .unwrap();
+            d.engine_streams
+        })
+        .count();
+    assert_eq!(streams, 2);
+    // A predicted end is dropped with its booking: routing later ends nothing twice.
+    for i in 12..44 {
+        r.finish(RequestId(i), ms(4_001));
+    }
+    assert_eq!(r.load(rank), RankLoad::default());
+    let fresh = BlockHasher::new(4).sequence(&[99; 80]);
+    r.route(RequestId(50), &request(&fresh, 80), &index, ms(60_000))
+        .unwrap();
+    assert_eq!(r.load(rank).prefill_tokens, 80);
+
+    // `always` streams everything and predicts nothing; `as-client` never streams, and
+    // predicts once the pace is learnt (from its streaming clients).
+    for (engine_stream, streams) in [
+        (EngineStream::Always, true),
+        (EngineStream::AsClient, false),
+    ] {
+        let mut r = router_with(engine_stream);
+        for (i, prompt) in prompts[..4].iter().enumerate() {
+            let at = ms(1_000 * i as u64);
+            let streamed = RouteRequest {
+                client_streams: i < 3,
+                ..request(&prompt[..10], 40)
+            };
+            let d = r.route(RequestId(i as u64), &streamed, &index, at).unwrap();
+            let whole_and_learnt = i == 3 && !streams;
+            assert_eq!(d.engine_streams, streams || i < 3, "{engine_stream:?} {i}");
+            assert_eq!(
+                d.prefill_due.is_some(),
+                whole_and_learnt,
+                "{engine_stream:?} {i}"
+            );
+            r.first_token(RequestId(i as u64), at + ms(100));
+        }
+    }
 }
 
 #[test]
@@ -631,8 +745,8 @@ fn the_journal_records_own_booking_changes_only_when_on() {
     r.record_deltas(true);
     r.route(RequestId(2), &request(&hashes, 64), &index, ms(0))
         .unwrap();
-    r.first_token(RequestId(2));
-    r.first_token(RequestId(2));
+    r.first_token(RequestId(2), Duration::ZERO);
+    r.first_token(RequestId(2), Duration::ZERO);
     r.finish(RequestId(2), ms(1));
     r.finish(RequestId(2), ms(1));
     // Peer bookings are not ours: never recorded.

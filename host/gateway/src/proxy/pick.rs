@@ -174,6 +174,8 @@ impl Picker {
             received.at,
         );
         booking.admission = Some(ticket);
+        // Envoy forwards the client's body as it is: the engine streams as the client asked.
+        booking.engine_streams = request.client_streams;
         let tokens = request.tokens;
         let expected_output_tokens = request.expected_output_tokens;
         Ok(Some(Pick {

@@ -390,6 +390,9 @@ pub(super) struct Booking {
     started: Instant,
     ttft: Option<Duration>,
     first_byte_seen: bool,
+    /// The engine streams its answer: the first bytes are its first token (else they are the
+    /// whole answer, and the router ends the prefill load by itself).
+    pub(super) engine_streams: bool,
     status: u16,
     usage: Option<Usage>,
     /// A response was handed to the client: count it when the request ends.
@@ -445,6 +448,7 @@ impl Booking {
             started,
             ttft: None,
             first_byte_seen: false,
+            engine_streams: decision.engine_streams,
             status: 200,
             usage: None,
             answered: false,
@@ -498,10 +502,14 @@ impl Booking {
         }
     }
 
-    /// The engine's first streamed answer arrived: its prefill is over, and the TTFT is known.
+    /// The engine's first answer bytes arrived: when it streams, its prefill is over and the
+    /// TTFT is known.
     pub(super) fn first_byte(&mut self) {
         if !self.first_byte_seen {
             self.prefill_over();
+            if !self.engine_streams {
+                return;
+            }
             self.ttft = Some(self.started.elapsed());
             self.shared
                 .metrics
@@ -513,15 +521,18 @@ impl Booking {
         }
     }
 
-    /// The engine answered (for a whole answer, not asked to stream, when its first token came
-    /// is unknown): the router releases the prefill load.
+    /// The engine answered. A streamed answer's first token ends its prefill load in the
+    /// router (and teaches it the rank's prefill pace); a whole answer's end says nothing of
+    /// when its first token came, so the router ends that load by itself.
     fn prefill_over(&mut self) {
         if !self.first_byte_seen {
             if let Some(draft) = &mut self.trace {
                 draft.first_byte(Instant::now());
             }
             self.first_byte_seen = true;
-            self.shared.first_token(self.id);
+            if self.engine_streams {
+                self.shared.first_token(self.id);
+            }
         }
     }
 }

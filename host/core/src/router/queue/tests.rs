@@ -252,7 +252,7 @@ fn requests_wait_only_when_every_rank_is_saturated() {
         Ok(Submitted::Queued { .. })
     ));
     // A first token releases the prefill load: the waiting request goes.
-    r.first_token(RequestId(1));
+    r.first_token(RequestId(1), Duration::ZERO);
     let left = q.drain(&mut r, &index, secs(2));
     assert_eq!(left.len(), 1);
     assert_eq!(left[0].waited, secs(2));
