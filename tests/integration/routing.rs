@@ -268,13 +268,27 @@ struct PrefillSeen {
     ttfts: f64,
 }
 
+/// A chat request with a prompt of ~3,000 tokens of its own (by `seed`).
+fn long_prompt(seed: u32, max_tokens: u32, stream: bool) -> serde_json::Value {
+    let prompt = (0..1500).map(|i| format!("w{i}")).collect::<Vec<_>>();
+    let prompt = format!("s{seed} {}", prompt.join(" "));
+    json!({"model": MODEL, "max_tokens": max_tokens, "stream": stream,
+        "messages": [{"role": "user", "content": prompt}]})
+}
+
+/// `config` with its workers' KV events taken out.
+fn without_kv_events(config: &str) -> String {
+    config
+        .lines()
+        .filter(|l| !l.starts_with("kv_events") && !l.starts_with("replay"))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
 /// Send one long-prompt, long-answer request that does not stream through `gateway` (its own
 /// prompt, by `seed`), watching the router's view of worker 0 in the metrics while it runs.
 async fn watch_prefill(gateway: &Gateway, seed: u32) -> PrefillSeen {
-    let prompt = (0..1500).map(|i| format!("w{i}")).collect::<Vec<_>>();
-    let prompt = format!("s{seed} {}", prompt.join(" "));
-    let body = json!({"model": MODEL, "max_tokens": 100,
-        "messages": [{"role": "user", "content": prompt}]});
+    let body = long_prompt(seed, 100, false);
     let url = format!("{}/v1/chat/completions", gateway.url);
     let request = tokio::spawn(async move { client().post(url).json(&body).send().await });
     let (mut booked, mut ended_in_flight) = (false, false);
@@ -320,13 +334,8 @@ async fn a_whole_answers_prefill_ends_at_the_engines_stored_event() {
     assert_eq!(seen.ttfts, 0.0, "a whole answer has no first token to time");
     drop(with_events);
 
-    let config = Gateway::config_for(&[&engine], "kv-cost");
-    let without_events: String = config
-        .lines()
-        .filter(|l| !l.starts_with("kv_events") && !l.starts_with("replay"))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    let without_events = Gateway::start(&without_events);
+    let config = without_kv_events(&Gateway::config_for(&[&engine], "kv-cost"));
+    let without_events = Gateway::start(&config);
     for seed in 1..=4 {
         let seen = watch_prefill(&without_events, seed).await;
         assert!(
@@ -339,4 +348,56 @@ async fn a_whole_answers_prefill_ends_at_the_engines_stored_event() {
             "the engine streamed for the router's sake until it knew the pace"
         );
     }
+}
+
+/// With a router queue, a prefill load that ends at the pace's prediction lets the next request
+/// go then, not when the whole answer is done: two long requests sent together run side by
+/// side although one prefill fills the worker's queue threshold. (`as-client`, so that no
+/// first token ends the loads instead: the pace is learnt from clients that stream.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_predicted_prefill_end_lets_the_router_queue_go() {
+    let engine = MockEngine::start_with(0.5, 4096, &["--answer-median-tokens", "100000"]);
+    let config = String::from("[server]\nengine_stream = \"as-client\"\n")
+        + "[queue]\nmax_prefill_tokens = 1000\n"
+        + &without_kv_events(&Gateway::config_for(&[&engine], "kv-cost"));
+    let gateway = Gateway::start(&config);
+    let url = format!("{}/v1/chat/completions", gateway.url);
+    // Three streaming clients teach the router the worker's prefill pace.
+    for seed in 0..3 {
+        let response = client()
+            .post(&url)
+            .json(&long_prompt(seed, 4, true))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        response.text().await.unwrap();
+    }
+    let requests: Vec<_> = (10..12)
+        .map(|seed| {
+            let (url, body) = (url.clone(), long_prompt(seed, 100, false));
+            tokio::spawn(async move { client().post(url).json(&body).send().await })
+        })
+        .collect();
+    let mut side_by_side = false;
+    while !requests.iter().all(|r| r.is_finished()) {
+        let metrics = crate::support::get_text(&format!("{}/metrics", gateway.url)).await;
+        let worker = ["worker=\"0.0\""];
+        side_by_side |=
+            crate::support::sample(&metrics, "switchyard_worker_in_flight", &worker) == 2.0;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for request in requests {
+        assert_eq!(request.await.unwrap().unwrap().status(), 200);
+    }
+    let metrics = crate::support::get_text(&format!("{}/metrics", gateway.url)).await;
+    assert_eq!(
+        crate::support::metric_sum(&metrics, "switchyard_router_queue_enqueued_total"),
+        1.0,
+        "one waited"
+    );
+    assert!(
+        side_by_side,
+        "the second waited for the first's whole answer"
+    );
 }
