@@ -1,6 +1,7 @@
 //! One ext_proc stream per HTTP request: collect the body, pick, stream the body back, then
-//! watch the response go by (first byte: prefill done, unless the engine's KV events said so
-//! earlier, as they do for an answer that does not stream; end: the booking is released).
+//! watch the response go by (a streamed answer's first byte: prefill done, unless the engine's
+//! KV events said so earlier, as they do for an answer that does not stream, or the rank's
+//! learnt prefill pace; end: the booking is released).
 
 use crate::envoy;
 use crate::{DESTINATION_ENDPOINT, DESTINATION_SERVED};

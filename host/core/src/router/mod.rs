@@ -205,7 +205,8 @@ pub enum RouteError {
 /// Load a rank carries from the router's point of view.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RankLoad {
-    /// Uncached prompt tokens not yet past their first token.
+    /// Uncached prompt tokens whose prefill has not ended in the router's view (a first token,
+    /// a stored event or a predicted end).
     pub prefill_tokens: u64,
     /// KV blocks of running requests.
     pub decode_blocks: u64,
