@@ -261,11 +261,13 @@ async fn a_repeated_prompt_stays_on_its_worker_streaming_or_not() {
 }
 
 /// What the gateway's metrics showed of worker 0 while one request ran: whether its prefill
-/// load was seen booked, then ended while the request still ran; and the TTFTs recorded.
+/// load was seen booked, then ended while the request still ran; the TTFTs and the whole
+/// answers recorded.
 struct PrefillSeen {
     booked: bool,
     ended_in_flight: bool,
     ttfts: f64,
+    whole_answers: f64,
 }
 
 /// A chat request with a prompt of ~3,000 tokens of its own (by `seed`).
@@ -309,6 +311,10 @@ async fn watch_prefill(gateway: &Gateway, seed: u32) -> PrefillSeen {
         booked,
         ended_in_flight,
         ttfts: crate::support::metric_sum(&metrics, "switchyard_ttft_seconds_count"),
+        whole_answers: crate::support::metric_sum(
+            &metrics,
+            "switchyard_engine_whole_answers_total",
+        ),
     }
 }
 
@@ -332,6 +338,7 @@ async fn a_whole_answers_prefill_ends_at_the_engines_stored_event() {
     let seen = watch_prefill(&with_events, 0).await;
     assert!(seen.booked && seen.ended_in_flight, "with events");
     assert_eq!(seen.ttfts, 0.0, "a whole answer has no first token to time");
+    assert_eq!(seen.whole_answers, 1.0);
     drop(with_events);
 
     let config = without_kv_events(&Gateway::config_for(&[&engine], "kv-cost"));
@@ -347,6 +354,7 @@ async fn a_whole_answers_prefill_ends_at_the_engines_stored_event() {
             f64::from(seed.min(3)),
             "the engine streamed for the router's sake until it knew the pace"
         );
+        assert_eq!(seen.whole_answers, f64::from(seed.saturating_sub(3)));
     }
 }
 

@@ -112,8 +112,12 @@ pub struct Metrics {
     /// Requests in flight per worker rank, as the router books them.
     pub in_flight: Family<WorkerLabels, Gauge>,
     /// Uncached prompt tokens booked per worker rank whose prefill has not ended in the
-    /// router's view (no first token, no stored event of the prompt's end yet).
+    /// router's view (no first token, no stored event of the prompt's end, no predicted end
+    /// passed yet).
     pub prefill_tokens: Family<WorkerLabels, Gauge>,
+    /// Requests whose client did not stream that the engine was asked to answer whole
+    /// (`[server] engine_stream`), per worker rank.
+    pub whole_answers: Family<WorkerLabels, Counter>,
     /// Trace lines dropped because the writer was behind or failing.
     pub trace_dropped: Counter,
     /// Stored responses the Responses store's journal could not write (kept in memory only).
@@ -185,6 +189,7 @@ impl Metrics {
             worker_healthy: Family::default(),
             in_flight: Family::default(),
             prefill_tokens: Family::default(),
+            whole_answers: Family::default(),
             trace_dropped: Counter::default(),
             response_journal_errors: Counter::default(),
             config_reloads: Family::default(),
@@ -295,8 +300,15 @@ impl Metrics {
         registry.register(
             "worker_prefill_tokens",
             "Uncached prompt tokens booked on the worker whose prefill has not ended (the \
-             router heard of no first token and no KV event of the prompt's last block)",
+             router heard of no first token and no KV event of the prompt's last block, and \
+             the end its learnt prefill pace predicts has not come)",
             m.prefill_tokens.clone(),
+        );
+        registry.register(
+            "engine_whole_answers",
+            "Requests the engine was asked to answer whole rather than stream (the client \
+             did not stream, and the router hears of the prefill's end otherwise)",
+            m.whole_answers.clone(),
         );
         registry.register(
             "trace_dropped",

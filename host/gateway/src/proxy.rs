@@ -198,6 +198,10 @@ async fn proxy(
         }
         let session = agent.session_id.as_deref();
         let whole = !decision.engine_streams;
+        if whole {
+            let label = crate::metrics::worker_label(decision.rank);
+            shared.metrics.whole_answers.get_or_create(&label).inc();
+        }
         match send(shared, &turn, &decision, (release.priority, session, whole)).await {
             Ok((upstream, parse, slot)) => {
                 booking.slot = slot;
