@@ -16,7 +16,8 @@ const MIN_SAMPLES: u32 = 3;
 /// One prediction in this many is replaced by a stream, so that the pace keeps learning where
 /// clients do not stream.
 const RECALIBRATE_EVERY: u32 = 16;
-/// Weight of the newest sample in the moving average.
+/// Weight of the newest sample in the fit: each older one fades by `1 -` this, as the engine's
+/// load drifts (an effective memory of about 8 samples).
 const NEWEST_WEIGHT: f64 = 0.125;
 
 /// One rank's learnt prefill pace: `seconds = intercept + slope x backlog`, fitted by least
