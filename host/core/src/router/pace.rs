@@ -67,20 +67,22 @@ impl PrefillPace {
     }
 
     /// The fitted line at `backlog`. Where the samples do not spread enough to fit a slope
-    /// (the same backlog each time), or the fit slopes down, the line goes through the origin
-    /// and the samples' mean (their seconds per token, weighted by backlog).
+    /// (the same backlog each time), or the fit slopes down or crosses zero above the origin
+    /// (a prefill's cost growing faster than its length: small backlogs would end at once),
+    /// the line goes through the origin and the samples' mean (their seconds per token,
+    /// weighted by backlog).
     fn seconds(&self, backlog: f64) -> f64 {
         let (mean_x, mean_y) = (self.x / self.w, self.y / self.w);
         let var = self.xx / self.w - mean_x * mean_x;
         let cov = self.xy / self.w - mean_x * mean_y;
-        let spread = var > (0.01 * mean_x).powi(2);
-        let (slope, intercept) = if spread && cov > 0.0 {
+        if var > (0.01 * mean_x).powi(2) && cov > 0.0 {
             let slope = cov / var;
-            (slope, mean_y - slope * mean_x)
-        } else {
-            (mean_y / mean_x, 0.0)
-        };
-        (intercept + slope * backlog).max(0.0)
+            let intercept = mean_y - slope * mean_x;
+            if intercept >= 0.0 {
+                return intercept + slope * backlog;
+            }
+        }
+        backlog * mean_y / mean_x
     }
 }
 
@@ -135,5 +137,14 @@ mod tests {
         }
         assert_eq!(pace.predict(0, ms(7)), Some(ms(7)));
         assert!(pace.predict(2_000, ms(0)).is_some_and(|at| at > ms(100)));
+
+        // Nor do samples whose line would cross zero above the origin (a cost growing faster
+        // than the backlog): a small prefill is not taken as done at once.
+        let mut pace = PrefillPace::default();
+        for (backlog, elapsed) in [(1_000, 10), (2_000, 100), (3_000, 190)] {
+            pace.observe(backlog, ms(elapsed));
+        }
+        let small = predicted_us(&mut pace, 500, ms(0)).expect("a prediction");
+        assert!(small > 10_000, "{small} us");
     }
 }
