@@ -92,6 +92,9 @@ pub struct Outcome {
     pub records: Vec<RequestRecord>,
     /// Prompt tokens computed again although some worker had computed them before.
     pub recomputed_tokens: u64,
+    /// Requests whose engine answered whole, so that no first token reached the router
+    /// (`RouterConfig::engine_stream`).
+    pub whole_answers: u64,
     /// Time between KV utilization samples.
     pub sample_interval: Duration,
     /// Per worker, the fraction of KV blocks in use at each sample.
@@ -223,6 +226,7 @@ impl Outcome {
             prompt_tokens: prompt,
             cached_tokens: cached,
             recomputed_tokens: self.recomputed_tokens,
+            whole_answers: self.whole_answers,
             ttft_cdf: cdf(&ttft),
             kv_utilization: KvUtilization {
                 interval_s: self.sample_interval.as_secs_f64(),

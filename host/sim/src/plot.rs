@@ -382,6 +382,7 @@ mod tests {
             prompt_tokens: 100,
             cached_tokens: 50,
             recomputed_tokens: 1_000,
+            whole_answers: 0,
             ttft_cdf: vec![(1.0, 1.0)],
             kv_utilization: KvUtilization {
                 interval_s: 1.0,

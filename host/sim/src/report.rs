@@ -76,6 +76,10 @@ pub struct RunReport {
     pub cached_tokens: u64,
     /// Prompt tokens prefilled although some worker had computed them before.
     pub recomputed_tokens: u64,
+    /// Requests whose engine answered whole rather than streamed (the simulated clients do not
+    /// stream: `--engine-stream`).
+    #[serde(default)]
+    pub whole_answers: u64,
     /// TTFT distribution: `[ms, cumulative fraction]` at 101 evenly spaced fractions.
     pub ttft_cdf: Vec<(f64, f64)>,
     /// Per-worker KV utilization over time.
@@ -443,6 +447,7 @@ impl Report {
             ("recomputed Mtok", |r| {
                 format!("{:.1}", r.recomputed_tokens as f64 / 1e6)
             }),
+            ("whole answers", |r| format!("{}", r.whole_answers)),
             ("held requests", |r| {
                 format!("{}", r.admission_stats.held_requests)
             }),

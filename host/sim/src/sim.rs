@@ -313,6 +313,8 @@ pub struct Simulation<'w> {
     /// Requests in engines that answer whole (`RouterConfig::engine_stream`): their first tokens
     /// do not reach the router.
     whole_answers: HashSet<u64>,
+    /// How many requests were answered whole.
+    whole_answered: u64,
     hasher: BlockHasher,
     workers: Vec<SimWorker>,
     /// The shared pool, with `SimConfig::pool_blocks`.
@@ -522,6 +524,7 @@ impl<'w> Simulation<'w> {
             sent: 0,
             pending: HashMap::new(),
             whole_answers: HashSet::new(),
+            whole_answered: 0,
             hasher: BlockHasher::new(workload.block_size as usize),
             sessions: (0..workload.sessions.len())
                 .map(|_| SessionState::default())
@@ -644,6 +647,7 @@ impl<'w> Simulation<'w> {
             block_size: self.workload.block_size,
             records: self.records,
             recomputed_tokens: self.recomputed_tokens,
+            whole_answers: self.whole_answered,
             sample_interval: self.config.sample_interval,
             kv_samples: self.kv_samples,
             tiers: (self.config.engine.host_tier.is_some() || self.pool.is_some()).then(|| {
@@ -895,6 +899,7 @@ impl<'w> Simulation<'w> {
         self.records[id as usize].worker = Some(worker);
         if !decision.engine_streams {
             self.whole_answers.insert(id);
+            self.whole_answered += 1;
         }
         self.unadmitted.insert(id, hashes);
         let r = self.records[id as usize].replica;
