@@ -67,10 +67,11 @@ pub(crate) struct SimulateArgs {
     kv_hints_tick: Duration,
     /// The gateway's `[server] engine_stream` for clients that do not stream: `auto`, engines
     /// answer whole where the router hears of each prefill's end from KV events (the stored
-    /// event of the prompt's last full block), else they stream; `always`, the router hears of
-    /// each request's first token when it comes (as with streaming clients); `as-client`,
-    /// engines answer whole, so without KV events a request's prefill loads its worker in the
-    /// router's view until the request ends.
+    /// event of the prompt's last full block) or can predict it from the rank's learnt prefill
+    /// pace, else they stream; `always`, the router hears of each request's first token when it
+    /// comes (as with streaming clients); `as-client`, engines answer whole, so without KV
+    /// events (and with no streaming client to teach the pace) a request's prefill loads its
+    /// worker in the router's view until the request ends.
     #[arg(long, default_value = "auto", value_parser = parse_engine_stream)]
     engine_stream: EngineStream,
     /// Router queue: a worker is saturated above this many engine steps of uncached prefill

@@ -1,10 +1,10 @@
 //! What the gateway sends an engine, and how it reads the answer back as reply events.
 //!
 //! Engines stream, with usage, when the client streams, and otherwise when the router needs the
-//! first token to learn that the prefill ended (`[server] engine_stream`, `EngineStream::streams`):
-//! the gateway then sees the first token and the engine's cached-token count, and re-encodes the
-//! stream into the client's API or aggregates it into one body. Otherwise the engine's whole
-//! answer is read here in one piece.
+//! first token to learn that the prefill ended (`[server] engine_stream`,
+//! `Decision::engine_streams`): the gateway then sees the first token and the engine's
+//! cached-token count, and re-encodes the stream into the client's API or aggregates it into one
+//! body. Otherwise the engine's whole answer is read here in one piece.
 
 use super::prepare::{Request, Turn};
 use crate::config::{EngineKind, UpstreamMode};
