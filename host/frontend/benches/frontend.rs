@@ -1,6 +1,6 @@
 //! Cost of the frontend on an agent conversation of growing length (Claude Code shape: system
 //! blocks, tool calls and results): decode the request, render template messages, render the
-//! engine body; and streaming one reply through each encoder.
+//! engine body; streaming one reply through each encoder; relaying an engine's chat stream.
 //! IDs: `frontend/<op>/<turns>`.
 
 use std::hint::black_box;
@@ -8,8 +8,8 @@ use std::hint::black_box;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use serde_json::{Value, json};
 use switchyard_frontend::{
-    Api, ParsedEvent, ReplyEvent, ReplyMeta, chat, messages, responses, to_chat_request,
-    to_template_messages,
+    Api, ParsedEvent, ReplyEvent, ReplyMeta, UpstreamChatDecoder, chat, messages, responses,
+    to_chat_request, to_template_messages,
 };
 
 /// A messages request with `turns` tool-using turns (~400 bytes of text per turn).
@@ -98,6 +98,33 @@ fn reply_events() -> Vec<ReplyEvent> {
     events
 }
 
+/// An engine's streamed chat answer as vLLM (and the gateway-anchor harness's fake backends)
+/// write it: a role chunk, 64 one-token chunks, the finish chunk, usage and `[DONE]`.
+fn engine_stream() -> Vec<String> {
+    let head = r#"{"id":"chatcmpl-7","object":"chat.completion.chunk","created":1700000000,"model":"fake-model","system_fingerprint":"fakebackend","choices":["#;
+    let choice = |delta: &str, finish: &str| {
+        format!(
+            r#"{head}{{"index":0,"delta":{delta},"logprobs":null,"finish_reason":{finish}}}]}}"#
+        )
+    };
+    let mut chunks = vec![choice(r#"{"role":"assistant","content":""}"#, "null")];
+    let words = [
+        "The", " quick", " brown", " fox", " jumps", " over", " the", " lazy", " dog.",
+    ];
+    chunks.extend((0..64).map(|i| {
+        choice(
+            &json!({"content": words[i % words.len()]}).to_string(),
+            "null",
+        )
+    }));
+    chunks.push(choice("{}", r#""stop""#));
+    chunks.push(format!(
+        r#"{head}],"usage":{{"prompt_tokens":2048,"completion_tokens":64,"total_tokens":2112}}}}"#
+    ));
+    chunks.push("[DONE]".into());
+    chunks
+}
+
 fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("frontend");
     for turns in [10, 100, 1000] {
@@ -135,6 +162,32 @@ fn bench(c: &mut Criterion) {
             },
         );
     }
+    // The gateway's per-token work on a chat client's stream from a chat engine: each engine
+    // chunk decoded into reply events and encoded again as the client's chunk.
+    let chunks = engine_stream();
+    group.throughput(Throughput::Elements(chunks.len() as u64));
+    group.bench_with_input(
+        BenchmarkId::new("relay", "ChatCompletions"),
+        &chunks,
+        |b, chunks| {
+            b.iter(|| {
+                let mut decoder = UpstreamChatDecoder::new("r");
+                let mut encoder = Api::ChatCompletions.stream_encoder(ReplyMeta::new("r", 0, "m"));
+                let mut bytes = 0;
+                for chunk in chunks {
+                    let events = decoder.decode_data(black_box(chunk)).expect("valid");
+                    for event in &events {
+                        bytes += encoder
+                            .push(event)
+                            .iter()
+                            .map(|f| f.wire_len())
+                            .sum::<usize>();
+                    }
+                }
+                bytes + encoder.finish().len()
+            })
+        },
+    );
     // One whole turn of the frontend alone (what a request costs besides tokenizing, routing and
     // the engine): body bytes -> IR -> template messages, then a 221-event reply streamed back.
     group.throughput(Throughput::Elements(1));

@@ -4,6 +4,7 @@
 use std::borrow::Cow;
 
 use serde::Deserialize;
+use serde::de::IgnoredAny;
 use serde_json::Value;
 use switchyard_parsers::ParsedEvent;
 
@@ -324,13 +325,15 @@ fn check_error(body: &Value) -> Result<(), ApiError> {
 
 /// The fields of a streamed chunk the decoder reads, borrowed from its text; see
 /// [`UpstreamChatDecoder::decode_data`]. Unknown fields are skipped; a field of an unexpected
-/// type fails the whole view, which sends the chunk down the `Value` path.
+/// type (an index that is not an integer) fails the whole view, which sends the chunk down the
+/// `Value` path.
 #[derive(Deserialize)]
 struct ChunkView<'a> {
+    /// Present and not null: an error chunk (read on the `Value` path).
     #[serde(default)]
-    error: Option<Value>,
+    error: Option<IgnoredAny>,
     #[serde(default, borrow)]
-    object: Option<Cow<'a, str>>,
+    object: Option<Text<'a>>,
     #[serde(default, borrow)]
     choices: Option<Vec<ChoiceView<'a>>>,
     #[serde(default)]
@@ -340,13 +343,13 @@ struct ChunkView<'a> {
 #[derive(Deserialize)]
 struct ChoiceView<'a> {
     #[serde(default)]
-    index: Option<Value>,
+    index: Option<u64>,
     #[serde(default, borrow)]
     delta: Option<DeltaView<'a>>,
     #[serde(default, borrow)]
-    text: Option<Cow<'a, str>>,
+    text: Option<Text<'a>>,
     #[serde(default, borrow)]
-    finish_reason: Option<Cow<'a, str>>,
+    finish_reason: Option<Text<'a>>,
     #[serde(default)]
     stop_reason: Option<Value>,
 }
@@ -354,19 +357,59 @@ struct ChoiceView<'a> {
 #[derive(Deserialize)]
 struct DeltaView<'a> {
     #[serde(default, borrow)]
-    reasoning_content: Option<Cow<'a, str>>,
+    reasoning_content: Option<Text<'a>>,
     #[serde(default, borrow)]
-    reasoning: Option<Cow<'a, str>>,
+    reasoning: Option<Text<'a>>,
     #[serde(default, borrow)]
-    content: Option<Cow<'a, str>>,
+    content: Option<Text<'a>>,
     #[serde(default)]
     tool_calls: Option<Vec<Value>>,
+}
+
+/// A string borrowed from the chunk unless it holds escapes. (serde borrows a `Cow<str>` field
+/// only when it is not wrapped: as `Option<Cow<str>>` every string would be copied.)
+struct Text<'a>(Cow<'a, str>);
+
+impl std::ops::Deref for Text<'_> {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct TextVisitor;
+
+        impl<'de> serde::de::Visitor<'de> for TextVisitor {
+            type Value = Text<'de>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+
+            fn visit_borrowed_str<E>(self, text: &'de str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Borrowed(text)))
+            }
+
+            fn visit_str<E>(self, text: &str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(text.to_owned())))
+            }
+
+            fn visit_string<E>(self, text: String) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(text)))
+            }
+        }
+
+        deserializer.deserialize_str(TextVisitor)
+    }
 }
 
 impl ChunkView<'_> {
     /// What [`check_error`] refuses: left to the `Value` path.
     fn is_error(&self) -> bool {
-        self.error.as_ref().is_some_and(|e| !e.is_null()) || self.object.as_deref() == Some("error")
+        self.error.is_some() || self.object.as_deref() == Some("error")
     }
 
     /// The choice [`first_choice`] picks.
@@ -374,7 +417,7 @@ impl ChunkView<'_> {
         self.choices
             .as_ref()?
             .iter()
-            .find(|c| c.index.as_ref().and_then(Value::as_u64).unwrap_or(0) == 0)
+            .find(|c| c.index.unwrap_or(0) == 0)
     }
 }
 
@@ -564,7 +607,14 @@ mod tests {
                     delta
                 });
             let choice = (
-                prop_oneof![Just(json!(0)), Just(json!(1)), Just(json!("0"))],
+                prop_oneof![
+                    Just(json!(0)),
+                    Just(json!(1)),
+                    Just(json!("0")),
+                    Just(Value::Null),
+                    Just(json!(-1)),
+                    Just(json!(0.0)),
+                ],
                 delta,
                 text(),
                 text(),

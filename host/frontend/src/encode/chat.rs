@@ -2,7 +2,7 @@
 
 use serde_json::{Value, json};
 
-use super::{Format, frame};
+use super::{Format, FrameText, frame};
 use crate::api::Api;
 use crate::error::ApiError;
 use crate::ir::Block;
@@ -141,11 +141,17 @@ pub(crate) fn body(flavor: Flavor, reply: &Reply, meta: &ReplyMeta) -> Value {
     body
 }
 
+/// What follows the content of a chunk that does not finish the choice.
+const OPEN_CHOICE_TAIL: &str = r#","logprobs":null,"finish_reason":null}]}"#;
+
 /// The streaming format of chat completions and completions.
 #[derive(Debug)]
 pub(crate) struct ChunkFormat {
     flavor: Flavor,
     finish_sent: bool,
+    /// Every chunk's bytes before its content (`{"id":...,"choices":[{"index":0,"delta":`),
+    /// once the first token's chunk has cut it (see [`ChunkFormat::token_chunk`]).
+    head: Option<String>,
 }
 
 impl ChunkFormat {
@@ -153,12 +159,36 @@ impl ChunkFormat {
         Self {
             flavor,
             finish_sent: false,
+            head: None,
         }
     }
 
+    /// A chunk carrying one piece of text: the chat delta `{key: text}`, or with no key the
+    /// completion's `text`. A stream is mostly these, one per token, so each is the envelope cut
+    /// once from a chunk [`chunk`](Self::chunk) wrote with a null content, the escaped text and
+    /// the fixed tail: byte for byte what `chunk` writes, without writing the envelope again.
+    fn token_chunk(&mut self, meta: &ReplyMeta, key: Option<&str>, text: &str) -> SseFrame {
+        let head = match &self.head {
+            Some(head) => head,
+            None => {
+                let mut null = self.chunk(meta, Value::Null, None).data;
+                null.truncate(null.len() - "null".len() - OPEN_CHOICE_TAIL.len());
+                self.head.insert(null)
+            }
+        };
+        let mut data = FrameText::with_capacity(head.len() + text.len() + 64);
+        data.raw(head);
+        match key {
+            Some(key) => data.raw("{\"").raw(key).raw("\":").string(text).raw("}"),
+            None => data.string(text),
+        };
+        data.raw(OPEN_CHOICE_TAIL);
+        data.frame(None)
+    }
+
     fn chunk(&self, meta: &ReplyMeta, content: Value, finish_reason: Option<&str>) -> SseFrame {
-        // A chunk per token: written from borrowed fields (the same keys, in the same order,
-        // as `envelope` and `Flavor::choice`), not built as a `Value` tree.
+        // Written from borrowed fields (the same keys, in the same order, as `envelope` and
+        // `Flavor::choice`), not built as a `Value` tree.
         let chunk = StreamChunk {
             id: &self.flavor.api().object_id(&meta.request_id),
             object: self.flavor.object(true),
@@ -203,10 +233,14 @@ impl Format for ChunkFormat {
             Step::Close(_) => return,
         };
         let content = match (self.flavor, reply.blocks().get(n), delta) {
-            (Flavor::Completion, Some(Block::Text { .. }), Some(d)) => json!(d),
-            (Flavor::Chat, Some(Block::Text { .. }), Some(d)) => json!({ "content": d }),
+            (Flavor::Completion, Some(Block::Text { .. }), Some(d)) => {
+                return out.push(self.token_chunk(meta, None, d));
+            }
+            (Flavor::Chat, Some(Block::Text { .. }), Some(d)) => {
+                return out.push(self.token_chunk(meta, Some("content"), d));
+            }
             (Flavor::Chat, Some(Block::Thinking { .. }), Some(d)) => {
-                json!({ "reasoning_content": d })
+                return out.push(self.token_chunk(meta, Some("reasoning_content"), d));
             }
             (Flavor::Chat, Some(Block::ToolCall { id, name, .. }), None) => json!({"tool_calls": [{
                 "index": reply.call_ordinal(n).unwrap_or(0),
@@ -274,6 +308,26 @@ mod tests {
                 let choice = flavor.choice(true, content, finish);
                 let reference = envelope(flavor, true, &meta, vec![choice]).to_string();
                 assert_eq!(typed.data, reference);
+            }
+        }
+    }
+
+    /// A token's chunk, spliced into the envelope, is the chunk `chunk` writes, whatever the
+    /// text holds (quotes, escapes, control characters, non-ASCII) and however the model is named.
+    #[test]
+    fn a_tokens_chunk_is_the_chunk_byte_for_byte() {
+        for model in ["m", "m \"quoted\" \\ é"] {
+            let meta = ReplyMeta::new("r\"1", 1_700_000_000, model);
+            for text in ["", "hé\n\"x\"", "\u{1}\t\\", "🦀 </s>"] {
+                let mut chat = ChunkFormat::new(Flavor::Chat);
+                for key in ["content", "reasoning_content"] {
+                    let spliced = chat.token_chunk(&meta, Some(key), text);
+                    let written = chat.chunk(&meta, json!({ key: text }), None);
+                    assert_eq!(spliced, written, "{model} {text:?}");
+                }
+                let mut completion = ChunkFormat::new(Flavor::Completion);
+                let spliced = completion.token_chunk(&meta, None, text);
+                assert_eq!(spliced, completion.chunk(&meta, json!(text), None));
             }
         }
     }

@@ -7,7 +7,7 @@
 
 use serde_json::{Value, json};
 
-use super::{Format, frame, typed};
+use super::{Format, FrameText, frame, typed};
 use crate::api::Api;
 use crate::error::ApiError;
 use crate::ir::Block;
@@ -95,6 +95,27 @@ pub(crate) fn body(reply: &Reply, meta: &ReplyMeta) -> Value {
 #[derive(Debug, Default)]
 pub(crate) struct EventFormat;
 
+/// A `content_block_delta`: one per token, written as text (see [`FrameText`]), byte for byte
+/// the `Value` `{"type", "index", "delta": {"type", <key>: d}}` would write.
+fn block_delta(block: &Block, n: usize, d: &str) -> SseFrame {
+    let (kind, key) = match block {
+        Block::Thinking { .. } => ("thinking_delta", "thinking"),
+        Block::ToolCall { .. } => ("input_json_delta", "partial_json"),
+        _ => ("text_delta", "text"),
+    };
+    let mut data = FrameText::with_capacity(d.len() + 96);
+    data.raw(r#"{"type":"content_block_delta","index":"#)
+        .number(n as u64)
+        .raw(r#","delta":{"type":""#)
+        .raw(kind)
+        .raw(r#"",""#)
+        .raw(key)
+        .raw(r#"":"#)
+        .string(d)
+        .raw("}}");
+    data.frame(Some("content_block_delta"))
+}
+
 fn event(kind: &'static str, fields: Value, out: &mut Vec<SseFrame>) {
     out.push(frame(Some(kind), &typed(kind, fields)));
 }
@@ -127,20 +148,7 @@ impl Format for EventFormat {
                 let start = json!({"index": n, "content_block": content_block(block, false)});
                 event("content_block_start", start, out);
             }
-            Step::Delta(_, d) => {
-                let delta = match block {
-                    Block::Thinking { .. } => json!({"type": "thinking_delta", "thinking": d}),
-                    Block::ToolCall { .. } => {
-                        json!({"type": "input_json_delta", "partial_json": d})
-                    }
-                    _ => json!({"type": "text_delta", "text": d}),
-                };
-                event(
-                    "content_block_delta",
-                    json!({"index": n, "delta": delta}),
-                    out,
-                );
-            }
+            Step::Delta(_, d) => out.push(block_delta(block, n, d)),
             Step::Close(_) => event("content_block_stop", json!({ "index": n }), out),
         }
     }
@@ -162,5 +170,40 @@ impl Format for EventFormat {
             object.remove("type");
         }
         event("error", body, out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A token's delta, written as text, is the frame its `Value` writes, for every kind of
+    /// block and whatever the text holds.
+    #[test]
+    fn a_tokens_delta_is_its_value_byte_for_byte() {
+        let text = Block::Text { text: "x".into() };
+        let thinking = Block::Thinking {
+            text: "x".into(),
+            signature: None,
+        };
+        let call = Block::ToolCall {
+            id: "c".into(),
+            name: "f".into(),
+            arguments: String::new(),
+        };
+        for (block, kind, key) in [
+            (&text, "text_delta", "text"),
+            (&thinking, "thinking_delta", "thinking"),
+            (&call, "input_json_delta", "partial_json"),
+        ] {
+            for n in [0, 12] {
+                for d in ["", "hé\n\"x\"", "\u{1}\t\\", "{\"a\":"] {
+                    let mut reference = Vec::new();
+                    let delta = json!({"index": n, "delta": {"type": kind, key: d}});
+                    event("content_block_delta", delta, &mut reference);
+                    assert_eq!([block_delta(block, n, d)], reference.as_slice());
+                }
+            }
+        }
     }
 }

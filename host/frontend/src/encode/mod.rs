@@ -184,6 +184,47 @@ pub(crate) fn typed(kind: &str, fields: Value) -> Value {
     Value::Object(event)
 }
 
+/// A frame's JSON written as text: fixed pieces, escaped strings and numbers. A stream is mostly
+/// one small frame per token whose keys never change, so its encoders write those frames this
+/// way rather than build a `Value` each time; each format's tests hold them byte for byte to
+/// what [`frame`] writes from the `Value`.
+pub(crate) struct FrameText(Vec<u8>);
+
+impl FrameText {
+    /// An empty frame with room for `capacity` bytes.
+    pub(crate) fn with_capacity(capacity: usize) -> Self {
+        Self(Vec::with_capacity(capacity))
+    }
+
+    /// JSON text, as is.
+    pub(crate) fn raw(&mut self, json: &str) -> &mut Self {
+        self.0.extend_from_slice(json.as_bytes());
+        self
+    }
+
+    /// A JSON string.
+    pub(crate) fn string(&mut self, text: &str) -> &mut Self {
+        // Writing to a `Vec` cannot fail.
+        let _ = serde_json::to_writer(&mut self.0, text);
+        self
+    }
+
+    /// A JSON number.
+    pub(crate) fn number(&mut self, n: u64) -> &mut Self {
+        use std::io::Write as _;
+        let _ = write!(self.0, "{n}");
+        self
+    }
+
+    pub(crate) fn frame(self, event: Option<&'static str>) -> SseFrame {
+        SseFrame {
+            event,
+            // Only `str` pieces went in.
+            data: String::from_utf8(self.0).unwrap_or_default(),
+        }
+    }
+}
+
 /// A JSON value (a `Value`, or a typed frame) as an SSE frame.
 pub(crate) fn frame<T: serde::Serialize + ?Sized>(
     event: Option<&'static str>,

@@ -7,7 +7,7 @@
 
 use serde_json::{Map, Value, json};
 
-use super::{Format, frame, typed};
+use super::{Format, FrameText, frame, typed};
 use crate::api::Api;
 use crate::error::{ApiError, ErrorKind};
 use crate::ir::{Block, CUSTOM_TOOL_INPUT, ToolOrigin};
@@ -199,6 +199,9 @@ pub(crate) fn body(reply: &Reply, meta: &ReplyMeta) -> Value {
     response(reply, meta, true, None)
 }
 
+const OUTPUT_TEXT_DELTA: &str = "response.output_text.delta";
+const FUNCTION_CALL_ARGUMENTS_DELTA: &str = "response.function_call_arguments.delta";
+
 /// The Responses API's event stream.
 #[derive(Debug, Default)]
 pub(crate) struct EventFormat {
@@ -211,6 +214,34 @@ impl EventFormat {
         event["sequence_number"] = self.sequence.into();
         self.sequence += 1;
         out.push(frame(Some(kind), &event));
+    }
+}
+
+impl EventFormat {
+    /// The delta event of a text, reasoning or function call item: one per token, written as
+    /// text (see [`FrameText`]), byte for byte what [`event`](Self::event) writes from the
+    /// `Value` (`type`, the item's place, `delta`, `logprobs` for text, `sequence_number`).
+    fn delta(&mut self, kind: &'static str, id: &str, n: usize, d: &str) -> SseFrame {
+        let mut data = FrameText::with_capacity(d.len() + id.len() + 128);
+        data.raw(r#"{"type":""#)
+            .raw(kind)
+            .raw(r#"","item_id":"#)
+            .string(id)
+            .raw(r#","output_index":"#)
+            .number(n as u64);
+        // A function call's arguments are no content part.
+        if kind != FUNCTION_CALL_ARGUMENTS_DELTA {
+            data.raw(r#","content_index":0"#);
+        }
+        data.raw(r#","delta":"#).string(d);
+        if kind == OUTPUT_TEXT_DELTA {
+            data.raw(r#","logprobs":[]"#);
+        }
+        data.raw(r#","sequence_number":"#)
+            .number(self.sequence)
+            .raw("}");
+        self.sequence += 1;
+        data.frame(Some(kind))
     }
 }
 
@@ -229,10 +260,15 @@ impl Format for EventFormat {
             return;
         };
         let id = item_id(block, meta, n);
-        let at = json!({"item_id": id, "output_index": n});
-        let in_part = json!({"item_id": id, "output_index": n, "content_index": 0});
-        let with = |base: &Value, key: &str, value: Value| {
-            let mut v = base.clone();
+        // The item's place, then `key`; the second in its content part (built only for the
+        // events that are not a token's delta).
+        let at = |key: &str, value: Value| {
+            let mut v = json!({"item_id": id, "output_index": n});
+            v[key] = value;
+            v
+        };
+        let in_part = |key: &str, value: Value| {
+            let mut v = json!({"item_id": id, "output_index": n, "content_index": 0});
             v[key] = value;
             v
         };
@@ -245,45 +281,38 @@ impl Format for EventFormat {
                     out,
                 );
                 if !matches!(block, Block::ToolCall { .. }) {
-                    let part = with(&in_part, "part", part(block, false));
+                    let part = in_part("part", part(block, false));
                     self.event("response.content_part.added", part, out);
                 }
             }
             (Step::Delta(_, d), Block::Text { .. }) => {
-                let mut delta = with(&in_part, "delta", d.into());
-                delta["logprobs"] = json!([]);
-                self.event("response.output_text.delta", delta, out);
+                out.push(self.delta(OUTPUT_TEXT_DELTA, &id, n, d));
             }
             (Step::Delta(_, d), Block::Thinking { .. }) => {
-                self.event(
-                    "response.reasoning_text.delta",
-                    with(&in_part, "delta", d.into()),
-                    out,
-                );
+                out.push(self.delta("response.reasoning_text.delta", &id, n, d));
             }
             // A custom tool's input is known once its arguments are complete.
             (Step::Delta(_, d), Block::ToolCall { name, .. })
                 if *meta.tool_origin(name) != ToolOrigin::Custom =>
             {
-                let delta = with(&at, "delta", d.into());
-                self.event("response.function_call_arguments.delta", delta, out);
+                out.push(self.delta(FUNCTION_CALL_ARGUMENTS_DELTA, &id, n, d));
             }
             (Step::Close(_), Block::Text { text }) => {
-                let mut done = with(&in_part, "text", text.as_str().into());
+                let mut done = in_part("text", text.as_str().into());
                 done["logprobs"] = json!([]);
                 self.event("response.output_text.done", done, out);
                 self.event(
                     "response.content_part.done",
-                    with(&in_part, "part", part(block, true)),
+                    in_part("part", part(block, true)),
                     out,
                 );
             }
             (Step::Close(_), Block::Thinking { text, .. }) => {
-                let done = with(&in_part, "text", text.as_str().into());
+                let done = in_part("text", text.as_str().into());
                 self.event("response.reasoning_text.done", done, out);
                 self.event(
                     "response.content_part.done",
-                    with(&in_part, "part", part(block, true)),
+                    in_part("part", part(block, true)),
                     out,
                 );
             }
@@ -294,7 +323,7 @@ impl Format for EventFormat {
                 },
             ) => match meta.tool_origin(name) {
                 ToolOrigin::Custom => {
-                    let done = with(&at, "input", custom_input(arguments).into());
+                    let done = at("input", custom_input(arguments).into());
                     self.event("response.custom_tool_call_input.done", done, out);
                 }
                 origin => {
@@ -302,7 +331,7 @@ impl Format for EventFormat {
                         ToolOrigin::Namespaced { name, .. } => name,
                         _ => name,
                     };
-                    let mut done = with(&at, "name", short.as_str().into());
+                    let mut done = at("name", short.as_str().into());
                     done["arguments"] = arguments.as_str().into();
                     self.event("response.function_call_arguments.done", done, out);
                 }
@@ -332,5 +361,38 @@ impl Format for EventFormat {
     fn fail(&mut self, reply: &Reply, meta: &ReplyMeta, error: &ApiError, out: &mut Vec<SseFrame>) {
         let response = response(reply, meta, true, Some(error));
         self.event("response.failed", json!({ "response": response }), out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A token's delta event, written as text, is the frame [`EventFormat::event`] writes from
+    /// its `Value`, sequence number included, whatever the text and the item id hold.
+    #[test]
+    fn a_tokens_delta_is_its_value_byte_for_byte() {
+        for kind in [
+            OUTPUT_TEXT_DELTA,
+            "response.reasoning_text.delta",
+            FUNCTION_CALL_ARGUMENTS_DELTA,
+        ] {
+            for (id, n) in [("msg_r_0", 0), ("fc_\"r\"_7", 7)] {
+                for d in ["", "hé\n\"x\"", "\u{1}\t\\", "{\"a\":"] {
+                    let mut fields = json!({"item_id": id, "output_index": n});
+                    if kind != FUNCTION_CALL_ARGUMENTS_DELTA {
+                        fields["content_index"] = 0.into();
+                    }
+                    fields["delta"] = d.into();
+                    if kind == OUTPUT_TEXT_DELTA {
+                        fields["logprobs"] = json!([]);
+                    }
+                    let mut reference = Vec::new();
+                    EventFormat { sequence: 41 }.event(kind, fields, &mut reference);
+                    let written = EventFormat { sequence: 41 }.delta(kind, id, n, d);
+                    assert_eq!([written], reference.as_slice());
+                }
+            }
+        }
     }
 }
