@@ -5,11 +5,14 @@
 # Needs the harness's `fakebackend` and `oha`, built as its README says. FAKEBACKEND `mock`
 # runs four `switchyard mock-engine`s instead (answering in `chat` mode, about 64 tokens per
 # answer, publishing KV events, as engines do where the router hears of prefills from events).
-# ENGINE_STREAM sets the gateway's `[server] engine_stream`. Extra VAR=VALUE arguments go into
-# the gateway's environment (e.g. MIMALLOC_ARENA_EAGER_COMMIT=0).
+# ENGINE_STREAM sets the gateway's `[server] engine_stream`. API (chat, the default) = messages
+# or responses sends BODY, a chat completions body, in that API's shape instead (the system
+# message as `system` / `instructions`), to /v1/messages or /v1/responses: the engines still
+# answer in chat completions, so the gateway translates both ways. Extra VAR=VALUE arguments go
+# into the gateway's environment (e.g. MIMALLOC_ARENA_EAGER_COMMIT=0).
 #
-#   [ENGINE_STREAM=auto|always|as-client] scripts/gateway-cpu.sh FAKEBACKEND|mock OHA BODY.json \
-#       SWITCHYARD [SECONDS] [CLIENTS] [VAR=VALUE...]
+#   [ENGINE_STREAM=auto|always|as-client] [API=chat|messages|responses] \
+#     scripts/gateway-cpu.sh FAKEBACKEND|mock OHA BODY.json SWITCHYARD [SECONDS] [CLIENTS] [VAR=VALUE...]
 set -euo pipefail
 usage="usage: gateway-cpu.sh FAKEBACKEND|mock OHA BODY.json SWITCHYARD [SECONDS] [CLIENTS] [VAR=VALUE...]"
 backend=${1:?$usage}
@@ -47,7 +50,29 @@ env RUST_LOG=warn "$@" "$switchyard" serve --config "$config" > "$work/gateway.l
 gateway=$!
 pids+=("$gateway")
 
-url="http://127.0.0.1:$port/v1/chat/completions"
+case ${API:-chat} in
+  chat) path=/v1/chat/completions ;;
+  messages) path=/v1/messages ;;
+  responses) path=/v1/responses ;;
+  *) echo "API is chat, messages or responses" >&2; exit 2 ;;
+esac
+if [[ ${API:-chat} != chat ]]; then
+  python3 - "$body" "$API" > "$work/body.json" <<'PY'
+import json, sys
+chat = json.load(open(sys.argv[1]))
+system = "\n".join(m["content"] for m in chat["messages"] if m["role"] == "system")
+turns = [{"role": m["role"], "content": m["content"]} for m in chat["messages"] if m["role"] != "system"]
+common = {"model": chat["model"], "stream": chat.get("stream", False)}
+if sys.argv[2] == "messages":
+    body = {**common, "system": system, "messages": turns, "max_tokens": chat.get("max_tokens", 256)}
+else:
+    body = {**common, "instructions": system, "input": turns,
+            "max_output_tokens": chat.get("max_tokens", 256), "store": False}
+print(json.dumps(body))
+PY
+  body=$work/body.json
+fi
+url="http://127.0.0.1:$port$path"
 post=(-m POST -H 'content-type: application/json' -D "$body")
 for _ in $(seq 100); do
   curl -sf -o /dev/null -X POST -H 'content-type: application/json' --data "@$body" "$url" && break
