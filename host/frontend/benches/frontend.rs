@@ -80,6 +80,29 @@ fn conversation_as(api: Api, turns: usize) -> Value {
     }
 }
 
+/// The reply meta of a Responses request the size of the real Codex CLI's first one (0.171:
+/// nine tools, 18.7 KB of tool definitions, which the response object echoes), with made-up
+/// descriptions.
+fn codex_sized_meta() -> ReplyMeta {
+    let prose = "Runs a command in the workspace and returns its output. ";
+    let tools: Vec<Value> = [1600, 819, 1425, 391, 11_111, 297, 785, 2196, 51]
+        .iter()
+        .enumerate()
+        .map(|(i, &bytes)| {
+            json!({"type": "function", "name": format!("tool_{i}"), "strict": false,
+                   "description": prose.repeat(bytes / prose.len()),
+                   "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}},
+                                  "required": ["cmd"], "additionalProperties": false}})
+        })
+        .collect();
+    let body = json!({"model": "m", "stream": true, "store": false, "tools": tools,
+        "tool_choice": "auto", "parallel_tool_calls": true, "reasoning": {"summary": "auto"},
+        "include": ["reasoning.encrypted_content"], "input": "Say hello."});
+    responses::decode(&body)
+        .expect("the bench request is valid")
+        .reply_meta("r", 0)
+}
+
 fn reply_events() -> Vec<ReplyEvent> {
     let mut events: Vec<ReplyEvent> = (0..200)
         .map(|i| ReplyEvent::Output(ParsedEvent::Text(format!("token{i} "))))
@@ -162,6 +185,23 @@ fn bench(c: &mut Criterion) {
             },
         );
     }
+    // The same reply to a Codex-sized request: the response object, which echoes the request's
+    // tools, opens and closes the stream.
+    let codex = codex_sized_meta();
+    group.bench_with_input(
+        BenchmarkId::new("encode", "Responses-codex"),
+        &events,
+        |b, events| {
+            b.iter(|| {
+                let mut encoder = Api::Responses.stream_encoder(codex.clone());
+                let mut frames = 0;
+                for event in events {
+                    frames += encoder.push(event).len();
+                }
+                frames + encoder.finish().len()
+            })
+        },
+    );
     // The gateway's per-token work on a chat client's stream from a chat engine: each engine
     // chunk decoded into reply events and encoded again as the client's chunk.
     let chunks = engine_stream();

@@ -1,6 +1,7 @@
 //! What the engine answered, as API-neutral events, and the reply they add up to.
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde_json::{Map, Value};
 use switchyard_parsers::ParsedEvent;
@@ -85,8 +86,9 @@ pub struct ReplyMeta {
     /// engine's count arrives only at the end).
     pub prompt_tokens: Option<u64>,
     /// Request fields the Responses API's response object repeats
-    /// ([`crate::ResponsesRequest::echo`]).
-    pub echo: Map<String, Value>,
+    /// ([`crate::ResponsesRequest::echo`]), shared with the request: Codex's tool definitions
+    /// alone are ~19 KB.
+    pub echo: Arc<Map<String, Value>>,
     /// Tools the client declared as something other than a plain function, by the name the model
     /// sees: their calls go back in the client's shape (Responses namespaces and custom tools).
     pub tool_origins: Vec<(String, ToolOrigin)>,

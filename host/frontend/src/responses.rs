@@ -5,6 +5,8 @@
 //! (`reasoning`, assistant `message`, `function_call`) merge into one assistant message, the shape
 //! the same turn has in chat completions and Anthropic messages.
 
+use std::sync::Arc;
+
 use serde_json::{Map, Value, json};
 
 use base64::Engine as _;
@@ -54,7 +56,7 @@ pub struct ResponsesRequest {
     pub store: bool,
     /// Request fields the response object repeats (`tools`, `tool_choice`, `instructions`, ...),
     /// for [`crate::ReplyMeta::echo`].
-    pub echo: Map<String, Value>,
+    pub echo: Arc<Map<String, Value>>,
     /// `prompt_cache_key`: Codex sends its session id here; the gateway uses it as the session
     /// when no session header names one.
     pub prompt_cache_key: Option<String>,
@@ -133,7 +135,7 @@ impl ResponsesRequest {
     /// declared and what reasoning items carry.
     pub fn reply_meta(&self, request_id: impl Into<String>, created: u64) -> ReplyMeta {
         ReplyMeta {
-            echo: self.echo.clone(),
+            echo: Arc::clone(&self.echo),
             tool_origins: self
                 .conversation
                 .tools
@@ -209,7 +211,7 @@ pub fn decode(body: &Value) -> Result<ResponsesRequest, ApiError> {
     }
     let store = root.opt_bool("store")?.unwrap_or(true);
     Ok(ResponsesRequest {
-        echo: echo(body, &conv, store),
+        echo: Arc::new(echo(body, &conv, store)),
         conversation: conv,
         previous_response_id,
         store,

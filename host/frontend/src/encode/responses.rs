@@ -129,8 +129,42 @@ fn failure_code(error: &ApiError) -> String {
     }
 }
 
+/// The `response` object: its own fields, then the request's echoed ones, then `usage`.
+///
+/// It borrows the echoed fields and writes them as they are: for Codex they are most of the
+/// object (its instructions and tool definitions), and a stream writes the object three times.
+#[derive(Debug)]
+struct ResponseObject<'a> {
+    /// `id` through `tools`; an echoed field of the same name takes its value, in its place.
+    head: [(&'static str, Value); 11],
+    echo: &'a Map<String, Value>,
+    usage: Value,
+    status: &'static str,
+}
+
+impl serde::Serialize for ResponseObject<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap as _;
+        let mut map = serializer.serialize_map(None)?;
+        for (key, value) in &self.head {
+            map.serialize_entry(key, self.echo.get(*key).unwrap_or(value))?;
+        }
+        let own = |key: &str| key == "usage" || self.head.iter().any(|(k, _)| *k == key);
+        for (key, value) in self.echo.iter().filter(|(key, _)| !own(key)) {
+            map.serialize_entry(key, value)?;
+        }
+        map.serialize_entry("usage", &self.usage)?;
+        map.end()
+    }
+}
+
 /// The `response` object. `final_state` false: the in-progress object of the opening events.
-fn response(reply: &Reply, meta: &ReplyMeta, final_state: bool, error: Option<&ApiError>) -> Value {
+fn response<'a>(
+    reply: &Reply,
+    meta: &'a ReplyMeta,
+    final_state: bool,
+    error: Option<&ApiError>,
+) -> ResponseObject<'a> {
     let incomplete = match reply.finish_reason() {
         FinishReason::Length => Some("max_output_tokens"),
         FinishReason::ContentFilter => Some("content_filter"),
@@ -152,51 +186,43 @@ fn response(reply: &Reply, meta: &ReplyMeta, final_state: bool, error: Option<&A
     } else {
         Vec::new()
     };
-    let mut object = Map::new();
-    object.insert(
-        "id".into(),
-        Api::Responses.object_id(&meta.request_id).into(),
+    let incomplete_details = match incomplete.filter(|_| final_state && error.is_none()) {
+        Some(reason) => json!({ "reason": reason }),
+        None => Value::Null,
+    };
+    let error = error.map_or(
+        Value::Null,
+        |e| json!({"code": failure_code(e), "message": e.message}),
     );
-    object.insert("object".into(), "response".into());
-    object.insert("created_at".into(), meta.created.into());
-    object.insert("status".into(), status.into());
-    object.insert(
-        "error".into(),
-        error.map_or(
-            Value::Null,
-            |e| json!({"code": failure_code(e), "message": e.message}),
-        ),
-    );
-    object.insert(
-        "incomplete_details".into(),
-        match incomplete.filter(|_| final_state && error.is_none()) {
-            Some(reason) => json!({ "reason": reason }),
-            None => Value::Null,
-        },
-    );
-    object.insert("model".into(), meta.model.clone().into());
-    object.insert("output".into(), output.into());
-    // Required by the typed clients even when the gateway echoes nothing.
-    object.insert("parallel_tool_calls".into(), true.into());
-    object.insert("tool_choice".into(), "auto".into());
-    object.insert("tools".into(), json!([]));
-    for (key, value) in &meta.echo {
-        object.insert(key.clone(), value.clone());
-    }
-    object.insert(
-        "usage".into(),
-        if final_state {
+    ResponseObject {
+        head: [
+            ("id", Api::Responses.object_id(&meta.request_id).into()),
+            ("object", "response".into()),
+            ("created_at", meta.created.into()),
+            ("status", status.into()),
+            ("error", error),
+            ("incomplete_details", incomplete_details),
+            ("model", meta.model.as_str().into()),
+            ("output", output.into()),
+            // Required by the typed clients even when the gateway echoes nothing.
+            ("parallel_tool_calls", true.into()),
+            ("tool_choice", "auto".into()),
+            ("tools", json!([])),
+        ],
+        echo: &meta.echo,
+        usage: if final_state {
             usage_json(&reply.usage())
         } else {
             Value::Null
         },
-    );
-    Value::Object(object)
+        status,
+    }
 }
 
 /// The full (non-streaming) body.
 pub(crate) fn body(reply: &Reply, meta: &ReplyMeta) -> Value {
-    response(reply, meta, true, None)
+    // Only string keys, so this cannot fail.
+    serde_json::to_value(response(reply, meta, true, None)).unwrap_or_default()
 }
 
 const OUTPUT_TEXT_DELTA: &str = "response.output_text.delta";
@@ -245,11 +271,34 @@ impl EventFormat {
     }
 }
 
+impl EventFormat {
+    /// An event that carries the `response` object, given as JSON text: written around it, byte
+    /// for byte what [`event`](Self::event) writes from `{"response": ...}`.
+    fn with_response(&mut self, kind: &'static str, response: &str) -> SseFrame {
+        let mut data = FrameText::with_capacity(response.len() + kind.len() + 64);
+        data.raw(r#"{"type":""#)
+            .raw(kind)
+            .raw(r#"","response":"#)
+            .raw(response)
+            .raw(r#","sequence_number":"#)
+            .number(self.sequence)
+            .raw("}");
+        self.sequence += 1;
+        data.frame(Some(kind))
+    }
+}
+
+/// `value` as JSON text.
+fn json_text(value: &impl serde::Serialize) -> String {
+    // Only string keys, so this cannot fail.
+    serde_json::to_string(value).unwrap_or_default()
+}
+
 impl Format for EventFormat {
     fn start(&mut self, meta: &ReplyMeta, out: &mut Vec<SseFrame>) {
-        let opening = response(&Reply::new(), meta, false, None);
-        self.event("response.created", json!({ "response": opening }), out);
-        self.event("response.in_progress", json!({ "response": opening }), out);
+        let opening = json_text(&response(&Reply::new(), meta, false, None));
+        out.push(self.with_response("response.created", &opening));
+        out.push(self.with_response("response.in_progress", &opening));
     }
 
     fn step(&mut self, reply: &Reply, step: Step<'_>, meta: &ReplyMeta, out: &mut Vec<SseFrame>) {
@@ -349,24 +398,69 @@ impl Format for EventFormat {
     }
 
     fn end(&mut self, reply: &Reply, meta: &ReplyMeta, out: &mut Vec<SseFrame>) {
-        let response = body(reply, meta);
-        let kind = if response["status"] == "incomplete" {
+        let response = response(reply, meta, true, None);
+        let kind = if response.status == "incomplete" {
             "response.incomplete"
         } else {
             "response.completed"
         };
-        self.event(kind, json!({ "response": response }), out);
+        out.push(self.with_response(kind, &json_text(&response)));
     }
 
     fn fail(&mut self, reply: &Reply, meta: &ReplyMeta, error: &ApiError, out: &mut Vec<SseFrame>) {
-        let response = response(reply, meta, true, Some(error));
-        self.event("response.failed", json!({ "response": response }), out);
+        let response = json_text(&response(reply, meta, true, Some(error)));
+        out.push(self.with_response("response.failed", &response));
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
+
+    /// The old way, a `Map` built in order, where an echoed field replaces the default of the
+    /// same name in its place.
+    fn response_as_map(object: &ResponseObject<'_>) -> Value {
+        let mut map = Map::new();
+        for (key, value) in &object.head {
+            map.insert((*key).into(), value.clone());
+        }
+        for (key, value) in object.echo {
+            map.insert(key.clone(), value.clone());
+        }
+        map.insert("usage".into(), object.usage.clone());
+        Value::Object(map)
+    }
+
+    /// The borrowed `response` object writes what the `Map` did, key order included, and the
+    /// events that carry it are the frames [`EventFormat::event`] writes from their `Value`.
+    #[test]
+    fn the_response_object_and_its_events_are_their_values_byte_for_byte() {
+        let mut meta = ReplyMeta::new("r1", 7, "m");
+        for (key, value) in [
+            ("instructions", json!("be \"brief\"")),
+            ("metadata", json!({"k": "v"})),
+            ("parallel_tool_calls", json!(false)),
+            ("store", json!(true)),
+            ("tools", json!([{"type": "function", "name": "ls"}])),
+            ("tool_choice", json!("auto")),
+        ] {
+            Arc::make_mut(&mut meta.echo).insert(key.into(), value);
+        }
+        let mut reply = Reply::new();
+        let _ = reply.apply(&switchyard_parsers::ParsedEvent::Text("hi".into()).into());
+        let failed = ApiError::new(ErrorKind::Internal, "x");
+        for (final_state, error) in [(false, None), (true, None), (true, Some(&failed))] {
+            let object = response(&reply, &meta, final_state, error);
+            let reference = response_as_map(&object);
+            assert_eq!(json_text(&object), json_text(&reference));
+            let kind = "response.completed";
+            let mut expected = Vec::new();
+            EventFormat { sequence: 3 }.event(kind, json!({ "response": reference }), &mut expected);
+            let written = EventFormat { sequence: 3 }.with_response(kind, &json_text(&object));
+            assert_eq!([written], expected.as_slice());
+        }
+    }
 
     /// A token's delta event, written as text, is the frame [`EventFormat::event`] writes from
     /// its `Value`, sequence number included, whatever the text and the item id hold.

@@ -273,10 +273,10 @@ fn merge(mut base: Value, extra: Value) -> Value {
 #[test]
 fn responses_echo_request_fields_and_report_incomplete() {
     let mut meta = meta();
-    meta.echo
-        .insert("tools".into(), json!([{"type": "function", "name": "f"}]));
-    meta.echo.insert("store".into(), json!(false));
-    meta.echo.insert("instructions".into(), json!("be brief"));
+    let echo = std::sync::Arc::make_mut(&mut meta.echo);
+    echo.insert("tools".into(), json!([{"type": "function", "name": "f"}]));
+    echo.insert("store".into(), json!(false));
+    echo.insert("instructions".into(), json!("be brief"));
     let events = [
         ReplyEvent::Output(ParsedEvent::Text("partial".into())),
         ReplyEvent::Finish {
