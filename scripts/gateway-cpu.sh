@@ -8,10 +8,11 @@
 # ENGINE_STREAM sets the gateway's `[server] engine_stream`. API (chat, the default) = messages
 # or responses sends BODY, a chat completions body, in that API's shape instead (the system
 # message as `system` / `instructions`), to /v1/messages or /v1/responses: the engines still
-# answer in chat completions, so the gateway translates both ways. Extra VAR=VALUE arguments go
-# into the gateway's environment (e.g. MIMALLOC_ARENA_EAGER_COMMIT=0).
+# answer in chat completions, so the gateway translates both ways. With AS_IS=1, BODY is already
+# in that API's shape and goes as it is (scripts/codex-sized-body.py writes one). Extra
+# VAR=VALUE arguments go into the gateway's environment (e.g. MIMALLOC_ARENA_EAGER_COMMIT=0).
 #
-#   [ENGINE_STREAM=auto|always|as-client] [API=chat|messages|responses] \
+#   [ENGINE_STREAM=auto|always|as-client] [API=chat|messages|responses] [AS_IS=1] \
 #     scripts/gateway-cpu.sh FAKEBACKEND|mock OHA BODY.json SWITCHYARD [SECONDS] [CLIENTS] [VAR=VALUE...]
 set -euo pipefail
 usage="usage: gateway-cpu.sh FAKEBACKEND|mock OHA BODY.json SWITCHYARD [SECONDS] [CLIENTS] [VAR=VALUE...]"
@@ -32,7 +33,8 @@ printf '[server]\nhost = "127.0.0.1"\nport = %s\n' "$port" > "$config"
 if [[ -n ${ENGINE_STREAM:-} ]]; then
   printf 'engine_stream = "%s"\n' "$ENGINE_STREAM" >> "$config"
 fi
-printf '[model]\nname = "fake-model"\n' >> "$config"
+# A long-context model, as agents use: Codex's first request alone is ~9K tokens.
+printf '[model]\nname = "fake-model"\ncontext_length = 131072\n' >> "$config"
 for i in 1 2 3 4; do
   if [[ $backend == mock ]]; then
     events="tcp://127.0.0.1:$((port + 10 + i))"
@@ -56,7 +58,7 @@ case ${API:-chat} in
   responses) path=/v1/responses ;;
   *) echo "API is chat, messages or responses" >&2; exit 2 ;;
 esac
-if [[ ${API:-chat} != chat ]]; then
+if [[ ${API:-chat} != chat && ${AS_IS:-0} != 1 ]]; then
   python3 - "$body" "$API" > "$work/body.json" <<'PY'
 import json, sys
 chat = json.load(open(sys.argv[1]))

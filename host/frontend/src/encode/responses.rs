@@ -456,7 +456,11 @@ mod tests {
             assert_eq!(json_text(&object), json_text(&reference));
             let kind = "response.completed";
             let mut expected = Vec::new();
-            EventFormat { sequence: 3 }.event(kind, json!({ "response": reference }), &mut expected);
+            EventFormat { sequence: 3 }.event(
+                kind,
+                json!({ "response": reference }),
+                &mut expected,
+            );
             let written = EventFormat { sequence: 3 }.with_response(kind, &json_text(&object));
             assert_eq!([written], expected.as_slice());
         }
