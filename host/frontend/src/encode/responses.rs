@@ -132,7 +132,7 @@ fn failure_code(error: &ApiError) -> String {
 /// The `response` object: its own fields, then the request's echoed ones, then `usage`.
 ///
 /// It borrows the echoed fields and writes them as they are: for Codex they are most of the
-/// object (its instructions and tool definitions), and a stream writes the object three times.
+/// object (its tool definitions, ~19 KB), and a stream writes the object three times.
 #[derive(Debug)]
 struct ResponseObject<'a> {
     /// `id` through `tools`; an echoed field of the same name takes its value, in its place.
@@ -248,39 +248,41 @@ impl EventFormat {
     /// text (see [`FrameText`]), byte for byte what [`event`](Self::event) writes from the
     /// `Value` (`type`, the item's place, `delta`, `logprobs` for text, `sequence_number`).
     fn delta(&mut self, kind: &'static str, id: &str, n: usize, d: &str) -> SseFrame {
-        let mut data = FrameText::with_capacity(d.len() + id.len() + 128);
-        data.raw(r#"{"type":""#)
-            .raw(kind)
-            .raw(r#"","item_id":"#)
-            .string(id)
-            .raw(r#","output_index":"#)
-            .number(n as u64);
-        // A function call's arguments are no content part.
-        if kind != FUNCTION_CALL_ARGUMENTS_DELTA {
-            data.raw(r#","content_index":0"#);
-        }
-        data.raw(r#","delta":"#).string(d);
-        if kind == OUTPUT_TEXT_DELTA {
-            data.raw(r#","logprobs":[]"#);
-        }
-        data.raw(r#","sequence_number":"#)
-            .number(self.sequence)
-            .raw("}");
-        self.sequence += 1;
-        data.frame(Some(kind))
+        self.written(kind, d.len() + id.len() + 128, |data| {
+            data.raw(r#","item_id":"#)
+                .string(id)
+                .raw(r#","output_index":"#)
+                .number(n as u64);
+            // A function call's arguments are no content part.
+            if kind != FUNCTION_CALL_ARGUMENTS_DELTA {
+                data.raw(r#","content_index":0"#);
+            }
+            data.raw(r#","delta":"#).string(d);
+            if kind == OUTPUT_TEXT_DELTA {
+                data.raw(r#","logprobs":[]"#);
+            }
+        })
     }
-}
 
-impl EventFormat {
     /// An event that carries the `response` object, given as JSON text: written around it, byte
     /// for byte what [`event`](Self::event) writes from `{"response": ...}`.
     fn with_response(&mut self, kind: &'static str, response: &str) -> SseFrame {
-        let mut data = FrameText::with_capacity(response.len() + kind.len() + 64);
-        data.raw(r#"{"type":""#)
-            .raw(kind)
-            .raw(r#"","response":"#)
-            .raw(response)
-            .raw(r#","sequence_number":"#)
+        self.written(kind, response.len() + 64, |data| {
+            data.raw(r#","response":"#).raw(response);
+        })
+    }
+
+    /// An event written as text: its `type`, the fields `fields` writes, its `sequence_number`.
+    fn written(
+        &mut self,
+        kind: &'static str,
+        capacity: usize,
+        fields: impl FnOnce(&mut FrameText),
+    ) -> SseFrame {
+        let mut data = FrameText::with_capacity(capacity + kind.len());
+        data.raw(r#"{"type":""#).raw(kind).raw("\"");
+        fields(&mut data);
+        data.raw(r#","sequence_number":"#)
             .number(self.sequence)
             .raw("}");
         self.sequence += 1;
