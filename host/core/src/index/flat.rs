@@ -263,7 +263,7 @@ impl<V: Copy + Default> U64Map<V> {
 
     #[cold]
     fn grow(&mut self) {
-        // 2^k -> 1.5 * 2^k -> 2^(k+1): the table is at most a third larger than 4/3 of its keys.
+        // 2^k -> 1.5 * 2^k -> 2^(k+1): each step leaves the table at least half full.
         let len = self.slots.len();
         let slots = if len.is_power_of_two() {
             len / 2 * 3
