@@ -153,6 +153,12 @@ const PROBE_BATCH: usize = 8;
 /// small under test so that the property tests compact.
 const COMPACT_MIN: usize = if cfg!(test) { 4 } else { 4_096 };
 
+/// How far ahead of its compares a walk along a long run asks for the log's entries and the
+/// prompt's (16 cache lines of each column): deep prefixes are read cold from memory, and the
+/// CPU's own prefetchers start too late on each page to keep up. Measured on Dynamo's stream
+/// (docs/benchmarks.md (a2)); 8 and 32 lines did worse.
+const AHEAD: usize = 128;
+
 /// A `links` entry that links nothing. A chain's real local hash 0 is stored as not linked too:
 /// the walk then chains that block's hash and asks the map, which gives the same answer.
 const NO_LINK: u64 = 0;
@@ -838,7 +844,11 @@ impl Prompt for Locals<'_> {
         let rest = self.rest;
         let len = rest.len().min(links.len());
         let linked = |j: usize| (links[j] == rest[j].0) & (links[j] != NO_LINK);
-        let passed = run_length(group, at, live, len, linked);
+        let ahead = |j: usize| {
+            flat::prefetch(&links[j]);
+            flat::prefetch(&rest[j]);
+        };
+        let passed = run_length(group, at, live, len, linked, ahead);
         self.rest = &rest[passed..];
         passed
     }
@@ -863,7 +873,11 @@ impl Prompt for Slice<'_> {
         };
         let rest = self.0;
         let len = rest.len().min(hashes.len());
-        let passed = run_length(group, at, live, len, |j| hashes[j] == rest[j].0);
+        let ahead = |j: usize| {
+            flat::prefetch(&hashes[j]);
+            flat::prefetch(&rest[j]);
+        };
+        let passed = run_length(group, at, live, len, |j| hashes[j] == rest[j].0, ahead);
         self.0 = &rest[passed..];
         passed
     }
@@ -872,7 +886,8 @@ impl Prompt for Slice<'_> {
 /// How many of the (at most `len`) log entries after `at` are the prompt's next blocks (`same`,
 /// counted from `at + 1`) and held, in each cumulative tier, by every rank of `live` (whose
 /// widest mask is not empty, so such an entry is alive). Once a run is a chunk long, it goes on
-/// a chunk at a time, without a branch per entry.
+/// a chunk at a time, without a branch per entry, and asks for the entries [`AHEAD`] further on
+/// (`ahead` for the prompt's columns at an offset below `len`, the owners here).
 #[inline]
 fn run_length<const TIERS: usize>(
     group: &Group,
@@ -880,6 +895,7 @@ fn run_length<const TIERS: usize>(
     live: &[u64; TIERS],
     len: usize,
     same: impl Fn(usize) -> bool,
+    ahead: impl Fn(usize),
 ) -> usize {
     const CHUNK: usize = 8;
     let len = len.min(group.device.len() - (at + 1));
@@ -887,13 +903,31 @@ fn run_length<const TIERS: usize>(
         let here = group.owners::<TIERS>(at + 1 + j);
         (0..TIERS).fold(same(j), |all, t| all & (live[t] & !here[t] == 0))
     };
+    // A chunk of every column is a cache line or two.
+    let fetch = |j: usize| {
+        if j < len {
+            ahead(j);
+            flat::prefetch(&group.device[at + 1 + j]);
+            // Host and disk owners take two lines a chunk (empty for a device-only group).
+            for half in [0, CHUNK / 2] {
+                if let Some(lower) = group.lower.get(at + 1 + j + half) {
+                    flat::prefetch(lower);
+                }
+            }
+        }
+    };
     // Entry by entry first: where ranks drop out every few blocks a chunk would mostly fail.
     let mut passed = 0;
     while passed < len.min(CHUNK) && held(passed) {
         passed += 1;
     }
     if passed == CHUNK {
+        // A long run: from here on the walk reads its columns ahead of the compares.
+        for j in (passed + CHUNK..passed + AHEAD).step_by(CHUNK) {
+            fetch(j);
+        }
         while passed + CHUNK <= len && (passed..passed + CHUNK).fold(true, |all, j| all & held(j)) {
+            fetch(passed + AHEAD);
             passed += CHUNK;
         }
         while passed < len && held(passed) {

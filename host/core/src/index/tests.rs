@@ -344,12 +344,12 @@ proptest! {
     }
 
     /// The same on a device-only index with chains long enough for a lookup to pass whole chunks
-    /// of entries stored in order at once (`Prompt::run`), removals from any point opening holes
-    /// in them.
+    /// of entries stored in order at once (`Prompt::run`) and read the log ahead of its compares
+    /// (`AHEAD`), removals from any point opening holes in them.
     #[test]
     fn long_device_chains_agree_with_the_previous_implementation(
-        ops in proptest::collection::vec(ops_over(Just(Tier::Device), 40), 1..60),
-        queries in proptest::collection::vec(query_strategy(41), 1..6),
+        ops in proptest::collection::vec(ops_over(Just(Tier::Device), LONG), 1..60),
+        queries in proptest::collection::vec(query_strategy(LONG + 1), 1..6),
     ) {
         agrees_with_the_previous_implementation(&ops, &queries)?;
     }
@@ -358,14 +358,17 @@ proptest! {
     #[test]
     fn long_chains_in_every_tier_agree_with_the_previous_implementation(
         ops in proptest::collection::vec(
-            ops_over(prop_oneof![2 => Just(Tier::Device), 1 => Just(Tier::Host), 1 => Just(Tier::Disk)], 40),
+            ops_over(prop_oneof![2 => Just(Tier::Device), 1 => Just(Tier::Host), 1 => Just(Tier::Disk)], LONG),
             1..60,
         ),
-        queries in proptest::collection::vec(query_strategy(41), 1..6),
+        queries in proptest::collection::vec(query_strategy(LONG + 1), 1..6),
     ) {
         agrees_with_the_previous_implementation(&ops, &queries)?;
     }
 }
+
+/// Longer than a walk's read-ahead, so that long runs read entries ahead.
+const LONG: usize = 2 * super::AHEAD + 40;
 
 fn agrees_with_the_previous_implementation(
     ops: &[IndexOp],
