@@ -20,27 +20,6 @@ use tokio_util::sync::CancellationToken;
 #[global_allocator]
 static ALLOCATOR: MiMalloc = MiMalloc;
 
-/// For the batch commands (`simulate`, `policy`, `trace`): keep the memory the process frees for
-/// its next allocations instead of handing it back to the OS 10 ms later (mimalloc's default). A
-/// simulation frees and allocates prompt-sized buffers all run long, and every page handed back
-/// faults in again when it is reused: on the project's machine that cost a simulation 30-45 %
-/// more CPU (docs/benchmarks.md (n)). The gateway keeps the default, so that it gives memory back
-/// when idle.
-fn keep_freed_memory() {
-    // SAFETY: sets a process-wide option, which mimalloc reads under its own synchronisation;
-    // every value is valid (-1: never purge).
-    #[allow(
-        unsafe_code,
-        reason = "mimalloc's option setter is a C function, see SAFETY"
-    )]
-    unsafe {
-        libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1);
-    }
-}
-
-/// `mi_option_purge_delay` in mimalloc.h (v2); libmimalloc-sys names no constant for it.
-const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
-
 #[derive(Debug, Parser)]
 #[command(
     name = "switchyard",
@@ -102,12 +81,6 @@ async fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| default_filter.into()),
         )
         .init();
-    if matches!(
-        cli.command,
-        Command::Simulate(_) | Command::Policy(_) | Command::Trace(_)
-    ) {
-        keep_freed_memory();
-    }
     let shutdown = CancellationToken::new();
     tokio::spawn(serve::stop_on_signals(shutdown.clone()));
     match cli.command {
@@ -119,25 +92,5 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve(args) => serve::run(args, None, shutdown).await,
         Command::Epp { serve, grpc } => serve::run(serve, Some(grpc), shutdown).await,
         Command::MockEngine(args) => mock_engine::run(*args, shutdown).await,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The option number still names the purge delay: mimalloc.h (v2) numbers it 15 with a
-    /// default of 10 ms (or `MIMALLOC_PURGE_DELAY`), and a libmimalloc-sys upgrade that
-    /// renumbered the options would most likely put another default there.
-    #[test]
-    fn the_purge_delay_option_is_mimallocs() {
-        let expected = std::env::var("MIMALLOC_PURGE_DELAY")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(10);
-        #[allow(unsafe_code, reason = "mimalloc's option getter is a C function")]
-        // SAFETY: reads a process-wide option.
-        let delay = unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) };
-        assert_eq!(delay, expected);
     }
 }
