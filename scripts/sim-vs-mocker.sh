@@ -2,8 +2,12 @@
 # The simulator beside dynamo-mocker (docs/benchmarks.md (n)): the Mooncake conversation trace,
 # 8 workers, 64-token blocks, 16,384 blocks a worker, arrivals at 1x and 4x, KV routing and round
 # robin; each configuration run by Dynamo's `sim_anchor` and by each given switchyard binary in
-# turn, REPS rounds, so that all see the same background load. Prints the CPU seconds of every
-# run and each binary's median ratio to Dynamo's, and leaves the reports in OUT.
+# turn, REPS rounds, so that all see the same background load. Prints the CPU seconds (user +
+# system) of every run and each binary's median ratio to Dynamo's, in all and user time alone,
+# and leaves the reports in OUT. The binaries take turns at running first after Dynamo's (round r
+# starts with the r-th): on the project's VM whatever runs right after dynamo-mocker pays up to
+# twice its CPU in system time faulting memory in (docs/benchmarks.md (n)), so with REPS a
+# multiple of the number of binaries each pays it as often as the others.
 #
 #   scripts/sim-vs-mocker.sh SIM_ANCHOR TRACE NAME=BINARY [NAME=BINARY...]
 #
@@ -29,18 +33,21 @@ measure() {
     echo "$label failed" >&2
     exit 1
   fi
-  awk -v l="$label" -v r="$routing" -v s="$speedup" '{printf "%s\t%s\tx%s\t%.2f\n", l, r, s, $1 + $2}' \
-    "$out/time.txt" | tee -a "$times"
+  awk -v l="$label" -v r="$routing" -v s="$speedup" \
+    '{printf "%s\t%s\tx%s\t%.2f\t%.2f\n", l, r, s, $1 + $2, $1}' "$out/time.txt" | tee -a "$times"
 }
 
+named_binaries=("$@")
 for rep in $(seq "${REPS:-3}"); do
+  first=$(( (rep - 1) % ${#named_binaries[@]} ))
+  order=("${named_binaries[@]:first}" "${named_binaries[@]:0:first}")
   for speedup in ${SPEEDUPS:-1 4}; do
     for routing in kv rr; do
       if [ "$routing" = kv ]; then dynamo=kv-router ours=kv-cost; else dynamo=round-robin ours=round-robin; fi
       measure dynamo-mocker "$routing" "$speedup" "$anchor" "$trace" --num-workers 8 \
         --router-modes "$dynamo" --arrival-speedup-ratio "$speedup" --engine-type vllm \
         --block-size 64 --trace-block-size 512 --deterministic --json-out "$out/dynamo.jsonl"
-      for named in "$@"; do
+      for named in "${order[@]}"; do
         measure "${named%%=*}" "$routing" "$speedup" "${named#*=}" simulate --trace "$trace" \
           --block-size 64 --workers 8 --policies "$ours" --speedup "$speedup" \
           --report "$out/${named%%=*}-$routing-x$speedup.json"
@@ -54,17 +61,20 @@ import statistics, sys
 from collections import defaultdict
 runs = defaultdict(list)
 for line in open(sys.argv[1]):
-    label, routing, speedup, cpu = line.split("\t")
-    runs[(label, routing, speedup)].append(float(cpu))
+    label, routing, speedup, cpu, user = line.split("\t")
+    runs[(label, routing, speedup)].append((float(cpu), float(user)))
 configs = sorted({(r, s) for _, r, s in runs})
 labels = [l for l in dict.fromkeys(l for l, _, _ in runs) if l != "dynamo-mocker"]
-print("| routing | arrivals | dynamo-mocker CPU s | " + " | ".join(f"{l} CPU s | vs mocker" for l in labels) + " |")
-print("|---|---|---:|" + "---:|---:|" * len(labels))
-for routing, speedup in configs:
-    base = statistics.median(runs[("dynamo-mocker", routing, speedup)])
-    cells = []
-    for l in labels:
-        ours = statistics.median(runs[(l, routing, speedup)])
-        cells += [f"{ours:.2f}", f"{base / ours:.2f}x faster"]
-    print(f"| {routing} | {speedup} | {base:.2f} | " + " | ".join(cells) + " |")
+for column, what in ((0, "CPU s (user + system)"), (1, "user CPU s")):
+    median = lambda key: statistics.median(run[column] for run in runs[key])
+    print(f"\n{what}, medians of the runs:\n")
+    print("| routing | arrivals | dynamo-mocker | " + " | ".join(f"{l} | vs mocker" for l in labels) + " |")
+    print("|---|---|---:|" + "---:|---:|" * len(labels))
+    for routing, speedup in configs:
+        base = median(("dynamo-mocker", routing, speedup))
+        cells = []
+        for l in labels:
+            ours = median((l, routing, speedup))
+            cells += [f"{ours:.2f}", f"{base / ours:.2f}x faster"]
+        print(f"| {routing} | {speedup} | {base:.2f} | " + " | ".join(cells) + " |")
 PY
