@@ -11,8 +11,7 @@
 //! steps of 1.5x and 4/3x (16, 24, 32, 48, ...), so that such a table is two-thirds full rather
 //! than half: the engine-hash tables of 16 ranks of 16,384 blocks take 12 MiB instead of 16. A
 //! fuller table probes further: the index applies Dynamo's event stream 13-17 % slower for it,
-//! and the simulator runs faster (smaller tables, fewer misses; by how much was overstated, see
-//! docs/benchmarks.md (n)); docs/benchmarks.md (a2).
+//! and the simulator's user time is level to 15 % higher; docs/benchmarks.md (a2), (n).
 
 /// The reserved "empty slot" key; a real key 0 lives in a side slot.
 const EMPTY: u64 = 0;
