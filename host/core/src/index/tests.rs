@@ -368,7 +368,7 @@ proptest! {
 }
 
 /// Longer than a walk's read-ahead, so that long runs read entries ahead.
-const LONG: usize = 2 * super::AHEAD + 40;
+const LONG: usize = super::AHEAD + 40;
 
 fn agrees_with_the_previous_implementation(
     ops: &[IndexOp],
