@@ -108,8 +108,7 @@ impl<V: Copy + Default> U64Map<V> {
     /// for them (the CPU's prefetch instruction): issued for a batch of keys before working on
     /// any, their misses overlap. In a table two-thirds full a probe, and a removal's backward
     /// shift even more, often runs on past the home slot's line: reading the next one too made
-    /// the index apply Dynamo's stream 5-8 % faster and the simulator's KV runs take 5-9 % less
-    /// CPU (docs/benchmarks.md (a2), (n)).
+    /// the index apply Dynamo's stream about 6 % faster (docs/benchmarks.md (a2)).
     #[inline]
     pub fn prefetch(&self, key: u64) {
         if !self.slots.is_empty() {
