@@ -80,9 +80,9 @@ fn conversation_as(api: Api, turns: usize) -> Value {
     }
 }
 
-/// The reply meta of a Responses request the size of the real Codex CLI's first one (0.171:
+/// The reply meta of a Responses request about the size of the real Codex CLI's first one (0.171:
 /// nine tools, 18.7 KB of tool definitions, which the response object echoes), with made-up
-/// descriptions.
+/// descriptions as long as each real tool's whole definition, so ~20 KB in all.
 fn codex_sized_meta() -> ReplyMeta {
     let prose = "Runs a command in the workspace and returns its output. ";
     let tools: Vec<Value> = [1600, 819, 1425, 391, 11_111, 297, 785, 2196, 51]

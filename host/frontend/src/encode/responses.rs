@@ -139,7 +139,14 @@ struct ResponseObject<'a> {
     head: [(&'static str, Value); 11],
     echo: &'a Map<String, Value>,
     usage: Value,
-    status: &'static str,
+}
+
+impl ResponseObject<'_> {
+    /// The object's `status`.
+    fn status(&self) -> Option<&str> {
+        let (_, status) = self.head.iter().find(|(key, _)| *key == "status")?;
+        status.as_str()
+    }
 }
 
 impl serde::Serialize for ResponseObject<'_> {
@@ -215,7 +222,6 @@ fn response<'a>(
         } else {
             Value::Null
         },
-        status,
     }
 }
 
@@ -401,7 +407,7 @@ impl Format for EventFormat {
 
     fn end(&mut self, reply: &Reply, meta: &ReplyMeta, out: &mut Vec<SseFrame>) {
         let response = response(reply, meta, true, None);
-        let kind = if response.status == "incomplete" {
+        let kind = if response.status() == Some("incomplete") {
             "response.incomplete"
         } else {
             "response.completed"
