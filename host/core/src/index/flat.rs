@@ -204,23 +204,23 @@ impl<V: Copy + Default> U64Map<V> {
     fn remove_slot(&mut self, mut hole: usize) {
         // Backward shift: pull later keys of the probe run into the hole unless their home lies
         // cyclically after the hole (then moving them would put them before their home).
+        // Whether a key moves is data the branch predictor cannot learn, so the move is written
+        // without a branch: the hole takes either the key or its own entry back.
         let mut j = hole;
         loop {
             j = self.after(j);
-            let k = self.slots[j].0;
-            if k == EMPTY {
+            let entry = self.slots[j];
+            if entry.0 == EMPTY {
                 break;
             }
-            let home = self.home(k);
+            let home = self.home(entry.0);
             let stays = if hole <= j {
-                hole < home && home <= j
+                (hole < home) & (home <= j)
             } else {
-                hole < home || home <= j
+                (hole < home) | (home <= j)
             };
-            if !stays {
-                self.slots[hole] = self.slots[j];
-                hole = j;
-            }
+            self.slots[hole] = std::hint::select_unpredictable(stays, self.slots[hole], entry);
+            hole = std::hint::select_unpredictable(stays, hole, j);
         }
         self.slots[hole] = (EMPTY, V::default());
         self.len -= 1;
