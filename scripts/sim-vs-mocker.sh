@@ -4,10 +4,11 @@
 # robin; each configuration run by Dynamo's `sim_anchor` and by each given switchyard binary in
 # turn, REPS rounds, so that all see the same background load. Prints the CPU seconds (user +
 # system) of every run and each binary's median ratio to Dynamo's, in all and user time alone,
-# and leaves the reports in OUT. The binaries take turns at running first after Dynamo's (round r
-# starts with the r-th): on the project's VM whatever runs right after dynamo-mocker pays up to
-# twice its CPU in system time faulting memory in (docs/benchmarks.md (n)), so with REPS a
-# multiple of the number of binaries each pays it as often as the others.
+# leaves the reports in OUT and says whether each binary's are identical to the first one's
+# (results must not change with speed). The binaries take turns at running first after Dynamo's
+# (round r starts with the r-th): on the project's VM whatever runs right after dynamo-mocker
+# pays up to twice its CPU in system time faulting memory in (docs/benchmarks.md (n)), so with
+# REPS a multiple of the number of binaries each pays it as often as the others.
 #
 #   scripts/sim-vs-mocker.sh SIM_ANCHOR TRACE NAME=BINARY [NAME=BINARY...]
 #
@@ -78,3 +79,21 @@ for column, what in ((0, "CPU s (user + system)"), (1, "user CPU s")):
             cells += [f"{ours:.2f}", f"{base / ours:.2f}x faster"]
         print(f"| {routing} | {speedup} | {base:.2f} | " + " | ".join(cells) + " |")
 PY
+
+# Same results: every binary's reports against the first one's, byte for byte (a report holds no
+# timings), so an optimisation that changed a result shows here.
+first=${named_binaries[0]%%=*}
+echo
+for named in "${named_binaries[@]:1}"; do
+  for speedup in ${SPEEDUPS:-1 4}; do
+    for routing in kv rr; do
+      config="$routing-x$speedup"
+      if cmp -s "$out/$first-$config.json" "$out/${named%%=*}-$config.json"; then
+        verdict=identical
+      else
+        verdict=DIFFERENT
+      fi
+      echo "reports, $config: ${named%%=*} $verdict to $first"
+    done
+  done
+done
