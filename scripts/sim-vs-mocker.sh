@@ -40,8 +40,8 @@ measure() {
 
 named_binaries=("$@")
 for rep in $(seq "${REPS:-3}"); do
-  first=$(( (rep - 1) % ${#named_binaries[@]} ))
-  order=("${named_binaries[@]:first}" "${named_binaries[@]:0:first}")
+  lead=$(( (rep - 1) % ${#named_binaries[@]} ))
+  order=("${named_binaries[@]:lead}" "${named_binaries[@]:0:lead}")
   for speedup in ${SPEEDUPS:-1 4}; do
     for routing in kv rr; do
       if [ "$routing" = kv ]; then dynamo=kv-router ours=kv-cost; else dynamo=round-robin ours=round-robin; fi
@@ -82,18 +82,18 @@ PY
 
 # Same results: every binary's reports against the first one's, byte for byte (a report holds no
 # timings), so an optimisation that changed a result shows here.
-first=${named_binaries[0]%%=*}
+reference=${named_binaries[0]%%=*}
 echo
 for named in "${named_binaries[@]:1}"; do
   for speedup in ${SPEEDUPS:-1 4}; do
     for routing in kv rr; do
       config="$routing-x$speedup"
-      if cmp -s "$out/$first-$config.json" "$out/${named%%=*}-$config.json"; then
+      if cmp -s "$out/$reference-$config.json" "$out/${named%%=*}-$config.json"; then
         verdict=identical
       else
         verdict=DIFFERENT
       fi
-      echo "reports, $config: ${named%%=*} $verdict to $first"
+      echo "reports, $config: ${named%%=*} $verdict to $reference"
     done
   done
 done
