@@ -936,9 +936,12 @@ fn run_length<const TIERS: usize>(
         (0..TIERS).fold(same(j), |all, t| all & (live[t] & !here[t] == 0))
     };
     let chunk_held = |j: usize| {
-        let device = chunk(&group.device, at + 1 + j);
         let held = match TIERS {
-            1 => (0..CHUNK).fold(true, |all, k| all & (live[0] & !device[k] == 0)),
+            // A device-only group's owners are one column: its chunk is an array too.
+            1 => {
+                let device = chunk(&group.device, at + 1 + j);
+                (0..CHUNK).fold(true, |all, k| all & (live[0] & !device[k] == 0))
+            }
             _ => (0..CHUNK).fold(true, |all, k| {
                 let here = group.owners::<TIERS>(at + 1 + j + k);
                 (0..TIERS).fold(all, |all, t| all & (live[t] & !here[t] == 0))
