@@ -841,21 +841,8 @@ impl Prompt for Locals<'_> {
         let Some(links) = group.links.get(at + 1..) else {
             return 0;
         };
-        let rest = self.rest;
-        let len = rest.len().min(links.len());
-        let linked = |j: usize| (links[j] == rest[j].0) & (links[j] != NO_LINK);
-        let linked_chunk = |j: usize| {
-            let (links, rest) = (chunk(links, j), chunk(rest, j));
-            (0..CHUNK).fold(true, |all, k| {
-                all & (links[k] == rest[k].0) & (links[k] != NO_LINK)
-            })
-        };
-        let ahead = |j: usize| {
-            flat::prefetch(&links[j]);
-            flat::prefetch(&rest[j]);
-        };
-        let passed = run_length(group, at, live, len, linked, linked_chunk, ahead);
-        self.rest = &rest[passed..];
+        let passed = run_length::<TIERS, true, _>(group, at, live, links, self.rest, |h| h.0);
+        self.rest = &self.rest[passed..];
         passed
     }
 }
@@ -877,26 +864,8 @@ impl Prompt for Slice<'_> {
         let Some(hashes) = group.hashes.get(at + 1..) else {
             return 0;
         };
-        let rest = self.0;
-        let len = rest.len().min(hashes.len());
-        let ahead = |j: usize| {
-            flat::prefetch(&hashes[j]);
-            flat::prefetch(&rest[j]);
-        };
-        let same_chunk = |j: usize| {
-            let (hashes, rest) = (chunk(hashes, j), chunk(rest, j));
-            (0..CHUNK).fold(true, |all, k| all & (hashes[k] == rest[k].0))
-        };
-        let passed = run_length(
-            group,
-            at,
-            live,
-            len,
-            |j| hashes[j] == rest[j].0,
-            same_chunk,
-            ahead,
-        );
-        self.0 = &rest[passed..];
+        let passed = run_length::<TIERS, false, _>(group, at, live, hashes, self.0, |h| h.0);
+        self.0 = &self.0[passed..];
         passed
     }
 }
@@ -912,25 +881,34 @@ fn chunk<T>(column: &[T], at: usize) -> &[T; CHUNK] {
         .expect("a chunk's range is CHUNK long")
 }
 
-/// How many of the (at most `len`) log entries after `at` are the prompt's next blocks (`same`,
-/// counted from `at + 1`) and held, in each cumulative tier, by every rank of `live` (whose
-/// widest mask is not empty, so such an entry is alive). Once a run is a chunk long, it goes on
-/// a chunk at a time (`same_chunk`: `same` for the [`CHUNK`] entries from an offset), without a
-/// branch or a bounds check per entry, so the compares run in vector registers (lookups along
-/// long runs ~15 % faster at p99 on Dynamo's stream, docs/benchmarks.md (a2)), and asks for the
-/// entries [`AHEAD`] further on (`ahead` for the prompt's columns at an offset below `len`, the
-/// owners here).
+/// How many of the log entries after `at` are the prompt's next blocks and held, in each
+/// cumulative tier, by every rank of `live` (whose widest mask is not empty, so such an entry is
+/// alive). A block is the entry's when `log` (a column of the log from `at + 1`: the hashes, or
+/// with `LINKS` the links, where [`NO_LINK`] matches nothing) equals its `value` in `prompt`.
+///
+/// Once a run is a chunk long, it goes on a chunk at a time, each column's chunk read as an
+/// array: no branch or bounds check per entry, so the compares run in vector registers (lookups
+/// along long runs ~15 % faster at p99 on Dynamo's stream, docs/benchmarks.md (a2)). It then
+/// also asks for the entries [`AHEAD`] further on.
 #[inline]
-fn run_length<const TIERS: usize>(
+fn run_length<const TIERS: usize, const LINKS: bool, H: Copy>(
     group: &Group,
     at: usize,
     live: &[u64; TIERS],
-    len: usize,
-    same: impl Fn(usize) -> bool,
-    same_chunk: impl Fn(usize) -> bool,
-    ahead: impl Fn(usize),
+    log: &[u64],
+    prompt: &[H],
+    value: impl Fn(H) -> u64,
 ) -> usize {
-    let len = len.min(group.device.len() - (at + 1));
+    let len = prompt
+        .len()
+        .min(log.len())
+        .min(group.device.len() - (at + 1));
+    let matches = |log: u64, block: H| (log == value(block)) & (!LINKS | (log != NO_LINK));
+    let same = |j: usize| matches(log[j], prompt[j]);
+    let same_chunk = |j: usize| {
+        let (log, prompt) = (chunk(log, j), chunk(prompt, j));
+        (0..CHUNK).fold(true, |all, k| all & matches(log[k], prompt[k]))
+    };
     let held = |j: usize| {
         let here = group.owners::<TIERS>(at + 1 + j);
         (0..TIERS).fold(same(j), |all, t| all & (live[t] & !here[t] == 0))
@@ -952,7 +930,8 @@ fn run_length<const TIERS: usize>(
     // A chunk of every column is a cache line or two.
     let fetch = |j: usize| {
         if j < len {
-            ahead(j);
+            flat::prefetch(&log[j]);
+            flat::prefetch(&prompt[j]);
             flat::prefetch(&group.device[at + 1 + j]);
             // Host and disk owners take two lines a chunk (empty for a device-only group).
             for half in [0, CHUNK / 2] {
