@@ -223,8 +223,9 @@ fn assert_tool_result_came_back(lines: &[TraceLine], kind: &str) {
 
 // === Claude Code ===
 
-/// `claude -p PROMPT` against `served`, printing JSON.
-fn claude(sandbox: &Sandbox, served: &Served, model: &str, prompt: &str) -> Command {
+/// `claude -p PROMPT` against `served`, printing JSON; with `--model` unless `model` is `None`
+/// (then Claude Code picks its own default).
+fn claude(sandbox: &Sandbox, served: &Served, model: Option<&str>, prompt: &str) -> Command {
     let mut cmd = sandbox.command("claude");
     cmd.env("ANTHROPIC_BASE_URL", &served.url)
         .env("ANTHROPIC_API_KEY", "dummy")
@@ -232,26 +233,26 @@ fn claude(sandbox: &Sandbox, served: &Served, model: &str, prompt: &str) -> Comm
         .env("DISABLE_AUTOUPDATER", "1")
         .env("DISABLE_ERROR_REPORTING", "1")
         .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
-        .args(["-p", prompt, "--model", model, "--output-format", "json"])
+        .args(["-p", prompt, "--output-format", "json"])
         .args(["--allowedTools", "Bash", "Agent"]);
+    if let Some(model) = model {
+        cmd.args(["--model", model]);
+    }
     cmd
 }
 
-/// Claude Code routes its own model names here through `[model] aliases`.
+/// Claude Code's own model names mapped onto the served model, as a config for other engines
+/// writes it (the embedded default maps them anyway).
 const CLAUDE_ALIASES: &str = "[model]\naliases = [\"claude-*\"]\n";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_code_completes_a_turn_and_a_tool_round_trip() {
-    let served = Served::start(CLAUDE_ALIASES);
+    // The embedded default as a newcomer starts it, no aliases configured, and Claude Code as
+    // installed: its own default model name. It sends its environment as a system message after
+    // the user turn.
+    let served = Served::start("");
     let sandbox = Sandbox::new();
-    // A model name Claude Code does not know: it sends a system message after the user turn.
-    let out = run(claude(
-        &sandbox,
-        &served,
-        "smollm2-135m-instruct",
-        "Say hello.",
-    ))
-    .await;
+    let out = run(claude(&sandbox, &served, None, "Say hello.")).await;
     let result: Value = serde_json::from_str(&assert_success(&out, "unscripted turn")).unwrap();
     assert_eq!(result["is_error"], false, "{result}");
     let session = result["session_id"].as_str().unwrap().to_owned();
@@ -259,7 +260,13 @@ async fn claude_code_completes_a_turn_and_a_tool_round_trip() {
     let prompt = format!(
         "Run this. [[mock:tool_call Bash {{\"command\": \"{TOOL_COMMAND}\", \"description\": \"Print a marker\"}}]]"
     );
-    let out = run(claude(&sandbox, &served, "claude-sonnet-4-5", &prompt)).await;
+    let out = run(claude(
+        &sandbox,
+        &served,
+        Some("claude-sonnet-4-5"),
+        &prompt,
+    ))
+    .await;
     let result: Value = serde_json::from_str(&assert_success(&out, "tool round trip")).unwrap();
     assert_eq!(result["is_error"], false, "{result}");
 
@@ -297,7 +304,7 @@ async fn claude_code_subagents_are_recorded_with_their_parent() {
     let served = Served::start(CLAUDE_ALIASES);
     let sandbox = Sandbox::new();
     let prompt = "Delegate this. [[mock:tool_call Agent {\"description\": \"Look around\", \"prompt\": \"Say what you see.\", \"subagent_type\": \"general-purpose\"}]]";
-    let out = run(claude(&sandbox, &served, "claude-sonnet-4-5", prompt)).await;
+    let out = run(claude(&sandbox, &served, Some("claude-sonnet-4-5"), prompt)).await;
     let result: Value = serde_json::from_str(&assert_success(&out, "subagent run")).unwrap();
     let root = result["session_id"].as_str().unwrap().to_owned();
     let lines = served.requests(3).await;
@@ -320,7 +327,7 @@ async fn second_session_reuse(extra_toml: &str) -> (u64, u64, u64) {
     let served = Served::start(&format!("{CLAUDE_ALIASES}{extra_toml}"));
     let sandbox = Sandbox::new();
     for prompt in ["Say hello.", "Now say goodbye, please."] {
-        let out = run(claude(&sandbox, &served, "claude-sonnet-4-5", prompt)).await;
+        let out = run(claude(&sandbox, &served, Some("claude-sonnet-4-5"), prompt)).await;
         let result: Value = serde_json::from_str(&assert_success(&out, "a session")).unwrap();
         assert_eq!(result["is_error"], false, "{result}");
     }

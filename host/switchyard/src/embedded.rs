@@ -85,10 +85,19 @@ pub(crate) fn policies() -> switchyard_gateway::policies::PoliciesConfig {
 /// harnesses assume 128K or more (SmolLM2's own 8K would refuse them).
 const CONTEXT_LENGTH: u32 = 131_072;
 
+/// Claude Code's own model names (its default, and `claude-haiku-*` for side requests), which
+/// it sends whatever the gateway serves: the embedded default answers them with the mock model,
+/// so `claude` works against it as installed.
+const CLAUDE_MODELS: &str = "claude-*";
+
 /// What the gateway is told about the embedded mock model, where the config leaves it open: its
-/// context window, and its reasoning format (`<think>`, which the mock engines write when a
-/// script asks), so that thinking never reaches a harness as text.
+/// context window, its reasoning format (`<think>`, which the mock engines write when a script
+/// asks), so that thinking never reaches a harness as text, and Claude Code's model names as
+/// aliases.
 pub(crate) fn model(model: &mut ModelConfig) {
     model.context_length.get_or_insert(CONTEXT_LENGTH);
     model.reasoning_parser.get_or_insert_with(|| "qwen3".into());
+    if model.aliases.is_empty() {
+        model.aliases.push(CLAUDE_MODELS.into());
+    }
 }
