@@ -63,44 +63,55 @@ fn body(messages: &[Value]) -> Value {
     })
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_demoted_session_is_restored_on_another_llama_server_instead_of_prefilled() {
-    let (server, model) = engine_paths();
-    let dir = std::env::temp_dir().join(format!("switchyard-slots-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let dir_arg = dir.to_string_lossy().to_string();
-    // No host-RAM prompt cache (`--cache-ram 0`): a cache hit can only come from a slot.
-    let flags = [
-        "--slot-save-path",
-        &dir_arg,
-        "--metrics",
-        "--cache-ram",
-        "0",
-    ];
-    let mut engines = [
-        LlamaServer::start_with(&server, &model, &flags),
-        LlamaServer::start_with(&server, &model, &flags),
-    ];
-    for e in &engines {
-        e.wait_healthy().await;
+/// Two llama-servers sharing one `--slot-save-path` behind a gateway whose workers take
+/// `llama-slots` hints, with `extra` (TOML tables) in its config.
+struct TwoServers {
+    dir: std::path::PathBuf,
+    engines: [LlamaServer; 2],
+    gateway: Gateway,
+}
+
+impl TwoServers {
+    async fn start(name: &str, extra: &str) -> TwoServers {
+        let (server, model) = engine_paths();
+        let dir = std::env::temp_dir().join(format!("switchyard-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let dir_arg = dir.to_string_lossy().to_string();
+        // No host-RAM prompt cache (`--cache-ram 0`): a cache hit can only come from a slot.
+        let flags = [
+            "--slot-save-path",
+            &dir_arg,
+            "--metrics",
+            "--cache-ram",
+            "0",
+        ];
+        let engines = [
+            LlamaServer::start_with(&server, &model, &flags),
+            LlamaServer::start_with(&server, &model, &flags),
+        ];
+        for e in &engines {
+            e.wait_healthy().await;
+        }
+        let mut config = format!("[server]\nhealth_interval = \"250ms\"\n{extra}");
+        for e in &engines {
+            config += &format!(
+                "[[workers]]\nurl = \"{}\"\nkind = \"openai\"\nupstream = \"tokens\"\nkv_hints = \"llama-slots\"\n",
+                e.url
+            );
+        }
+        let gateway = Gateway::start(&config);
+        TwoServers {
+            dir,
+            engines,
+            gateway,
+        }
     }
-    let mut config = String::from(
-        "[server]\nhealth_interval = \"250ms\"\n\
-         [policies]\n\
-         kv_hints = \"native:demote-on-tool-call:unseen_tool_time=30s:demote_to=disk\"\n",
-    );
-    for e in &engines {
-        config += &format!(
-            "[[workers]]\nurl = \"{}\"\nkind = \"openai\"\nupstream = \"tokens\"\nkv_hints = \"llama-slots\"\n",
-            e.url
-        );
-    }
-    let gateway = Gateway::start(&config);
-    let url = format!("{}/v1/chat/completions", gateway.url);
-    let chat = async |messages: &[Value]| {
+
+    /// A turn of session `agent-1`: the worker that served it, the reply and the time taken.
+    async fn chat(&self, messages: &[Value]) -> (String, Value, std::time::Duration) {
         let started = Instant::now();
         let r = client()
-            .post(&url)
+            .post(format!("{}/v1/chat/completions", self.gateway.url))
             .header("x-session-id", "agent-1")
             .json(&body(messages))
             .send()
@@ -113,12 +124,56 @@ async fn a_demoted_session_is_restored_on_another_llama_server_instead_of_prefil
             .to_string();
         let reply: Value = r.json().await.unwrap();
         (worker, reply, started.elapsed())
-    };
+    }
 
+    /// The session files in the slot directory.
+    fn slot_files(&self) -> Vec<std::fs::DirEntry> {
+        std::fs::read_dir(&self.dir)
+            .unwrap()
+            .filter_map(Result::ok)
+            .filter(|f| f.file_name().to_string_lossy().starts_with("switchyard-"))
+            .collect()
+    }
+
+    /// `switchyard_kv_hint_actions_total` for `action` on `worker` with `outcome`.
+    async fn hint_actions(&self, action: &str, worker: &str, outcome: &str) -> f64 {
+        sample(
+            &get_text(&format!("{}/metrics", self.gateway.url)).await,
+            "switchyard_kv_hint_actions_total",
+            &[
+                &format!("action=\"{action}\""),
+                &format!("worker=\"{worker}\""),
+                &format!("outcome=\"{outcome}\""),
+            ],
+        )
+    }
+}
+
+impl Drop for TwoServers {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The tool's result appended to `messages` after `first`, a turn that called it.
+fn tool_result(messages: &mut Vec<Value>, first: &Value) {
+    let assistant = first["choices"][0]["message"].clone();
+    let call_id = assistant["tool_calls"][0]["id"].clone();
+    messages.push(assistant);
+    messages.push(json!({"role": "tool", "tool_call_id": call_id, "content": "ok: 12 passed"}));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demoted_session_is_restored_on_another_llama_server_instead_of_prefilled() {
+    let mut pair = TwoServers::start(
+        "slots",
+        "[policies]\nkv_hints = \"native:demote-on-tool-call:unseen_tool_time=30s:demote_to=disk\"\n",
+    )
+    .await;
     // Turn 1 ends in a tool call. The policy expects the tool to take 30 s: it demotes the
     // session, and the gateway saves its slot on A to the shared directory and frees it.
     let mut messages = first_messages();
-    let (home, first, first_wall) = chat(&messages).await;
+    let (home, first, first_wall) = pair.chat(&messages).await;
     assert_eq!(
         first["choices"][0]["finish_reason"], "tool_calls",
         "{first}"
@@ -128,29 +183,17 @@ async fn a_demoted_session_is_restored_on_another_llama_server_instead_of_prefil
     let other = format!("{b}.0");
     let first_prompt = first["usage"]["prompt_tokens"].as_u64().unwrap();
     assert!(first_prompt > 1500, "a ~2K prompt, got {first_prompt}");
-    let (a_prefilled, a_seconds) = prefill_counters(&engines[a].url).await;
+    let (a_prefilled, a_seconds) = prefill_counters(&pair.engines[a].url).await;
     let demoted = eventually(30, async || {
-        sample(
-            &get_text(&format!("{}/metrics", gateway.url)).await,
-            "switchyard_kv_hint_actions_total",
-            &[
-                "action=\"demote\"",
-                &format!("worker=\"{home}\""),
-                "outcome=\"accepted\"",
-            ],
-        ) >= 1.0
+        pair.hint_actions("demote", &home, "accepted").await >= 1.0
     })
     .await;
     assert!(
         demoted,
         "the demote was never accepted: {}",
-        get_text(&format!("{}/metrics", gateway.url)).await
+        get_text(&format!("{}/metrics", pair.gateway.url)).await
     );
-    let files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .filter_map(Result::ok)
-        .filter(|f| f.file_name().to_string_lossy().starts_with("switchyard-"))
-        .collect();
+    let files = pair.slot_files();
     assert_eq!(files.len(), 1, "one slot file for the session");
     let file_bytes = files[0].metadata().unwrap().len();
     assert!(
@@ -159,10 +202,10 @@ async fn a_demoted_session_is_restored_on_another_llama_server_instead_of_prefil
     );
 
     // A dies while the tool runs: the gateway marks it unhealthy.
-    engines[a].kill();
+    pair.engines[a].kill();
     let down = eventually(30, async || {
         sample(
-            &get_text(&format!("{}/metrics", gateway.url)).await,
+            &get_text(&format!("{}/metrics", pair.gateway.url)).await,
             "switchyard_worker_healthy",
             &[&format!("worker=\"{home}\"")],
         ) == 0.0
@@ -171,30 +214,19 @@ async fn a_demoted_session_is_restored_on_another_llama_server_instead_of_prefil
     assert!(down, "worker {home} never marked unhealthy");
 
     // Turn 2 (the tool's result) goes to B, which restores the session's slot file first.
-    let assistant = first["choices"][0]["message"].clone();
-    let call_id = assistant["tool_calls"][0]["id"].clone();
-    messages.push(assistant);
-    messages.push(json!({"role": "tool", "tool_call_id": call_id, "content": "ok: 12 passed"}));
-    let before = prefill_counters(&engines[b].url).await;
-    let (worker, second, second_wall) = chat(&messages).await;
+    tool_result(&mut messages, &first);
+    let before = prefill_counters(&pair.engines[b].url).await;
+    let (worker, second, second_wall) = pair.chat(&messages).await;
     assert_eq!(worker, other, "turn 2 went to the healthy server");
-    let after = prefill_counters(&engines[b].url).await;
+    let after = prefill_counters(&pair.engines[b].url).await;
     let second_prompt = second["usage"]["prompt_tokens"].as_u64().unwrap();
     let prefilled = (after.0 - before.0) as u64;
     let prefill_s = after.1 - before.1;
     let cached = second_prompt.saturating_sub(prefilled);
-    let metrics = get_text(&format!("{}/metrics", gateway.url)).await;
     assert!(
-        sample(
-            &metrics,
-            "switchyard_kv_hint_actions_total",
-            &[
-                "action=\"prefetch\"",
-                &format!("worker=\"{other}\""),
-                "outcome=\"accepted\""
-            ],
-        ) >= 1.0,
-        "the restore on B was not accepted: {metrics}"
+        pair.hint_actions("prefetch", &other, "accepted").await >= 1.0,
+        "the restore on B was not accepted: {}",
+        get_text(&format!("{}/metrics", pair.gateway.url)).await
     );
     assert!(
         cached * 10 >= first_prompt * 9,
@@ -209,7 +241,7 @@ async fn a_demoted_session_is_restored_on_another_llama_server_instead_of_prefil
     cold["id_slot"] = 1.into();
     let started = Instant::now();
     let control: Value = client()
-        .post(format!("{}/v1/chat/completions", engines[b].url))
+        .post(format!("{}/v1/chat/completions", pair.engines[b].url))
         .json(&cold)
         .send()
         .await
@@ -246,9 +278,71 @@ async fn a_demoted_session_is_restored_on_another_llama_server_instead_of_prefil
         "restored prefill {:.0} ms vs cold {cold_prefill_ms:.0} ms",
         prefill_s * 1000.0
     );
-    drop(gateway);
-    drop(engines);
-    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A session moves off a drained llama-server that still holds its KV (no demote wrote a file):
+/// the gateway saves the slot there and restores it on the server the next turn goes to, so B
+/// reads the prompt from the cache instead of prefilling it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_moved_off_a_drained_llama_server_takes_its_kv_along() {
+    let pair = TwoServers::start(
+        "drain",
+        "[policies]\nadmin_tokens = [{ role = \"write\", token = \"writer\" }]\n",
+    )
+    .await;
+    let mut messages = first_messages();
+    let (home, first, _) = pair.chat(&messages).await;
+    let first_prompt = first["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(first_prompt > 1500, "a ~2K prompt, got {first_prompt}");
+    assert!(pair.slot_files().is_empty(), "no policy demoted anything");
+    let a = usize::from(home.starts_with('1'));
+    let b = 1 - a;
+    let other = format!("{b}.0");
+
+    // The operator drains A (to restart it, say): it stays up, and gets nothing new.
+    let drained: Value = client()
+        .post(format!("{}/admin/workers/drain", pair.gateway.url))
+        .query(&[("url", &pair.engines[a].url)])
+        .bearer_auth("writer")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(drained["draining"], true, "{drained}");
+
+    tool_result(&mut messages, &first);
+    let before = prefill_counters(&pair.engines[b].url).await;
+    let (worker, second, wall) = pair.chat(&messages).await;
+    assert_eq!(worker, other, "turn 2 left the drained server");
+    let after = prefill_counters(&pair.engines[b].url).await;
+    let second_prompt = second["usage"]["prompt_tokens"].as_u64().unwrap();
+    let prefilled = (after.0 - before.0) as u64;
+    let cached = second_prompt.saturating_sub(prefilled);
+    eprintln!(
+        "turn 2 on B after A was drained: {second_prompt} prompt tokens, {cached} from A's slot \
+         saved and restored, {prefilled} prefilled in {:.0} ms ({wall:?} end to end)",
+        (after.1 - before.1) * 1000.0
+    );
+    assert!(
+        cached * 10 >= first_prompt * 9,
+        "B prefilled {prefilled} of {second_prompt} tokens: only {cached} came from A's slot \
+         (turn 1 had {first_prompt})"
+    );
+    assert_eq!(
+        pair.slot_files().len(),
+        1,
+        "A's slot saved to the session's file"
+    );
+    assert!(
+        pair.hint_actions("demote", &home, "clipped").await >= 1.0,
+        "the save on A (KV kept there) is counted"
+    );
+    assert!(
+        pair.hint_actions("prefetch", &other, "accepted").await >= 1.0,
+        "the restore on B is counted"
+    );
 }
 
 /// A demote the engine cannot carry out (no `--slot-save-path`: llama-server refuses slot saves)

@@ -1,5 +1,5 @@
 //! The admin API: list, load and unload routing policies at runtime (`/admin/policies`), and
-//! list, add and remove workers ([`workers`], `/admin/workers`).
+//! list, add, remove and drain workers ([`workers`], `/admin/workers`).
 //!
 //! Every call needs `Authorization: Bearer <token>` with one of the tokens of `[policies]`:
 //! a `read` token (`admin_tokens`, `role = "read"`) may list, a `write` token (`role =
@@ -35,6 +35,10 @@ pub(crate) fn routes() -> HttpRouter<Arc<Shared>> {
             get(workers::list)
                 .post(workers::add)
                 .delete(workers::remove),
+        )
+        .route(
+            "/admin/workers/drain",
+            post(workers::drain).delete(workers::undrain),
         )
 }
 

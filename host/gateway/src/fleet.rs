@@ -13,6 +13,7 @@ use crate::metrics::{Metrics, worker_label};
 use crate::upstream::Upstream;
 use arc_swap::ArcSwap;
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use switchyard_core::index::IndexOp;
 use switchyard_core::router::Router;
@@ -122,9 +123,39 @@ pub struct Member {
     stop: CancellationToken,
     /// Its event subscriptions, so that leaving can wait for them to end.
     subscriptions: TaskTracker,
+    /// Its last `/health` probe passed (a member joins healthy).
+    probe_passed: AtomicBool,
+    /// Drained by the admin API: it gets no new requests while its probes still pass, so its
+    /// sessions move elsewhere (taking their KV along where the engine can hand it over) and it
+    /// can be stopped without failing any.
+    draining: AtomicBool,
 }
 
 impl Member {
+    /// Whether its last health probe passed.
+    pub fn probe_passed(&self) -> bool {
+        self.probe_passed.load(Ordering::Relaxed)
+    }
+
+    /// Whether it is drained.
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Whether it may take new requests: its probe passed and it is not drained.
+    fn routable(&self) -> bool {
+        self.probe_passed() && !self.draining()
+    }
+
+    /// Record a probe's answer.
+    pub(crate) fn set_probe_passed(&self, passed: bool) {
+        self.probe_passed.store(passed, Ordering::Relaxed);
+    }
+
+    fn set_draining(&self, draining: bool) {
+        self.draining.store(draining, Ordering::Relaxed);
+    }
+
     /// How `rank` names its blocks, when the member takes KV hints and publishes events.
     pub(crate) fn engine_names(&self, rank: Rank) -> Option<&EngineNames> {
         self.names
@@ -280,6 +311,33 @@ impl Fleet {
         Ok(member)
     }
 
+    /// Drain the member at `url` (any source's), or take it back. Draining takes its ranks out
+    /// of routing at once; taken back, they return at once if its last probe passed (else at the
+    /// first that does).
+    pub(crate) fn set_draining(
+        &self,
+        url: &str,
+        draining: bool,
+        router: &Mutex<Router>,
+        metrics: &Metrics,
+    ) -> Result<Arc<Member>, FleetError> {
+        let member = self.find(url).ok_or_else(|| FleetError::Unknown {
+            url: url.trim_end_matches('/').into(),
+        })?;
+        let mut router = router.lock().unwrap_or_else(|e| e.into_inner());
+        member.set_draining(draining);
+        for rank in member.upstream.ranks() {
+            router.set_healthy(rank, member.routable());
+            metrics
+                .worker_draining
+                .get_or_create(&worker_label(rank))
+                .set(i64::from(draining));
+        }
+        drop(router);
+        tracing::info!(worker = member.upstream.id.0, url = %member.upstream.base_url, draining, "worker drain changed");
+        Ok(member)
+    }
+
     /// The entries of `source`'s members.
     fn configs_of(&self, source: Source) -> Vec<WorkerConfig> {
         self.members()
@@ -337,6 +395,10 @@ impl Fleet {
                         .worker_healthy
                         .get_or_create(&worker_label(rank))
                         .set(0);
+                    metrics
+                        .worker_draining
+                        .get_or_create(&worker_label(rank))
+                        .set(0);
                 }
                 tracing::info!(worker = member.upstream.id.0, url = %member.upstream.base_url, %source, "worker left");
             }
@@ -390,6 +452,8 @@ impl Fleet {
             names,
             stop,
             subscriptions,
+            probe_passed: AtomicBool::new(true),
+            draining: AtomicBool::new(false),
         })
     }
 

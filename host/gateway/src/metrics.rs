@@ -109,6 +109,8 @@ pub struct Metrics {
     pub epp_served_elsewhere: Counter,
     /// 1 while a worker rank passes its health check.
     pub worker_healthy: Family<WorkerLabels, Gauge>,
+    /// 1 while a worker rank is drained through the admin API (no new requests).
+    pub worker_draining: Family<WorkerLabels, Gauge>,
     /// Requests in flight per worker rank, as the router books them.
     pub in_flight: Family<WorkerLabels, Gauge>,
     /// Uncached prompt tokens booked per worker rank whose prefill has not ended in the
@@ -187,6 +189,7 @@ impl Metrics {
             upstream_connections: Default::default(),
             epp_served_elsewhere: Counter::default(),
             worker_healthy: Family::default(),
+            worker_draining: Family::default(),
             in_flight: Family::default(),
             prefill_tokens: Family::default(),
             whole_answers: Family::default(),
@@ -291,6 +294,11 @@ impl Metrics {
             "worker_healthy",
             "1 while the worker passes its health check",
             m.worker_healthy.clone(),
+        );
+        registry.register(
+            "worker_draining",
+            "1 while the worker is drained: it passes its health check but gets no new requests",
+            m.worker_draining.clone(),
         );
         registry.register(
             "worker_in_flight",

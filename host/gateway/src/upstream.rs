@@ -180,7 +180,7 @@ fn plain_http(url: &str) -> Option<PlainHttp> {
 }
 
 /// Probe every worker's `/health` each `interval`; failing workers are taken out of routing until
-/// they pass again.
+/// they pass again (drained ones stay out).
 pub async fn health_loop(
     fleet: Arc<crate::fleet::Fleet>,
     router: Arc<Mutex<Router>>,
@@ -207,8 +207,10 @@ pub async fn health_loop(
         let results = futures::future::join_all(probes).await;
         let mut router = router.lock().unwrap_or_else(|e| e.into_inner());
         for (worker, healthy) in workers.iter().zip(results) {
+            worker.set_probe_passed(healthy);
             for rank in worker.upstream.ranks() {
-                router.set_healthy(rank, healthy);
+                // A drained worker passes its probes but takes nothing new.
+                router.set_healthy(rank, healthy && !worker.draining());
                 metrics
                     .worker_healthy
                     .get_or_create(&worker_label(rank))

@@ -3,6 +3,11 @@
 //! An added worker is checked exactly as a `[[workers]]` entry is and joins cold; a removed one
 //! leaves as one dropped from the file does. Members of the file or of discovery are theirs to
 //! change: deleting one is a 409.
+//!
+//! `/admin/workers/drain?url=` drains any member (`POST`) or takes it back (`DELETE`), write role:
+//! a drained worker stays in the fleet, finishes what it runs and gets nothing new, so it can be
+//! stopped or upgraded without failing a request; its sessions move to the others (a
+//! `llama-slots` worker hands their KV over through the slot directory).
 
 use super::{check, runtime};
 use crate::config::WorkerConfig;
@@ -29,6 +34,8 @@ struct MemberView {
     /// Its entry, in the shape of a `[[workers]]` table.
     #[serde(flatten)]
     config: WorkerConfig,
+    /// Drained: no new requests (its ranks are listed unhealthy meanwhile).
+    draining: bool,
     ranks: Vec<RankView>,
 }
 
@@ -90,15 +97,16 @@ impl MemberView {
             id: member.upstream.id.0,
             source: member.source,
             config: member.config.clone(),
+            draining: member.draining(),
             ranks,
         }
     }
 }
 
-/// `DELETE /admin/workers?url=...`.
+/// `DELETE /admin/workers?url=...`, and the drain's.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RemoveQuery {
+pub(super) struct UrlQuery {
     /// The worker's URL, as listed.
     url: String,
 }
@@ -156,7 +164,7 @@ pub(super) async fn add(
 pub(super) async fn remove(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
-    query: Result<Query<RemoveQuery>, QueryRejection>,
+    query: Result<Query<UrlQuery>, QueryRejection>,
 ) -> Response {
     let result = (|| {
         authorize(&shared, &headers, AdminRole::Write, "DELETE /admin/workers")?;
@@ -174,6 +182,53 @@ pub(super) async fn remove(
     })();
     match result {
         Ok(json) => axum::Json(json).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `POST /admin/workers/drain?url=...`: the worker gets no new requests.
+pub(super) async fn drain(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    query: Result<Query<UrlQuery>, QueryRejection>,
+) -> Response {
+    set_draining(&shared, &headers, query, true)
+}
+
+/// `DELETE /admin/workers/drain?url=...`: the worker takes requests again.
+pub(super) async fn undrain(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    query: Result<Query<UrlQuery>, QueryRejection>,
+) -> Response {
+    set_draining(&shared, &headers, query, false)
+}
+
+fn set_draining(
+    shared: &Shared,
+    headers: &HeaderMap,
+    query: Result<Query<UrlQuery>, QueryRejection>,
+    draining: bool,
+) -> Response {
+    let method = if draining { "POST" } else { "DELETE" };
+    let result = (|| {
+        authorize(
+            shared,
+            headers,
+            AdminRole::Write,
+            &format!("{method} {PATH}/drain"),
+        )?;
+        let Query(query) = query.map_err(|e| {
+            GatewayError::BadRequest(format!("{PATH}/drain: give the worker as ?url=...: {e}"))
+        })?;
+        let member =
+            shared
+                .fleet
+                .set_draining(&query.url, draining, &shared.router, &shared.metrics)?;
+        Ok::<_, GatewayError>(MemberView::new(&member, &shared.router()))
+    })();
+    match result {
+        Ok(view) => axum::Json(view).into_response(),
         Err(e) => e.into_response(),
     }
 }

@@ -11,9 +11,12 @@
 //! - **Prefetch**: `?action=restore` loads the file into a slot of the rank the session was last
 //!   routed to, before its next request.
 //! - **On the request path**: a request pinned to a slot that does not hold its session's KV (the
-//!   session was demoted, or is routed to another server than before: its first one is busy or
-//!   unhealthy) has the saved file restored there first, so its prompt is read from the cache
-//!   instead of prefilled again. That restore is counted as a `prefetch`.
+//!   session was demoted, or is routed to another server than before: its first one is busy,
+//!   drained or unhealthy) has the session's KV restored there first, so its prompt is read from
+//!   the cache instead of prefilled again. Where an idle slot of another server that passes its
+//!   health probe still holds the session (it moved without a demote), that slot is saved to the
+//!   session's file first, keeping its KV there too (counted as a `demote`, `clipped`: saved,
+//!   not erased); else the file a demote wrote is used. The restore is counted as a `prefetch`.
 //! - **Evict**: `?action=erase` of the session's slot; the gateway forgets its file (llama.cpp
 //!   has no action that deletes one).
 //! - Pin, retain and ephemeral have no llama.cpp counterpart: rejected.
@@ -166,6 +169,30 @@ impl Slots {
         Ok(Some(index as u32))
     }
 
+    /// Take an idle slot of a worker other than `here` that holds `session`'s KV, among
+    /// `candidates`: the session moved from there. Of several, the one it ran on last holds
+    /// the longest KV.
+    fn take_held_elsewhere(
+        &self,
+        here: WorkerId,
+        session: &str,
+        candidates: impl Fn(WorkerId) -> bool,
+    ) -> Option<(WorkerId, u32)> {
+        let mut state = self.state();
+        let (worker, index, slot) = state
+            .workers
+            .iter_mut()
+            .filter(|(worker, _)| **worker != here && candidates(**worker))
+            .flat_map(|(worker, slots)| {
+                let worker = *worker;
+                (slots.slots.iter_mut().enumerate()).map(move |(index, slot)| (worker, index, slot))
+            })
+            .filter(|(_, _, s)| !s.busy && s.session.as_deref() == Some(session))
+            .max_by_key(|(_, _, s)| s.last_used)?;
+        slot.busy = true;
+        Some((worker, index as u32))
+    }
+
     /// Whether some slot of `worker` holds `session`'s KV.
     pub(crate) fn holds(&self, worker: WorkerId, session: &str) -> bool {
         self.state().workers.get(&worker).is_some_and(|w| {
@@ -289,6 +316,9 @@ pub(crate) async fn before_request(
         slot: taken.slot,
         session: session.to_owned(),
     };
+    if !taken.holds {
+        save_where_held(shared, worker, session).await;
+    }
     if !taken.holds && shared.hints.slots.saved(session).is_some() {
         let (outcome, tokens) = restore(shared, member, rank, taken.slot, session).await;
         // The gateway's own restore, ahead of the session's request.
@@ -359,23 +389,17 @@ async fn demote(
             return (Outcome::Rejected, 0);
         }
     };
-    let file = slot_file(&shared.model_name, session);
-    let saved = match slot_action(shared, member, rank, slot, "save", Some(&file)).await {
-        Ok(reply) if reply.n_saved.unwrap_or(0) > 0 => Saved {
-            tokens: reply.n_saved.unwrap_or(0),
-            bytes: reply.n_written.unwrap_or(0),
-        },
-        Ok(_) => {
+    let saved = match save(shared, member, rank, slot, session).await {
+        Ok(saved) => saved,
+        Err(Outcome::Missing) => {
             slots.release(rank.worker, slot, None);
             return (Outcome::Missing, 0);
         }
-        Err(e) => {
+        Err(outcome) => {
             slots.release(rank.worker, slot, Some(session));
-            return (e.outcome(shared, rank, false), 0);
+            return (outcome, 0);
         }
     };
-    slots.record_saved(session, saved);
-    tracing::debug!(worker = %rank, session, slot, file, tokens = saved.tokens, bytes = saved.bytes, "slot saved");
     match slot_action(shared, member, rank, slot, "erase", None).await {
         Ok(_) => {
             slots.release(rank.worker, slot, None);
@@ -388,6 +412,62 @@ async fn demote(
             (Outcome::Clipped, saved.tokens)
         }
     }
+}
+
+/// Write `slot` of `rank` (taken by the caller) to `session`'s file and remember it. `Err`: the
+/// outcome of a save that wrote nothing (`Missing`: the slot was empty).
+async fn save(
+    shared: &Arc<Shared>,
+    member: &Member,
+    rank: Rank,
+    slot: u32,
+    session: &str,
+) -> Result<Saved, Outcome> {
+    let file = slot_file(&shared.model_name, session);
+    let saved = match slot_action(shared, member, rank, slot, "save", Some(&file)).await {
+        Ok(reply) if reply.n_saved.unwrap_or(0) > 0 => Saved {
+            tokens: reply.n_saved.unwrap_or(0),
+            bytes: reply.n_written.unwrap_or(0),
+        },
+        Ok(_) => return Err(Outcome::Missing),
+        Err(e) => return Err(e.outcome(shared, rank, false)),
+    };
+    shared.hints.slots.record_saved(session, saved);
+    tracing::debug!(worker = %rank, session, slot, file, tokens = saved.tokens, bytes = saved.bytes, "slot saved");
+    Ok(saved)
+}
+
+/// `session` is about to run on `here` without its KV: if an idle slot of another server holds
+/// it (the session moved: that server is drained, or busier), save that slot to the session's
+/// file, so that the restore on `here` reads its latest KV. Only servers whose last health probe
+/// passed are asked: a hung one would hold the request for the whole slot timeout. The slot
+/// keeps the KV: the gateway's own demote, counted `clipped` (saved, not erased).
+async fn save_where_held(shared: &Arc<Shared>, here: WorkerId, session: &str) {
+    let slots = &shared.hints.slots;
+    let answers = |worker| shared.fleet.get(worker).is_some_and(|m| m.probe_passed());
+    let Some((worker, slot)) = slots.take_held_elsewhere(here, session, answers) else {
+        return;
+    };
+    // A llama-slots worker has one rank (the config checks it).
+    let Some((rank, member)) = shared.fleet.get(worker).and_then(|m| {
+        let rank = m.upstream.ranks().next();
+        Some((rank?, m))
+    }) else {
+        slots.release(worker, slot, Some(session));
+        return;
+    };
+    let (outcome, tokens) = match save(shared, &member, rank, slot, session).await {
+        Ok(saved) => (Outcome::Clipped, saved.tokens),
+        Err(outcome) => (outcome, 0),
+    };
+    slots.release(worker, slot, Some(session));
+    settle(
+        shared,
+        rank,
+        (Some(ActionType::Demote), None),
+        outcome,
+        blocks(shared, tokens),
+    );
 }
 
 /// Make the session's KV present in a slot of `rank`: there already, or restored from its file.
@@ -642,6 +722,42 @@ mod tests {
             })
         );
         assert_eq!(Slots::new(1).take(W, "a"), None, "slots never read");
+    }
+
+    #[test]
+    fn a_moved_session_is_found_idle_on_another_answering_server() {
+        let s = slots(2);
+        let other = WorkerId(1);
+        s.set_total(other, 1);
+        let a = s.take(W, "a").unwrap();
+        let anyone = |_| true;
+        assert_eq!(
+            s.take_held_elsewhere(other, "a", anyone),
+            None,
+            "a's slot is busy"
+        );
+        s.release(W, a.slot, Some("a"));
+        assert_eq!(s.take_held_elsewhere(W, "a", anyone), None, "not elsewhere");
+        assert_eq!(
+            s.take_held_elsewhere(other, "a", |w| w != W),
+            None,
+            "its server does not answer"
+        );
+        // Held on two servers: the one it ran on last has its longest KV.
+        let third = WorkerId(2);
+        s.set_total(third, 1);
+        let older = s.take(third, "a").unwrap();
+        s.release(third, older.slot, Some("a"));
+        let newer = s.take(W, "a").unwrap();
+        s.release(W, newer.slot, Some("a"));
+        assert_eq!(s.take_held_elsewhere(other, "a", anyone), Some((W, a.slot)));
+        assert_eq!(
+            s.take_holding(W, "a"),
+            Err(()),
+            "taken for the save until released"
+        );
+        s.release(W, a.slot, Some("a"));
+        assert!(s.holds(W, "a"), "the save leaves the KV in place");
     }
 
     #[test]
