@@ -226,7 +226,14 @@ pub enum SimError {
     /// Nothing to run or nowhere to run it.
     #[error("invalid setting: {0}")]
     Invalid(&'static str),
+    /// The workload holds what no simulation could run ([`Workload::check`]).
+    #[error(transparent)]
+    Workload(#[from] crate::workload::WorkloadError),
 }
+
+/// Slowest replay `speedup`: a trace of [`MAX_TRACE_SPAN`](crate::workload::MAX_TRACE_SPAN)
+/// stretched by it stays well inside the clock's 584 years.
+pub(crate) const MIN_SPEEDUP: f64 = 0.01;
 
 #[derive(Debug)]
 enum Event {
@@ -430,12 +437,17 @@ impl<'w> Simulation<'w> {
                 engine: config.engine.block_size,
             });
         }
-        let speedup_ok = config.speedup.is_finite() && config.speedup > 0.0;
-        if config.workers == 0 || !speedup_ok || config.concurrency == Some(0) {
+        if config.workers == 0 || config.concurrency == Some(0) {
             return Err(SimError::Invalid(
-                "workers, speedup and concurrency must be positive",
+                "workers and concurrency must be positive",
             ));
         }
+        if !(config.speedup.is_finite() && config.speedup >= MIN_SPEEDUP) {
+            return Err(SimError::Invalid(
+                "speedup must be a number of at least 0.01",
+            ));
+        }
+        workload.check()?;
         if config.sample_interval.is_zero() {
             return Err(SimError::Invalid("sample_interval must be positive"));
         }

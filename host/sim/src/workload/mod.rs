@@ -157,6 +157,14 @@ pub enum WorkloadError {
         /// Requested block size.
         to: u32,
     },
+    /// A session no simulation could run: the value and the bound it breaks.
+    #[error("session `{session}`: {reason}")]
+    Invalid {
+        /// The session (with the file, when loaded from one).
+        session: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// The target format cannot express this workload.
     #[error("{format} cannot express session `{session}`: {reason}")]
     Inexpressible {
@@ -173,19 +181,35 @@ fn format_names() -> String {
     Format::ALL.map(Format::name).join(", ")
 }
 
-/// Load a trace; `None` detects the format from the path and the first record.
+/// Load a trace; `None` detects the format from the path and the first record. A trace whose
+/// values no simulation could run ([`Workload::check`]) is refused, naming the session.
 pub fn load(path: &Path, format: Option<Format>) -> Result<Workload, WorkloadError> {
     let format = match format {
         Some(format) => format,
         None => io::detect(path)?,
     };
-    match format {
+    let workload = match format {
         Format::Mooncake => mooncake::load(path, false),
         Format::MooncakeDelta => mooncake::load(path, true),
         Format::ClaudeCode => claude_code::load(path),
         Format::RequestTrace => request_trace::load(path),
-    }
+    }?;
+    workload.check().map_err(|error| match error {
+        WorkloadError::Invalid { session, reason } => WorkloadError::Invalid {
+            session: format!("{}: {session}", path.display()),
+            reason,
+        },
+        other => other,
+    })?;
+    Ok(workload)
 }
+
+/// Most tokens a request's prompt, or its output, may have: beyond any model's context window.
+pub const MAX_REQUEST_TOKENS: u32 = 1 << 24;
+
+/// Longest a trace may span, from its start to a session's last request (gaps summed): a year.
+/// The simulator's clock holds 584 years of nanoseconds, and `--speedup` can stretch the trace.
+pub const MAX_TRACE_SPAN: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// Write `workload` to `path` in `format` (gzip when the path ends in `.gz`).
 ///
@@ -280,6 +304,86 @@ impl Workload {
 }
 
 impl Workload {
+    /// Refuse what no simulation could run, naming the session: a block size of 0, a prompt or
+    /// output over [`MAX_REQUEST_TOKENS`], a session whose requests end past
+    /// [`MAX_TRACE_SPAN`] (its start and gaps summed), a sub-agent spawned after a request its
+    /// parent does not have, or parents in a cycle (neither would ever start).
+    pub fn check(&self) -> Result<(), WorkloadError> {
+        let invalid = |session: &Session, reason: String| WorkloadError::Invalid {
+            session: session.id.clone(),
+            reason,
+        };
+        if self.block_size == 0 {
+            return Err(WorkloadError::Invalid {
+                session: String::new(),
+                reason: "the block size is 0".into(),
+            });
+        }
+        let index: std::collections::HashMap<&str, usize> = (self.sessions.iter().enumerate())
+            .map(|(i, s)| (s.id.as_str(), i))
+            .collect();
+        for session in &self.sessions {
+            let mut span = session.start;
+            for (i, request) in session.requests.iter().enumerate() {
+                for (what, tokens) in [
+                    ("prompt", request.input_tokens),
+                    ("output", request.output_tokens),
+                ] {
+                    if tokens > MAX_REQUEST_TOKENS {
+                        return Err(invalid(
+                            session,
+                            format!(
+                                "request {i} has {tokens} {what} tokens, over \
+                                 {MAX_REQUEST_TOKENS}"
+                            ),
+                        ));
+                    }
+                }
+                span = span.saturating_add(request.gap);
+                if span > MAX_TRACE_SPAN {
+                    return Err(invalid(
+                        session,
+                        format!(
+                            "request {i} starts {span:?} after the trace's start (its start \
+                             and gaps summed), over a year"
+                        ),
+                    ));
+                }
+            }
+            let parent = session.parent.as_deref().and_then(|p| index.get(p));
+            if let (Some(&parent), Some(spawn)) = (parent, session.spawn) {
+                let requests = self.sessions[parent].requests.len();
+                if spawn.after >= requests {
+                    return Err(invalid(
+                        session,
+                        format!(
+                            "spawned after request {} of `{}`, which has {requests}",
+                            spawn.after, self.sessions[parent].id
+                        ),
+                    ));
+                }
+            }
+        }
+        // Each step up a chain of parents; more steps than sessions go round a cycle.
+        let tree = self.spawn_tree();
+        for (i, session) in self.sessions.iter().enumerate() {
+            let mut at = i;
+            for _ in 0..=self.sessions.len() {
+                match tree.parent_of[at] {
+                    Some(parent) => at = parent,
+                    None => break,
+                }
+            }
+            if tree.parent_of[at].is_some() {
+                return Err(invalid(
+                    session,
+                    "its parents spawn one another in a cycle".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// `copies` copies of every session (at least one), as distinct users: copy `i > 0` of
     /// session `s` is `s#i`, its parent `parent#i`, and its block ids are re-keyed so that copies
     /// share no prefix. More sessions than a trace holds, with its shape.
@@ -326,10 +430,11 @@ fn scoped_id(scope: &str, id: u64) -> u64 {
     )
 }
 
-/// Milliseconds (fractional) as a duration; negative or non-finite values become zero.
+/// Milliseconds (fractional) as a duration; negative or non-finite values become zero, and one
+/// too large for a duration the largest (which [`Workload::check`] then refuses).
 fn from_ms(ms: f64) -> Duration {
     if ms.is_finite() && ms > 0.0 {
-        Duration::from_secs_f64(ms / 1000.0)
+        Duration::try_from_secs_f64(ms / 1000.0).unwrap_or(Duration::MAX)
     } else {
         Duration::ZERO
     }

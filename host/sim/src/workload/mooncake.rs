@@ -60,7 +60,7 @@ pub(super) fn load(path: &Path, delta: bool) -> Result<Workload, WorkloadError> 
         requests.push(TraceRequest {
             gap,
             hash_ids,
-            input_tokens: input + row.input_length,
+            input_tokens: input.saturating_add(row.input_length),
             output_tokens: row.output_length,
         });
         Ok(())

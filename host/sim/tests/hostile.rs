@@ -1,0 +1,194 @@
+//! Hostile traces: whatever a trace file holds, loading it gives either a workload that
+//! simulates to its end, every request recorded, or an error naming the file and the session;
+//! never a panic, an overflow or a runaway allocation (docs/reliability.md).
+
+use proptest::prelude::*;
+use serde_json::json;
+use std::path::PathBuf;
+use std::time::Duration;
+use switchyard_core::engine::EngineConfig;
+use switchyard_sim::workload::{
+    Format, MAX_REQUEST_TOKENS, Session, Spawn, TraceRequest, Workload, WorkloadError, load,
+};
+use switchyard_sim::{SimConfig, SimError, Simulation};
+
+/// A trace file of `lines` in the test's own temporary directory.
+fn trace(name: &str, lines: &[String]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("switchyard-hostile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let path = dir.join(name);
+    std::fs::write(&path, lines.join("\n")).expect("write");
+    path
+}
+
+/// Two small workers with Mooncake's 512-token blocks.
+fn config() -> SimConfig {
+    SimConfig {
+        workers: 2,
+        engine: EngineConfig {
+            block_size: 512,
+            num_blocks: 64,
+            ..EngineConfig::default()
+        },
+        ..SimConfig::default()
+    }
+}
+
+fn refused(result: Result<Workload, WorkloadError>) -> String {
+    match result {
+        Err(e @ WorkloadError::Invalid { .. }) => e.to_string(),
+        other => panic!("expected the trace refused, got {other:?}"),
+    }
+}
+
+#[test]
+fn values_no_simulation_could_run_are_refused_naming_file_and_session() {
+    for (name, row, needle) in [
+        (
+            "far.jsonl",
+            json!({"timestamp": 1e300, "input_length": 100, "output_length": 1, "hash_ids": [1]}),
+            "over a year",
+        ),
+        (
+            "prompt.jsonl",
+            json!({"timestamp": 0, "input_length": 4_000_000_000u32, "output_length": 1, "hash_ids": [1]}),
+            "4000000000 prompt tokens",
+        ),
+        (
+            "output.jsonl",
+            json!({"timestamp": 0, "input_length": 10, "output_length": MAX_REQUEST_TOKENS + 1, "hash_ids": [1]}),
+            "16777217 output tokens",
+        ),
+    ] {
+        let path = trace(name, &[row.to_string()]);
+        let message = refused(load(&path, Some(Format::Mooncake)));
+        assert!(message.contains(name), "{message}");
+        assert!(message.contains("session `"), "{message}");
+        assert!(message.contains(needle), "{message}");
+    }
+    // Turns that add up past a u32 are refused, not wrapped round to a small prompt.
+    let turn = |input: u32| {
+        json!({"session_id": 7, "delay": 1, "input_length": input, "output_length": 1,
+            "hash_ids": [1]})
+        .to_string()
+    };
+    let path = trace("delta.jsonl", &[turn(10), turn(u32::MAX)]);
+    let message = refused(load(&path, Some(Format::MooncakeDelta)));
+    assert!(
+        message.contains("request 1 has 4294967295 prompt tokens"),
+        "{message}"
+    );
+}
+
+#[test]
+fn spawns_that_could_never_happen_are_refused() {
+    let request = TraceRequest {
+        gap: Duration::ZERO,
+        hash_ids: vec![1],
+        input_tokens: 512,
+        output_tokens: 1,
+    };
+    let session = |id: &str, parent: Option<&str>, after| Session {
+        id: id.into(),
+        parent: parent.map(Into::into),
+        start: Duration::ZERO,
+        spawn: parent.map(|_| Spawn { after, join: false }),
+        requests: vec![request.clone()],
+    };
+    for (sessions, needle) in [
+        (
+            vec![session("root", None, 0), session("child", Some("root"), 1)],
+            "spawned after request 1 of `root`, which has 1",
+        ),
+        (
+            vec![session("a", Some("b"), 0), session("b", Some("a"), 0)],
+            "cycle",
+        ),
+    ] {
+        let workload = Workload {
+            block_size: 512,
+            sessions,
+        };
+        match Simulation::new(&workload, config()) {
+            Err(SimError::Workload(e)) => assert!(e.to_string().contains(needle), "{e}"),
+            Err(e) => panic!("refused for another reason: {e}"),
+            Ok(_) => panic!("{needle}: not refused"),
+        }
+    }
+    let mut stretched = config();
+    stretched.speedup = 1e-300;
+    let one = Workload {
+        block_size: 512,
+        sessions: vec![session("root", None, 0)],
+    };
+    assert!(matches!(
+        Simulation::new(&one, stretched),
+        Err(SimError::Invalid(_))
+    ));
+}
+
+/// A Mooncake row with values from every range: sane, at the bounds, past them, negative,
+/// and larger than the types' arithmetic allows.
+fn row() -> impl Strategy<Value = serde_json::Value> {
+    // Mostly sane, so that most traces run; each kind of bad value in a few rows.
+    let time = prop_oneof![
+        16 => 0.0..1e7f64,
+        1 => Just(-5.0),
+        1 => 1e9..1e12f64,
+        1 => 1e15..1e300f64,
+    ];
+    let tokens = prop_oneof![
+        16 => 0u32..3_000,
+        1 => Just(MAX_REQUEST_TOKENS + 1),
+        1 => (1u32 << 31)..=u32::MAX,
+    ];
+    (
+        0u8..3,
+        time.clone(),
+        time,
+        tokens.clone(),
+        tokens,
+        proptest::collection::vec(0u64..40, 0..8),
+    )
+        .prop_map(|(session, timestamp, delay, input, output, hash_ids)| {
+            json!({"session_id": session, "timestamp": timestamp, "delay": delay,
+                "input_length": input, "output_length": output, "hash_ids": hash_ids})
+        })
+}
+
+proptest! {
+    // Each case writes a file and most simulate it: 128 by default (PROPTEST_CASES, when set,
+    // wins).
+    #![proptest_config(ProptestConfig {
+        cases: if std::env::var_os("PROPTEST_CASES").is_some() {
+            ProptestConfig::default().cases
+        } else {
+            128
+        },
+        ..ProptestConfig::default()
+    })]
+
+    /// Mooncake rows, lone or as session deltas: a load refused with a named session, or a
+    /// simulation that records every request.
+    #[test]
+    fn any_mooncake_trace_loads_and_runs_or_is_refused(
+        rows in proptest::collection::vec(row(), 1..5),
+        delta in any::<bool>(),
+    ) {
+        let lines: Vec<String> = rows.iter().map(ToString::to_string).collect();
+        let path = trace(&format!("fuzz-{delta}.jsonl"), &lines);
+        let format = if delta { Format::MooncakeDelta } else { Format::Mooncake };
+        match load(&path, Some(format)) {
+            Ok(workload) => {
+                let outcome = Simulation::new(&workload, config())
+                    .expect("a loaded workload simulates")
+                    .run(&mut || {});
+                prop_assert_eq!(outcome.records.len(), workload.request_count());
+            }
+            Err(WorkloadError::Invalid { session, reason }) => {
+                prop_assert!(session.contains("fuzz-"), "{session}: {reason}");
+            }
+            Err(e) => prop_assert!(false, "refused for another reason: {e}"),
+        }
+    }
+}
