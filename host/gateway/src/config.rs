@@ -722,6 +722,9 @@ pub(crate) fn sixteen() -> u32 {
 // === impl WorkerConfig ===
 
 impl WorkerConfig {
+    /// Most data-parallel ranks one worker may have.
+    pub const MAX_DP_SIZE: u32 = 1024;
+
     /// Check this entry as every source of workers must (the file, the admin API, discovery):
     /// `field` names it in errors (`workers[2]`), `block_size` is the one the index uses.
     pub fn validate(&self, field: &str, block_size: u32) -> Result<(), ConfigError> {
@@ -734,6 +737,15 @@ impl WorkerConfig {
         }
         if self.block_size == 0 || self.dp_size == 0 {
             return invalid(format!("{field}: block_size and dp_size must be positive"));
+        }
+        // Each rank is a router candidate, an index owner and a subscription: a typo's billions
+        // would hang the start filling memory.
+        if self.dp_size > Self::MAX_DP_SIZE {
+            return invalid(format!(
+                "{field}.dp_size is {}, over {} ranks",
+                self.dp_size,
+                Self::MAX_DP_SIZE
+            ));
         }
         // Our hashes are per block size: one index needs one block size.
         if self.block_size != block_size {
@@ -1186,6 +1198,17 @@ mod tests {
             let err = parse(&text).unwrap_err().to_string();
             assert!(err.contains(needle), "{text:?}: {err}");
         }
+    }
+
+    #[test]
+    fn a_worker_has_at_most_1024_ranks() {
+        let worker = |dp: u32| format!("[[workers]]\nurl = \"http://a\"\ndp_size = {dp}\n");
+        assert_eq!(parse(&worker(1024)).unwrap().workers[0].dp_size, 1024);
+        let err = parse(&worker(u32::MAX)).unwrap_err().to_string();
+        assert!(
+            err.contains("workers[0].dp_size is 4294967295, over 1024 ranks"),
+            "{err}"
+        );
     }
 
     #[test]
