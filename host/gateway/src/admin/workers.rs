@@ -10,7 +10,7 @@
 //! `llama-slots` worker hands their KV over through the slot directory).
 
 use super::{check, runtime};
-use crate::config::WorkerConfig;
+use crate::config::{HintDelivery, WorkerConfig};
 use crate::error::GatewayError;
 use crate::fleet::{Member, Source};
 use crate::policies::AdminRole;
@@ -205,7 +205,7 @@ pub(super) async fn undrain(
 }
 
 fn set_draining(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     headers: &HeaderMap,
     query: Result<Query<UrlQuery>, QueryRejection>,
     draining: bool,
@@ -225,6 +225,13 @@ fn set_draining(
             shared
                 .fleet
                 .set_draining(&query.url, draining, &shared.router, &shared.metrics)?;
+        if draining && member.config.kv_hints == HintDelivery::LlamaSlots {
+            // Its sessions' KV to the slot directory now, while the server is surely up.
+            tokio::spawn(crate::hints::llama_slots::save_drained(
+                shared.clone(),
+                member.upstream.id,
+            ));
+        }
         Ok::<_, GatewayError>(MemberView::new(&member, &shared.router()))
     })();
     match result {

@@ -68,6 +68,9 @@ struct Slot {
     busy: bool,
     /// When it was last released (a stamp): the least recent is reused first.
     last_used: u64,
+    /// The session's file holds what the slot holds (saved or restored since a request last
+    /// ran on it): a move needs no save first.
+    saved: bool,
 }
 
 /// A saved slot file.
@@ -171,7 +174,7 @@ impl Slots {
 
     /// Take an idle slot of a worker other than `here` that holds `session`'s KV, among
     /// `candidates`: the session moved from there. Of several, the one it ran on last holds
-    /// the longest KV.
+    /// the longest KV; none when its file holds that already.
     fn take_held_elsewhere(
         &self,
         here: WorkerId,
@@ -188,7 +191,8 @@ impl Slots {
                 (slots.slots.iter_mut().enumerate()).map(move |(index, slot)| (worker, index, slot))
             })
             .filter(|(_, _, s)| !s.busy && s.session.as_deref() == Some(session))
-            .max_by_key(|(_, _, s)| s.last_used)?;
+            .max_by_key(|(_, _, s)| s.last_used)
+            .filter(|(_, _, s)| !s.saved)?;
         slot.busy = true;
         Some((worker, index as u32))
     }
@@ -204,6 +208,16 @@ impl Slots {
 
     /// Hand back a taken slot; it now holds `session`'s KV (None: nobody's).
     fn release(&self, worker: WorkerId, slot: u32, session: Option<&str>) {
+        self.put_back(worker, slot, session, false);
+    }
+
+    /// Hand back a taken slot that holds `session`'s KV as its file does (just saved or
+    /// restored).
+    fn release_saved(&self, worker: WorkerId, slot: u32, session: &str) {
+        self.put_back(worker, slot, Some(session), true);
+    }
+
+    fn put_back(&self, worker: WorkerId, slot: u32, session: Option<&str>, saved: bool) {
         let mut state = self.state();
         state.next_stamp += 1;
         let stamp = state.next_stamp;
@@ -215,7 +229,21 @@ impl Slots {
             slot.busy = false;
             slot.session = session.map(str::to_owned);
             slot.last_used = stamp;
+            slot.saved = saved && session.is_some();
         }
+    }
+
+    /// The sessions whose KV idle slots of `worker` hold and their files lack.
+    fn unsaved_sessions(&self, worker: WorkerId) -> Vec<String> {
+        self.state()
+            .workers
+            .get(&worker)
+            .map_or_else(Vec::new, |w| {
+                (w.slots.iter())
+                    .filter(|s| !s.busy && !s.saved)
+                    .filter_map(|s| s.session.clone())
+                    .collect()
+            })
     }
 
     /// The slot file of `session`, if one was saved.
@@ -287,7 +315,40 @@ impl Drop for SlotLease {
             .hints
             .slots
             .release(self.worker, self.slot, Some(&self.session));
+        // On a drained server, the session's next turn goes elsewhere: save its KV now, while
+        // the server is surely up.
+        if self
+            .shared
+            .fleet
+            .get(self.worker)
+            .is_some_and(|m| m.draining())
+        {
+            tokio::spawn(save_in_place(
+                self.shared.clone(),
+                self.worker,
+                self.session.clone(),
+            ));
+        }
     }
+}
+
+/// A `llama-slots` worker was drained: save every session its idle slots hold to the session's
+/// file, so that each can be restored wherever its next turn goes, even once the server is
+/// stopped. Sessions running a request are saved when it ends ([`SlotLease`]).
+pub(crate) async fn save_drained(shared: Arc<Shared>, worker: WorkerId) {
+    for session in shared.hints.slots.unsaved_sessions(worker) {
+        save_in_place(shared.clone(), worker, session).await;
+    }
+}
+
+/// Save the idle slot of `worker` holding `session` to the session's file, keeping the KV there:
+/// the gateway's own demote, counted `clipped` (saved, not erased).
+async fn save_in_place(shared: Arc<Shared>, worker: WorkerId, session: String) {
+    let slots = &shared.hints.slots;
+    let Ok(Some(slot)) = slots.take_holding(worker, &session) else {
+        return; // gone, or busy (then saved when its request ends)
+    };
+    save_held(&shared, worker, slot, &session).await;
 }
 
 /// Before a request of `session` goes to `rank` of a llama-slots worker: the slot to pin it to,
@@ -408,7 +469,7 @@ async fn demote(
         Err(e) => {
             // Saved, but still on the device.
             let _ = e.outcome(shared, rank, false);
-            slots.release(rank.worker, slot, Some(session));
+            slots.release_saved(rank.worker, slot, session);
             (Outcome::Clipped, saved.tokens)
         }
     }
@@ -448,6 +509,13 @@ async fn save_where_held(shared: &Arc<Shared>, here: WorkerId, session: &str) {
     let Some((worker, slot)) = slots.take_held_elsewhere(here, session, answers) else {
         return;
     };
+    save_held(shared, worker, slot, session).await;
+}
+
+/// Save `slot` of `worker` (taken by the caller, holding `session`) to the session's file and
+/// hand it back still holding the KV; counted as a `clipped` demote.
+async fn save_held(shared: &Arc<Shared>, worker: WorkerId, slot: u32, session: &str) {
+    let slots = &shared.hints.slots;
     // A llama-slots worker has one rank (the config checks it).
     let Some((rank, member)) = shared.fleet.get(worker).and_then(|m| {
         let rank = m.upstream.ranks().next();
@@ -457,10 +525,15 @@ async fn save_where_held(shared: &Arc<Shared>, here: WorkerId, session: &str) {
         return;
     };
     let (outcome, tokens) = match save(shared, &member, rank, slot, session).await {
-        Ok(saved) => (Outcome::Clipped, saved.tokens),
-        Err(outcome) => (outcome, 0),
+        Ok(saved) => {
+            slots.release_saved(worker, slot, session);
+            (Outcome::Clipped, saved.tokens)
+        }
+        Err(outcome) => {
+            slots.release(worker, slot, Some(session));
+            (outcome, 0)
+        }
     };
-    slots.release(worker, slot, Some(session));
     settle(
         shared,
         rank,
@@ -492,8 +565,11 @@ async fn prefetch(
         return (Outcome::Rejected, 0);
     };
     let (outcome, tokens) = restore(shared, member, rank, taken.slot, session).await;
-    let holds = matches!(outcome, Outcome::Accepted | Outcome::Clipped);
-    slots.release(rank.worker, taken.slot, holds.then_some(session));
+    if matches!(outcome, Outcome::Accepted | Outcome::Clipped) {
+        slots.release_saved(rank.worker, taken.slot, session);
+    } else {
+        slots.release(rank.worker, taken.slot, None);
+    }
     (outcome, tokens)
 }
 
@@ -756,8 +832,20 @@ mod tests {
             Err(()),
             "taken for the save until released"
         );
-        s.release(W, a.slot, Some("a"));
+        assert_eq!(s.unsaved_sessions(third), ["a"]);
+        s.release_saved(W, a.slot, "a");
         assert!(s.holds(W, "a"), "the save leaves the KV in place");
+        assert_eq!(
+            s.take_held_elsewhere(other, "a", anyone),
+            None,
+            "the file holds it already"
+        );
+        assert!(s.unsaved_sessions(W).is_empty());
+        // A request runs on the slot again: its KV is newer than the file.
+        let again = s.take(W, "a").unwrap();
+        s.release(W, again.slot, Some("a"));
+        assert_eq!(s.unsaved_sessions(W), ["a"]);
+        assert_eq!(s.take_held_elsewhere(other, "a", anyone), Some((W, a.slot)));
     }
 
     #[test]
