@@ -182,8 +182,8 @@ impl Slots {
         candidates: impl Fn(WorkerId) -> bool,
     ) -> Option<(WorkerId, u32)> {
         let mut state = self.state();
-        let (worker, index, slot) = state
-            .workers
+        let State { workers, saved, .. } = &mut *state;
+        let (worker, index, slot) = workers
             .iter_mut()
             .filter(|(worker, _)| **worker != here && candidates(**worker))
             .flat_map(|(worker, slots)| {
@@ -192,7 +192,7 @@ impl Slots {
             })
             .filter(|(_, _, s)| !s.busy && s.session.as_deref() == Some(session))
             .max_by_key(|(_, _, s)| s.last_used)
-            .filter(|(_, _, s)| !s.saved)?;
+            .filter(|(_, _, s)| !in_file(saved, s))?;
         slot.busy = true;
         Some((worker, index as u32))
     }
@@ -235,15 +235,14 @@ impl Slots {
 
     /// The sessions whose KV idle slots of `worker` hold and their files lack.
     fn unsaved_sessions(&self, worker: WorkerId) -> Vec<String> {
-        self.state()
-            .workers
-            .get(&worker)
-            .map_or_else(Vec::new, |w| {
-                (w.slots.iter())
-                    .filter(|s| !s.busy && !s.saved)
-                    .filter_map(|s| s.session.clone())
-                    .collect()
-            })
+        let state = self.state();
+        let Some(w) = state.workers.get(&worker) else {
+            return Vec::new();
+        };
+        (w.slots.iter())
+            .filter(|s| !s.busy && !in_file(&state.saved, s))
+            .filter_map(|s| s.session.clone())
+            .collect()
     }
 
     /// The slot file of `session`, if one was saved.
@@ -273,6 +272,12 @@ impl Slots {
             state.saved_order.remove(&stamp);
         }
     }
+}
+
+/// Whether `slot`'s session has a file holding what the slot holds (a file forgotten past the
+/// `saved` bound holds nothing).
+fn in_file(saved: &HashMap<String, (u64, Saved)>, slot: &Slot) -> bool {
+    slot.saved && slot.session.as_ref().is_some_and(|s| saved.contains_key(s))
 }
 
 /// The slot file of `session` for `model`: a name llama.cpp accepts (no separators), the same
@@ -316,14 +321,10 @@ impl Drop for SlotLease {
             .slots
             .release(self.worker, self.slot, Some(&self.session));
         // On a drained server, the session's next turn goes elsewhere: save its KV now, while
-        // the server is surely up.
-        if self
-            .shared
-            .fleet
-            .get(self.worker)
-            .is_some_and(|m| m.draining())
-        {
-            tokio::spawn(save_in_place(
+        // the server is surely up (unless the runtime itself is going away).
+        let drained = (self.shared.fleet.get(self.worker)).is_some_and(|m| m.draining());
+        if drained && let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(save_in_place(
                 self.shared.clone(),
                 self.worker,
                 self.session.clone(),
@@ -833,6 +834,13 @@ mod tests {
             "taken for the save until released"
         );
         assert_eq!(s.unsaved_sessions(third), ["a"]);
+        s.record_saved(
+            "a",
+            Saved {
+                tokens: 10,
+                bytes: 100,
+            },
+        );
         s.release_saved(W, a.slot, "a");
         assert!(s.holds(W, "a"), "the save leaves the KV in place");
         assert_eq!(
