@@ -126,6 +126,27 @@ impl TwoServers {
         (worker, reply, started.elapsed())
     }
 
+    /// Turn 1 of `messages`, a ~2K-token prompt ending in a tool call: where it ran.
+    async fn first_turn(&self, messages: &[Value]) -> FirstTurn {
+        let (home, reply, wall) = self.chat(messages).await;
+        assert_eq!(
+            reply["choices"][0]["finish_reason"], "tool_calls",
+            "{reply}"
+        );
+        let prompt = reply["usage"]["prompt_tokens"].as_u64().unwrap();
+        assert!(prompt > 1500, "a ~2K prompt, got {prompt}");
+        let a = usize::from(home.starts_with('1'));
+        FirstTurn {
+            other: format!("{}.0", 1 - a),
+            home,
+            a,
+            b: 1 - a,
+            reply,
+            prompt,
+            wall,
+        }
+    }
+
     /// A turn as [`chat`](Self::chat), with what server `on`'s counters say it prefilled.
     async fn measured_chat(&self, on: usize, messages: &[Value]) -> Measured {
         let before = prefill_counters(&self.engines[on].url).await;
@@ -166,6 +187,17 @@ impl TwoServers {
     }
 }
 
+/// Turn 1 of a session: it ran on server `a` (worker `home`); `b` is the other (`other`).
+struct FirstTurn {
+    home: String,
+    other: String,
+    a: usize,
+    b: usize,
+    reply: Value,
+    prompt: u64,
+    wall: std::time::Duration,
+}
+
 /// A turn and what one server prefilled for it.
 struct Measured {
     worker: String,
@@ -201,16 +233,15 @@ async fn a_demoted_session_is_restored_on_another_llama_server_instead_of_prefil
     // Turn 1 ends in a tool call. The policy expects the tool to take 30 s: it demotes the
     // session, and the gateway saves its slot on A to the shared directory and frees it.
     let mut messages = first_messages();
-    let (home, first, first_wall) = pair.chat(&messages).await;
-    assert_eq!(
-        first["choices"][0]["finish_reason"], "tool_calls",
-        "{first}"
-    );
-    let a = usize::from(home.starts_with('1'));
-    let b = 1 - a;
-    let other = format!("{b}.0");
-    let first_prompt = first["usage"]["prompt_tokens"].as_u64().unwrap();
-    assert!(first_prompt > 1500, "a ~2K prompt, got {first_prompt}");
+    let FirstTurn {
+        home,
+        other,
+        a,
+        b,
+        reply: first,
+        prompt: first_prompt,
+        wall: first_wall,
+    } = pair.first_turn(&messages).await;
     let (a_prefilled, a_seconds) = prefill_counters(&pair.engines[a].url).await;
     let demoted = eventually(30, async || {
         pair.hint_actions("demote", &home, "accepted").await >= 1.0
@@ -313,19 +344,14 @@ async fn a_drained_llama_server_hands_its_sessions_kv_over_before_it_stops() {
     )
     .await;
     let mut messages = first_messages();
-    let (home, first, _) = pair.chat(&messages).await;
-    let first_prompt = first["usage"]["prompt_tokens"].as_u64().unwrap();
-    assert!(first_prompt > 1500, "a ~2K prompt, got {first_prompt}");
+    let first = pair.first_turn(&messages).await;
     assert!(pair.slot_files().is_empty(), "no policy demoted anything");
-    let a = usize::from(home.starts_with('1'));
-    let b = 1 - a;
-    let other = format!("{b}.0");
 
     // The operator drains A to restart it: it gets nothing new, and the gateway saves the
     // sessions its slots hold.
     let drained: Value = client()
         .post(format!("{}/admin/workers/drain", pair.gateway.url))
-        .query(&[("url", &pair.engines[a].url)])
+        .query(&[("url", &pair.engines[first.a].url)])
         .bearer_auth("writer")
         .send()
         .await
@@ -335,7 +361,7 @@ async fn a_drained_llama_server_hands_its_sessions_kv_over_before_it_stops() {
         .unwrap();
     assert_eq!(drained["draining"], true, "{drained}");
     let saved = eventually(30, async || {
-        pair.hint_actions("demote", &home, "clipped").await >= 1.0
+        pair.hint_actions("demote", &first.home, "clipped").await >= 1.0
     })
     .await;
     assert!(
@@ -348,11 +374,11 @@ async fn a_drained_llama_server_hands_its_sessions_kv_over_before_it_stops() {
         "A's slot saved to the session's file"
     );
     // Saved: A can go.
-    pair.engines[a].kill();
+    pair.engines[first.a].kill();
 
-    tool_result(&mut messages, &first);
-    let second = pair.measured_chat(b, &messages).await;
-    assert_eq!(second.worker, other, "turn 2 went to the server left");
+    tool_result(&mut messages, &first.reply);
+    let second = pair.measured_chat(first.b, &messages).await;
+    assert_eq!(second.worker, first.other, "turn 2 went to the server left");
     let Measured {
         prompt,
         prefilled,
@@ -365,12 +391,15 @@ async fn a_drained_llama_server_hands_its_sessions_kv_over_before_it_stops() {
         second.prefill_ms, second.wall
     );
     assert!(
-        cached * 10 >= first_prompt * 9,
+        cached * 10 >= first.prompt * 9,
         "B prefilled {prefilled} of {prompt} tokens: only {cached} came from A's slot (turn 1 \
-         had {first_prompt})"
+         had {})",
+        first.prompt
     );
     assert!(
-        pair.hint_actions("prefetch", &other, "accepted").await >= 1.0,
+        pair.hint_actions("prefetch", &first.other, "accepted")
+            .await
+            >= 1.0,
         "the restore on B is counted"
     );
 }
