@@ -127,6 +127,58 @@ fn spawns_that_could_never_happen_are_refused() {
     ));
 }
 
+/// A `request_end` line of Switchyard's own request trace, with values from every range, and
+/// session ids from a small set so that sessions share ids, name each other as parents, and
+/// name themselves.
+fn request_end() -> impl Strategy<Value = serde_json::Value> {
+    let millis = prop_oneof![
+        16 => 1_700_000_000_000u64..1_700_000_100_000,
+        1 => Just(0u64),
+        1 => Just(u64::MAX),
+    ];
+    let took = prop_oneof![16 => 0.0..5_000.0f64, 1 => Just(-1.0), 1 => 1e15..1e300f64];
+    let tokens = prop_oneof![16 => 0u32..3_000, 1 => (1u32 << 31)..=u32::MAX];
+    let session = proptest::option::of(0u8..3);
+    (
+        (session.clone(), session, millis, took),
+        (tokens.clone(), tokens),
+        proptest::collection::vec(0u64..40, 0..8),
+    )
+        .prop_map(
+            |((session, parent, received, took), (input, output), hashes)| {
+                json!({"schema": "switchyard.request.trace.v1", "event_type": "request_end",
+                "agent_context": {"session_id": session.map(|s| format!("s{s}")),
+                    "parent_session_id": parent.map(|s| format!("s{s}"))},
+                "request": {"input_tokens": input, "output_tokens": output,
+                    "request_received_ms": received, "total_time_ms": took,
+                    "replay": {"trace_block_size": 64, "input_sequence_hashes": hashes}}})
+            },
+        )
+}
+
+/// Load `path` as `format`; what loads must simulate with a record for every request, what
+/// does not must be refused naming the file.
+fn loads_and_runs_or_is_refused(
+    path: &std::path::Path,
+    format: Format,
+) -> Result<(), TestCaseError> {
+    match load(path, Some(format)) {
+        Ok(workload) => {
+            let mut config = config();
+            config.engine.block_size = workload.block_size as usize;
+            let outcome = Simulation::new(&workload, config)
+                .expect("a loaded workload simulates")
+                .run(&mut || {});
+            prop_assert_eq!(outcome.records.len(), workload.request_count());
+        }
+        Err(WorkloadError::Invalid { session, reason }) => {
+            prop_assert!(session.contains("fuzz-"), "{session}: {reason}");
+        }
+        Err(e) => prop_assert!(false, "refused for another reason: {e}"),
+    }
+    Ok(())
+}
+
 /// A Mooncake row with values from every range: sane, at the bounds, past them, negative,
 /// and larger than the types' arithmetic allows.
 fn row() -> impl Strategy<Value = serde_json::Value> {
@@ -178,17 +230,15 @@ proptest! {
         let lines: Vec<String> = rows.iter().map(ToString::to_string).collect();
         let path = trace(&format!("fuzz-{delta}.jsonl"), &lines);
         let format = if delta { Format::MooncakeDelta } else { Format::Mooncake };
-        match load(&path, Some(format)) {
-            Ok(workload) => {
-                let outcome = Simulation::new(&workload, config())
-                    .expect("a loaded workload simulates")
-                    .run(&mut || {});
-                prop_assert_eq!(outcome.records.len(), workload.request_count());
-            }
-            Err(WorkloadError::Invalid { session, reason }) => {
-                prop_assert!(session.contains("fuzz-"), "{session}: {reason}");
-            }
-            Err(e) => prop_assert!(false, "refused for another reason: {e}"),
-        }
+        loads_and_runs_or_is_refused(&path, format)?;
+    }
+
+    /// Request-trace lines: the same.
+    #[test]
+    fn any_request_trace_loads_and_runs_or_is_refused(
+        lines in proptest::collection::vec(request_end(), 1..6),
+    ) {
+        let lines: Vec<String> = lines.iter().map(ToString::to_string).collect();
+        loads_and_runs_or_is_refused(&trace("fuzz-rt.jsonl", &lines), Format::RequestTrace)?;
     }
 }

@@ -304,7 +304,8 @@ impl Workload {
 }
 
 impl Workload {
-    /// Refuse what no simulation could run, naming the session: a block size of 0, a prompt or
+    /// Refuse what no simulation could run, naming the session: a block size of 0 or over
+    /// [`MAX_REQUEST_TOKENS`], a prompt or
     /// output over [`MAX_REQUEST_TOKENS`], a session whose requests end past
     /// [`MAX_TRACE_SPAN`] (its start and gaps summed), a sub-agent spawned after a request its
     /// parent does not have, or parents in a cycle (neither would ever start).
@@ -313,10 +314,13 @@ impl Workload {
             session: session.id.clone(),
             reason,
         };
-        if self.block_size == 0 {
+        if self.block_size == 0 || self.block_size > MAX_REQUEST_TOKENS {
             return Err(WorkloadError::Invalid {
                 session: String::new(),
-                reason: "the block size is 0".into(),
+                reason: format!(
+                    "the block size is {} tokens, not between 1 and {MAX_REQUEST_TOKENS}",
+                    self.block_size
+                ),
             });
         }
         let index: std::collections::HashMap<&str, usize> = (self.sessions.iter().enumerate())
