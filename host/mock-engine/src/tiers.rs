@@ -79,7 +79,10 @@ impl TierSlabs {
             }
             None => (None, None),
         };
-        tracing::info!(device = ?device_backend, host = ?host_backend, "KV tier memory");
+        let host_backend_shown = host_backend
+            .as_ref()
+            .map_or("none".into(), ToString::to_string);
+        tracing::info!(device = %device_backend, host = %host_backend_shown, "KV tier memory");
         Ok(Self {
             device,
             host,

@@ -356,6 +356,15 @@ pub enum DeviceBackend {
     HostFallback { reason: String },
 }
 
+impl std::fmt::Display for DeviceBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceBackend::Cuda { ordinal } => write!(f, "GPU memory (cuda:{ordinal})"),
+            DeviceBackend::HostFallback { reason } => write!(f, "host memory ({reason})"),
+        }
+    }
+}
+
 /// G1's store: a device slab when the `cuda` feature is on and a driver and device are present,
 /// otherwise a host slab. Never panics on a machine without a driver.
 pub fn device_store(
@@ -383,6 +392,15 @@ pub enum HostBackend {
     Pinned { ordinal: usize },
     /// Pageable host memory, and why it is not pinned.
     Pageable { reason: String },
+}
+
+impl std::fmt::Display for HostBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HostBackend::Pinned { ordinal } => write!(f, "pinned for cuda:{ordinal}"),
+            HostBackend::Pageable { reason } => write!(f, "pageable ({reason})"),
+        }
+    }
 }
 
 /// G2's store: a host slab pinned for device 0 when the `cuda` feature is on and a driver and
