@@ -14,9 +14,12 @@
 //!   session was demoted, or is routed to another server than before: its first one is busy,
 //!   drained or unhealthy) has the session's KV restored there first, so its prompt is read from
 //!   the cache instead of prefilled again. Where an idle slot of another server that passes its
-//!   health probe still holds the session (it moved without a demote), that slot is saved to the
-//!   session's file first, keeping its KV there too (counted as a `demote`, `clipped`: saved,
-//!   not erased); else the file a demote wrote is used. The restore is counted as a `prefetch`.
+//!   health probe still holds KV newer than the session's file (it moved without a demote),
+//!   that slot is saved to the file first, keeping its KV there too (counted as a `demote`,
+//!   `clipped`: saved, not erased). The restore is counted as a `prefetch`.
+//! - **Drain** (`/admin/workers/drain`): the drained server's idle slots are saved the same way
+//!   at once, and each busy one when its request ends, so the server can be stopped without
+//!   losing a session's KV.
 //! - **Evict**: `?action=erase` of the session's slot; the gateway forgets its file (llama.cpp
 //!   has no action that deletes one).
 //! - Pin, retain and ephemeral have no llama.cpp counterpart: rejected.
