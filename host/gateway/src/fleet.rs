@@ -143,7 +143,7 @@ impl Member {
     }
 
     /// Whether it may take new requests: its probe passed and it is not drained.
-    fn routable(&self) -> bool {
+    pub(crate) fn routable(&self) -> bool {
         self.probe_passed() && !self.draining()
     }
 

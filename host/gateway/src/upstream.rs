@@ -210,7 +210,7 @@ pub async fn health_loop(
             worker.set_probe_passed(healthy);
             for rank in worker.upstream.ranks() {
                 // A drained worker passes its probes but takes nothing new.
-                router.set_healthy(rank, healthy && !worker.draining());
+                router.set_healthy(rank, worker.routable());
                 metrics
                     .worker_healthy
                     .get_or_create(&worker_label(rank))

@@ -171,8 +171,8 @@ fn loads_and_runs_or_is_refused(
                 .run(&mut || {});
             prop_assert_eq!(outcome.records.len(), workload.request_count());
         }
-        Err(WorkloadError::Invalid { session, reason }) => {
-            prop_assert!(session.contains("fuzz-"), "{session}: {reason}");
+        Err(WorkloadError::Invalid { subject, reason }) => {
+            prop_assert!(subject.contains("fuzz-"), "{subject}: {reason}");
         }
         Err(e) => prop_assert!(false, "refused for another reason: {e}"),
     }

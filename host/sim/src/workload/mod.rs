@@ -157,11 +157,11 @@ pub enum WorkloadError {
         /// Requested block size.
         to: u32,
     },
-    /// A session no simulation could run: the value and the bound it breaks.
-    #[error("session `{session}`: {reason}")]
+    /// A trace no simulation could run: where, the value and the bound it breaks.
+    #[error("{subject}: {reason}")]
     Invalid {
-        /// The session (with the file, when loaded from one).
-        session: String,
+        /// The file when loaded from one, then the session, or the whole trace.
+        subject: String,
         /// What is wrong.
         reason: String,
     },
@@ -195,8 +195,8 @@ pub fn load(path: &Path, format: Option<Format>) -> Result<Workload, WorkloadErr
         Format::RequestTrace => request_trace::load(path),
     }?;
     workload.check().map_err(|error| match error {
-        WorkloadError::Invalid { session, reason } => WorkloadError::Invalid {
-            session: format!("{}: {session}", path.display()),
+        WorkloadError::Invalid { subject, reason } => WorkloadError::Invalid {
+            subject: format!("{}: {subject}", path.display()),
             reason,
         },
         other => other,
@@ -311,22 +311,20 @@ impl Workload {
     /// parent does not have, or parents in a cycle (neither would ever start).
     pub fn check(&self) -> Result<(), WorkloadError> {
         let invalid = |session: &Session, reason: String| WorkloadError::Invalid {
-            session: session.id.clone(),
+            subject: format!("session `{}`", session.id),
             reason,
         };
         if self.block_size == 0 || self.block_size > MAX_REQUEST_TOKENS {
             return Err(WorkloadError::Invalid {
-                session: String::new(),
+                subject: "the trace".into(),
                 reason: format!(
                     "the block size is {} tokens, not between 1 and {MAX_REQUEST_TOKENS}",
                     self.block_size
                 ),
             });
         }
-        let index: std::collections::HashMap<&str, usize> = (self.sessions.iter().enumerate())
-            .map(|(i, s)| (s.id.as_str(), i))
-            .collect();
-        for session in &self.sessions {
+        let tree = self.spawn_tree();
+        for (s, session) in self.sessions.iter().enumerate() {
             let mut span = session.start;
             for (i, request) in session.requests.iter().enumerate() {
                 for (what, tokens) in [
@@ -354,8 +352,8 @@ impl Workload {
                     ));
                 }
             }
-            let parent = session.parent.as_deref().and_then(|p| index.get(p));
-            if let (Some(&parent), Some(spawn)) = (parent, session.spawn) {
+            // A spawned session's parent and spawning request, as the simulator walks them.
+            if let (Some(parent), Some(spawn)) = (tree.parent_of[s], session.spawn) {
                 let requests = self.sessions[parent].requests.len();
                 if spawn.after >= requests {
                     return Err(invalid(
@@ -367,11 +365,8 @@ impl Workload {
                     ));
                 }
             }
-        }
-        // Each step up a chain of parents; more steps than sessions go round a cycle.
-        let tree = self.spawn_tree();
-        for (i, session) in self.sessions.iter().enumerate() {
-            let mut at = i;
+            // Each step up a chain of parents; more steps than sessions go round a cycle.
+            let mut at = s;
             for _ in 0..=self.sessions.len() {
                 match tree.parent_of[at] {
                     Some(parent) => at = parent,

@@ -236,55 +236,37 @@ async fn a_reload_keeps_admin_workers_and_refuses_their_urls() {
     assert_eq!(list(&gw.url).await.len(), 2);
 }
 
+/// Drain (`POST`) or take back (`DELETE`) `worker` with `token`.
+async fn drain(url: &str, method: reqwest::Method, worker: &str, token: &str) -> (u16, Value) {
+    let target = format!("{url}/drain?url={}", worker.replace(':', "%3A"));
+    call(method, &target, Some(token), None).await
+}
+
 #[tokio::test]
 async fn a_drained_member_is_out_of_routing_until_taken_back() {
+    use reqwest::Method;
     let gw = gateway().await;
-    let drain_url = format!("{}/drain", gw.url);
-    let at = |worker: &str| format!("{drain_url}?url={}", worker.replace(':', "%3A"));
     // The file's own member can be drained: draining changes no membership.
-    let (status, json) = call(
-        reqwest::Method::POST,
-        &at("http://127.0.0.1:9"),
-        Some("writer"),
-        None,
-    )
-    .await;
+    let (status, json) = drain(&gw.url, Method::POST, "http://127.0.0.1:9", "writer").await;
     assert_eq!(status, 200, "{json}");
     assert_eq!(json["draining"], true);
     assert_eq!(json["ranks"][0]["healthy"], false, "{json}");
     // The listed health is the router's: a drained rank is no candidate.
     assert_eq!(list(&gw.url).await[0]["draining"], true);
-    let (status, json) = call(
-        reqwest::Method::DELETE,
-        &at("http://127.0.0.1:9"),
-        Some("writer"),
-        None,
-    )
-    .await;
+    let (status, json) = drain(&gw.url, Method::DELETE, "http://127.0.0.1:9", "writer").await;
     assert_eq!(status, 200, "{json}");
     assert_eq!(json["draining"], false);
     assert_eq!(list(&gw.url).await[0]["draining"], false);
     // An unknown worker, no URL, a read token: each refused in the API's error shape.
-    let (status, json) = call(
-        reqwest::Method::POST,
-        &at("http://127.0.0.1:12"),
-        Some("writer"),
-        None,
-    )
-    .await;
+    let (status, json) = drain(&gw.url, Method::POST, "http://127.0.0.1:12", "writer").await;
     assert_eq!(
         (status, &json["error"]["code"]),
         (404, &json!("worker_not_found"))
     );
-    let (status, json) = call(reqwest::Method::POST, &drain_url, Some("writer"), None).await;
+    let no_url = format!("{}/drain", gw.url);
+    let (status, json) = call(Method::POST, &no_url, Some("writer"), None).await;
     assert_eq!(status, 400, "{json}");
-    let (status, json) = call(
-        reqwest::Method::POST,
-        &at("http://127.0.0.1:9"),
-        Some("reader"),
-        None,
-    )
-    .await;
+    let (status, json) = drain(&gw.url, Method::POST, "http://127.0.0.1:9", "reader").await;
     assert_eq!(
         (status, &json["error"]["code"]),
         (403, &json!("insufficient_permissions"))
