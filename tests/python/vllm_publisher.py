@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
-"""A stand-in for vLLM's KV event publisher, writing its exact ZMQ frames and msgpack layout.
+"""A stand-in for vLLM's KV event publisher, writing its ZMQ frames and msgpack layout by hand.
 
-Used by host/kv-events/tests/vllm_python.rs. Binds a PUB socket and a replay ROUTER socket at the
-endpoints given (port `*` picks a free one), prints `READY <pub endpoint> <replay endpoint>`, then
-obeys commands on stdin, one per line:
+It covers what vLLM's own publisher (engine_publisher.py) does not write today: events in
+msgspec's array form, and the replay answers of older vLLM releases, `[b"", seq, payload]`
+without the topic frame.
+
+Used by host/kv-events/tests/python_publishers.rs. Binds a PUB socket and a replay ROUTER socket
+at the endpoints given (port `*` picks a free one), prints `READY <pub endpoint> <replay
+endpoint>`, then obeys commands on stdin, one per line:
 
   go       publish the first engine life: array and map encodings, u64 hashes above i64::MAX,
            a signed hash, a CPU offload without tokens, a BlockRemoved and a lost message

@@ -85,6 +85,9 @@ pub struct IngestStats {
     pub skipped_other_group: u64,
     /// Stores computed with a LoRA adapter: requests hash without one, so they would never match.
     pub skipped_lora: u64,
+    /// Stores whose engine hashes cover more than their tokens (a cache salt, multimodal inputs):
+    /// a request with the same tokens would not reuse them, and the router hashes tokens alone.
+    pub skipped_extra_keys: u64,
     /// Token-less stores and removals of engine hashes we do not hold in that tier.
     pub skipped_unknown_hash: u64,
     /// Blocks a reset forgot that a later store under them showed the engine still holds (a
@@ -540,9 +543,15 @@ impl Ingestor {
                 None
             }
             KvEvent::BlockStored {
-                lora_id: Some(_), ..
-            } => {
+                lora_id, lora_name, ..
+            } if lora_id.is_some() || lora_name.is_some() => {
                 self.stats.skipped_lora += 1;
+                None
+            }
+            KvEvent::BlockStored {
+                extra_keys: true, ..
+            } => {
+                self.stats.skipped_extra_keys += 1;
                 None
             }
             KvEvent::BlockStored {

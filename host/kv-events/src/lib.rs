@@ -26,6 +26,8 @@
 //!         token_ids: tokens.clone(),
 //!         block_size: 16,
 //!         lora_id: None,
+//!         lora_name: None,
+//!         extra_keys: false,
 //!         medium: None,
 //!         group_idx: None,
 //!     }],

@@ -220,7 +220,8 @@ async fn next_request(replay: &mut Option<RouterSocket>) -> zeromq::ZmqResult<Zm
 }
 
 /// Answer `[identity, b"", start_seq]` with every buffered batch from `start_seq` on, then the
-/// end marker.
+/// end marker, framed as vLLM and SGLang do today: `[b"", topic, seq, payload]` (the live stream's
+/// frames) and `[b"", b"", -1, b""]`.
 async fn answer(
     router: &mut RouterSocket,
     request: ZmqMessage,
@@ -237,6 +238,7 @@ async fn answer(
         let frames = vec![
             identity.clone(),
             Bytes::new(),
+            Bytes::new(), // topic
             seq_frame(*seq),
             payload.clone(),
         ];
@@ -245,6 +247,7 @@ async fn answer(
     let end = vec![
         identity.clone(),
         Bytes::new(),
+        Bytes::new(), // topic
         Bytes::from_static(&END_OF_REPLAY),
         Bytes::new(),
     ];

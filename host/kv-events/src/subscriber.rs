@@ -321,8 +321,11 @@ impl Driver {
                 .map_err(|_| Error::ReplayTimeout(REPLAY_STEP_TIMEOUT))?
                 .map_err(Error::from)?
                 .into_vec();
-            let [_empty, seq, payload] = frames.as_slice() else {
-                return Err(Error::BadReplay.into());
+            // vLLM and SGLang answer with the live stream's frames, `[b"", topic, seq, payload]`;
+            // older vLLM releases left the topic out.
+            let (seq, payload) = match frames.as_slice() {
+                [_empty, _, seq, payload] | [_empty, seq, payload] => (seq, payload),
+                _ => return Err(Error::BadReplay.into()),
             };
             if seq.as_ref() == END_OF_REPLAY {
                 break;

@@ -44,8 +44,13 @@ pub enum KvEvent {
         token_ids: Vec<u32>,
         /// Tokens per block; 0 for an offload copy.
         block_size: u32,
-        /// LoRA adapter the blocks were computed with.
+        /// LoRA adapter the blocks were computed with, by id (vLLM before `lora_name`).
         lora_id: Option<i64>,
+        /// LoRA adapter the blocks were computed with, by name (vLLM, SGLang).
+        lora_name: Option<String>,
+        /// Whether the engine's hashes also cover keys other than the tokens and the adapter: a
+        /// cache salt or multimodal inputs (vLLM's `extra_keys`, SGLang's `cache_salt`).
+        extra_keys: bool,
         /// Where the blocks live (`"GPU"`, `"CPU"`, ...); `None` means the device.
         medium: Option<String>,
         /// KV cache group of hybrid models; `None` for single-group models.
@@ -81,6 +86,8 @@ impl KvEvent {
                 token_ids,
                 block_size,
                 lora_id: None,
+                lora_name: None,
+                extra_keys: false,
                 medium: Some(medium(tier).to_owned()),
                 group_idx: None,
             },
@@ -228,6 +235,12 @@ fn decode_event(value: &Value) -> Result<Option<KvEvent>, DecodeError> {
                 .and_then(as_u32)
                 .ok_or(field_error("block_size", "an unsigned integer"))?,
             lora_id: optional(&fields, 4, "lora_id", Value::as_i64, "an integer")?,
+            lora_name: optional(&fields, 6, "lora_name", as_string, "a string")?,
+            extra_keys: optional(&fields, 7, "extra_keys", any_present, "an array")?
+                .unwrap_or(false)
+                || fields
+                    .named("cache_salt")
+                    .is_some_and(|salt| !salt.is_nil()),
             medium: optional(&fields, 5, "medium", as_string, "a string")?,
             group_idx: optional(&fields, 8, "group_idx", as_u32, "an unsigned integer")?,
         },
@@ -253,9 +266,18 @@ fn encode_event(event: &KvEvent, encoding: Encoding) -> Value {
             token_ids,
             block_size,
             lora_id,
+            lora_name,
+            extra_keys,
             medium,
             group_idx,
         } => {
+            // vLLM's extra keys are one entry per block (at least one, so that a keyed store of
+            // no blocks reads back keyed); what an entry holds only matters to the engine's hash.
+            let extra_keys = if *extra_keys {
+                Value::Array(vec![Value::Array(Vec::new()); block_hashes.len().max(1)])
+            } else {
+                Value::Nil
+            };
             let fields = vec![
                 hashes(block_hashes),
                 parent_block_hash.map_or(Value::Nil, |h| h.0.into()),
@@ -263,8 +285,8 @@ fn encode_event(event: &KvEvent, encoding: Encoding) -> Value {
                 (*block_size).into(),
                 lora_id.map_or(Value::Nil, Value::from),
                 text(medium),
-                Value::Nil, // lora_name
-                Value::Nil, // extra_keys
+                text(lora_name),
+                extra_keys,
                 number(*group_idx),
                 Value::Nil, // kv_cache_spec_kind
                 Value::Nil, // kv_cache_spec_sliding_window
@@ -342,6 +364,15 @@ impl<'a> Fields<'a> {
     fn get(&self, index: usize, name: &str) -> Option<&'a Value> {
         match self.layout {
             Layout::Array(items) => items.get(index),
+            Layout::Map(_) => self.named(name),
+        }
+    }
+
+    /// The field named `name` in map form: for fields whose position differs between engines
+    /// (SGLang's `cache_salt` sits where vLLM's `lora_name` does), which SGLang only sends as maps.
+    fn named(&self, name: &str) -> Option<&'a Value> {
+        match self.layout {
+            Layout::Array(_) => None,
             Layout::Map(entries) => entries
                 .iter()
                 .find(|(key, _)| key.as_str() == Some(name))
@@ -385,6 +416,13 @@ fn as_hash(value: &Value) -> Option<EngineHash> {
         Value::Binary(bytes) => Some(EngineHash(xxh3_64(bytes))),
         _ => None,
     }
+}
+
+/// vLLM's `extra_keys`, one entry per block: whether any block has one.
+fn any_present(value: &Value) -> Option<bool> {
+    value
+        .as_array()
+        .map(|entries| entries.iter().any(|entry| !entry.is_nil()))
 }
 
 fn as_u32(value: &Value) -> Option<u32> {

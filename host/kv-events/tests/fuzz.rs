@@ -33,7 +33,11 @@ fn event() -> impl Strategy<Value = KvEvent> {
             prop::option::of(prop_oneof![0u64..8, Just(u64::MAX)].prop_map(EngineHash)),
             prop::collection::vec(any::<u32>(), 0..12),
             prop_oneof![Just(0u32), Just(BLOCK_SIZE), Just(u32::MAX)],
-            prop::option::of(any::<i64>()),
+            (
+                prop::option::of(any::<i64>()),
+                prop::option::of(Just("adapter".to_owned())),
+                any::<bool>(),
+            ),
             medium.clone(),
             group.clone(),
         )
@@ -43,7 +47,7 @@ fn event() -> impl Strategy<Value = KvEvent> {
                     parent_block_hash,
                     token_ids,
                     block_size,
-                    lora_id,
+                    (lora_id, lora_name, extra_keys),
                     medium,
                     group_idx,
                 )| {
@@ -53,6 +57,8 @@ fn event() -> impl Strategy<Value = KvEvent> {
                         token_ids,
                         block_size,
                         lora_id,
+                        lora_name,
+                        extra_keys,
                         medium,
                         group_idx,
                     }

@@ -3,7 +3,7 @@
 mod support;
 
 use bytes::Bytes;
-use support::{BLOCK_SIZE, Harness, JOIN_TIME, ours};
+use support::{BLOCK_SIZE, Harness, JOIN_TIME, free_endpoint, ours};
 use switchyard_core::worker::{Rank, Tier};
 use switchyard_kv_events::publisher::Publisher;
 use switchyard_kv_events::subscriber::SubscriberSnapshot;
@@ -31,20 +31,14 @@ fn stored(hashes: &[u64], parent: Option<u64>, tokens: &[u32]) -> KvEvent {
         token_ids: tokens.to_vec(),
         block_size: BLOCK_SIZE,
         lora_id: None,
+        lora_name: None,
+        extra_keys: false,
         medium: None,
         group_idx: None,
     }
 }
 
 /// A TCP endpoint nobody listens on (the port is free when this returns).
-fn free_endpoint() -> String {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("free port")
-        .port();
-    format!("tcp://127.0.0.1:{port}")
-}
-
 async fn publisher(replay: bool, encoding: Encoding) -> Publisher {
     let replay = replay.then_some("tcp://127.0.0.1:0");
     Publisher::bind("tcp://127.0.0.1:0", replay, encoding, 100)
@@ -72,6 +66,8 @@ async fn stores_offloads_and_removes_reach_the_index() {
             token_ids: vec![],
             block_size: 0,
             lora_id: None,
+            lora_name: None,
+            extra_keys: false,
             medium: Some("CPU".into()),
             group_idx: None,
         },

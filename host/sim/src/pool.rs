@@ -104,6 +104,8 @@ impl SharedPool {
                 token_ids: token_ids.to_vec(),
                 block_size: self.block_size,
                 lora_id: None,
+                lora_name: None,
+                extra_keys: false,
                 medium: Some("CPU".into()),
                 group_idx: None,
             });

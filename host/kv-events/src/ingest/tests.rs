@@ -24,6 +24,8 @@ fn stored(hashes: &[u64], parent: Option<u64>, tokens: &[u32]) -> KvEvent {
         token_ids: tokens.to_vec(),
         block_size: BS,
         lora_id: None,
+        lora_name: None,
+        extra_keys: false,
         medium: None,
         group_idx: None,
     }
@@ -36,6 +38,8 @@ fn offloaded(hashes: &[u64], medium: &str) -> KvEvent {
         token_ids: vec![],
         block_size: 0,
         lora_id: None,
+        lora_name: None,
+        extra_keys: false,
         medium: Some(medium.into()),
         group_idx: None,
     }
@@ -167,6 +171,8 @@ fn unknown_parent_and_unaligned_stores_are_skipped() {
             token_ids: vec![1, 2, 3, 4],
             block_size: 4,
             lora_id: None,
+            lora_name: None,
+            extra_keys: false,
             medium: None,
             group_idx: None,
         },
@@ -178,7 +184,7 @@ fn unknown_parent_and_unaligned_stores_are_skipped() {
 }
 
 #[test]
-fn other_groups_and_lora_are_skipped() {
+fn other_groups_lora_and_keyed_hashes_are_skipped() {
     let mut ingestor = Ingestor::new(rank(), BS);
     let mut sliding = stored(&[10], None, &[1, 2]);
     if let KvEvent::BlockStored { group_idx, .. } = &mut sliding {
@@ -188,10 +194,38 @@ fn other_groups_and_lora_are_skipped() {
     if let KvEvent::BlockStored { lora_id, .. } = &mut adapter {
         *lora_id = Some(7);
     }
-    let out = ingestor.on_message(0, &payload(vec![sliding, adapter]));
+    let mut named_adapter = stored(&[12], None, &[1, 2]);
+    if let KvEvent::BlockStored { lora_name, .. } = &mut named_adapter {
+        *lora_name = Some("tenant-a".into());
+    }
+    let mut salted = stored(&[13], None, &[1, 2]);
+    if let KvEvent::BlockStored { extra_keys, .. } = &mut salted {
+        *extra_keys = true;
+    }
+    // A salted block's child and its removal name a block the ingestor never took.
+    let child = stored(&[14], Some(13), &[3, 4]);
+    let events = vec![
+        sliding,
+        adapter,
+        named_adapter,
+        salted,
+        child,
+        removed(&[13], None),
+    ];
+    let out = ingestor.on_message(0, &payload(events));
     assert!(out.ops.is_empty());
-    assert_eq!(ingestor.stats().skipped_other_group, 1);
-    assert_eq!(ingestor.stats().skipped_lora, 1);
+    let stats = ingestor.stats();
+    assert_eq!(stats.skipped_other_group, 1);
+    assert_eq!(stats.skipped_lora, 2);
+    assert_eq!(stats.skipped_extra_keys, 1);
+    assert_eq!(stats.skipped_unknown_parent, 1);
+    assert_eq!(stats.skipped_unknown_hash, 1);
+    // The same tokens stored without keys are indexed.
+    let out = ingestor.on_message(1, &payload(vec![stored(&[15], None, &[1, 2])]));
+    assert_eq!(
+        sans_locals(&out.ops),
+        vec![store(Tier::Device, ours(&[1, 2]))]
+    );
 }
 
 #[test]
@@ -588,6 +622,8 @@ fn a_reset_keeps_names_not_holdings_and_drops_them_when_they_go() {
         token_ids: vec![7, 8],
         block_size: BS,
         lora_id: None,
+        lora_name: None,
+        extra_keys: false,
         medium: Some("cpu".into()),
         group_idx: None,
     };

@@ -240,6 +240,8 @@ fn to_kv_event(event: MooncakeEvent) -> KvEvent {
                 token_ids: event.token_ids,
                 block_size,
                 lora_id: None,
+                lora_name: None,
+                extra_keys: false,
                 medium,
                 group_idx: None,
             }
@@ -328,6 +330,8 @@ mod tests {
                     token_ids: (0..8).collect(),
                     block_size: 4,
                     lora_id: None,
+                    lora_name: None,
+                    extra_keys: false,
                     medium: Some("CPU".into()),
                     group_idx: None,
                 },
@@ -370,6 +374,8 @@ mod tests {
                 token_ids: vec![1, 2],
                 block_size: 2,
                 lora_id: None,
+                lora_name: None,
+                extra_keys: false,
                 medium: Some("cpu".into()),
                 group_idx: None,
             }]

@@ -11,6 +11,8 @@ fn sample() -> EventBatch {
                 token_ids: (0..8).collect(),
                 block_size: 4,
                 lora_id: Some(-3),
+                lora_name: None,
+                extra_keys: true,
                 medium: Some("GPU".into()),
                 group_idx: Some(0),
             },
@@ -20,6 +22,8 @@ fn sample() -> EventBatch {
                 token_ids: vec![],
                 block_size: 0,
                 lora_id: None,
+                lora_name: Some("tenant-a".into()),
+                extra_keys: false,
                 medium: Some("CPU".into()),
                 group_idx: None,
             },
@@ -68,6 +72,12 @@ fn array_form_is_vllms_positional_layout() {
     assert_eq!(stored[0].as_str(), Some("BlockStored"));
     assert_eq!(stored[4].as_u64(), Some(4), "block_size");
     assert_eq!(stored[6].as_str(), Some("GPU"), "medium");
+    assert_eq!(
+        stored[8],
+        array(vec![array(vec![]), array(vec![])]),
+        "extra_keys"
+    );
+    assert_eq!(batch[1][1][7].as_str(), Some("tenant-a"), "lora_name");
     assert_eq!(stored[9].as_u64(), Some(0), "group_idx");
     let removed = batch[1][2].as_array().expect("event array");
     assert_eq!(removed.len(), 4);
@@ -83,6 +93,92 @@ fn map_form_names_every_field() {
     assert_eq!(stored["block_size"].as_u64(), Some(4));
     assert!(stored["kv_cache_spec_sliding_window"].is_nil());
     assert_eq!(value["data_parallel_rank"].as_u64(), Some(2));
+}
+
+#[test]
+fn keys_beyond_the_tokens_are_read_from_either_engine() {
+    let stored = |fields: Vec<(&str, Value)>| {
+        let event = [
+            ("type", "BlockStored".into()),
+            ("block_hashes", array(vec![7u64.into()])),
+        ]
+        .into_iter()
+        .chain([
+            ("token_ids", array(vec![1u32.into()])),
+            ("block_size", 1u32.into()),
+        ])
+        .chain(fields)
+        .map(|(key, value)| (Value::from(key), value))
+        .collect();
+        let batch = array(vec![1.5.into(), array(vec![Value::Map(event)]), Value::Nil]);
+        decode_batch(&msgpack(&batch))
+            .expect("decodes")
+            .events
+            .remove(0)
+    };
+    let keyed = |event: &KvEvent| {
+        matches!(
+            event,
+            KvEvent::BlockStored {
+                extra_keys: true,
+                ..
+            }
+        )
+    };
+    // vLLM: one entry per block, nil where a block has none.
+    assert!(!keyed(&stored(vec![("extra_keys", Value::Nil)])));
+    assert!(!keyed(&stored(vec![(
+        "extra_keys",
+        array(vec![Value::Nil])
+    )])));
+    let salted = array(vec![array(vec!["salt".into()])]);
+    assert!(keyed(&stored(vec![("extra_keys", salted)])));
+    // SGLang: the salt by name; absent or nil, no keys.
+    assert!(keyed(&stored(vec![("cache_salt", "salt".into())])));
+    assert!(!keyed(&stored(vec![("cache_salt", Value::Nil)])));
+    // In array form the slot SGLang's maps call `cache_salt` is vLLM's `lora_name`.
+    let positional = array(vec![
+        1.5.into(),
+        array(vec![array(vec![
+            "BlockStored".into(),
+            array(vec![7u64.into()]),
+            Value::Nil,
+            array(vec![1u32.into()]),
+            1u32.into(),
+            Value::Nil,
+            Value::Nil,
+            "tenant-a".into(),
+        ])]),
+    ]);
+    let event = decode_batch(&msgpack(&positional))
+        .expect("decodes")
+        .events
+        .remove(0);
+    assert!(matches!(
+        event,
+        KvEvent::BlockStored { extra_keys: false, lora_name: Some(name), .. } if name == "tenant-a"
+    ));
+    let wrong = array(vec![
+        1.5.into(),
+        array(vec![array(vec![
+            "BlockStored".into(),
+            array(vec![7u64.into()]),
+            Value::Nil,
+            array(vec![1u32.into()]),
+            1u32.into(),
+            Value::Nil,
+            Value::Nil,
+            Value::Nil,
+            "not a list".into(),
+        ])]),
+    ]);
+    assert!(matches!(
+        decode_batch(&msgpack(&wrong)),
+        Err(DecodeError::Field {
+            field: "extra_keys",
+            ..
+        })
+    ));
 }
 
 #[test]
@@ -117,6 +213,8 @@ fn accepts_old_short_forms() {
             token_ids: vec![1, 2],
             block_size: 2,
             lora_id: None,
+            lora_name: None,
+            extra_keys: false,
             medium: None,
             group_idx: None,
         }]

@@ -27,6 +27,15 @@ pub(crate) fn ours(tokens: &[u32]) -> Vec<SequenceHash> {
     BlockHasher::new(BLOCK_SIZE as usize).sequence(tokens)
 }
 
+/// A TCP endpoint on 127.0.0.1 that nothing listens on (for a socket that binds it).
+pub(crate) fn free_endpoint() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("free port")
+        .port();
+    format!("tcp://127.0.0.1:{port}")
+}
+
 /// A running `run_subscriber` whose ops are applied to `index` while waiting.
 pub(crate) struct Harness {
     pub(crate) index: KvIndex,

@@ -1,0 +1,257 @@
+//! Engine KV event streams written by Python, through `run_subscriber`, asserted block by block:
+//!
+//! - `tests/python/vllm_publisher.py`, our stand-in writing vLLM's frames by hand with `msgpack`:
+//!   both msgspec encodings, and the replay answers of older vLLM releases (no topic frame);
+//! - `tests/python/engine_publisher.py`, vLLM's and SGLang's own `kv_events.py` (pinned releases
+//!   from PyPI, loaded without the rest of the engine): their event classes, msgspec encoding and
+//!   `ZmqEventPublisher`, with a real engine restart (new sockets on the same ports).
+//!
+//! They need python3 with `pyzmq`, `msgpack`, `msgspec` and `pydantic` (SGLang's module imports
+//! it); without them they install all four into a venv at `target/pyenv` (PyPI access needed) and
+//! fail loudly if they cannot.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::mpsc as std_mpsc;
+use support::{DEADLINE, Harness, free_endpoint, ours};
+use switchyard_core::worker::{Rank, Tier};
+
+/// A free port on 127.0.0.1, picked by the binding socket.
+const ANY_PORT: &str = "tcp://127.0.0.1:*";
+
+/// What the scripts import, as `pip` and `import` name them.
+const PACKAGES: [(&str, &str); 4] = [
+    ("pyzmq", "zmq"),
+    ("msgpack", "msgpack"),
+    ("msgspec", "msgspec"),
+    ("pydantic", "pydantic"),
+];
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn has_deps(python: &Path) -> bool {
+    let imports = PACKAGES.map(|(_, module)| module).join(", ");
+    Command::new(python)
+        .args(["-c", &format!("import {imports}")])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success())
+}
+
+fn run(command: &mut Command) {
+    let status = command.status();
+    assert!(
+        status.as_ref().is_ok_and(|s| s.success()),
+        "{command:?} failed ({status:?}): this test needs python3 with venv and pip, and PyPI access"
+    );
+}
+
+/// A python3 that can import [`PACKAGES`], installing them once if needed.
+fn python() -> &'static Path {
+    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
+    PYTHON.get_or_init(|| {
+        let system = PathBuf::from("python3");
+        if has_deps(&system) {
+            return system;
+        }
+        let venv = workspace().join("target/pyenv");
+        let python = venv.join("bin/python");
+        if !has_deps(&python) {
+            run(Command::new("python3").args(["-m", "venv"]).arg(&venv));
+            run(Command::new(&python)
+                .args(["-m", "pip", "install", "-q"])
+                .args(PACKAGES.map(|(package, _)| package)));
+        }
+        python
+    })
+}
+
+/// The script as a child process, killed when dropped.
+struct Script {
+    child: Child,
+    stdin: ChildStdin,
+    lines: std_mpsc::Receiver<String>,
+}
+
+impl Script {
+    /// Run `tests/python/<script>` with `args`; it prints its PUB and replay endpoints.
+    fn start(script: &str, args: &[&str]) -> (Script, String, String) {
+        let mut child = Command::new(python())
+            .arg(workspace().join("tests/python").join(script))
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python starts");
+        let stdin = child.stdin.take().expect("piped stdin");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (sender, lines) = std_mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if sender.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let script = Script {
+            child,
+            stdin,
+            lines,
+        };
+        let ready = script.line();
+        let mut words = ready.split_whitespace();
+        assert_eq!(words.next(), Some("READY"), "{ready}");
+        let endpoint = words.next().expect("pub endpoint").to_owned();
+        let replay = words.next().expect("replay endpoint").to_owned();
+        (script, endpoint, replay)
+    }
+
+    fn line(&self) -> String {
+        self.lines
+            .recv_timeout(DEADLINE)
+            .expect("the script answers in time")
+    }
+
+    /// Send a command and wait until the script has published it.
+    fn command(&mut self, command: &str) {
+        writeln!(self.stdin, "{command}").expect("script reads stdin");
+        assert_eq!(self.line(), format!("DONE {command}"));
+    }
+}
+
+impl Drop for Script {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_frames_from_python_build_the_expected_index() {
+    let rank = Rank::new(2, 0);
+    let (mut script, endpoint, replay) = Script::start("vllm_publisher.py", &[ANY_PORT, ANY_PORT]);
+    let mut sub = Harness::start(rank, endpoint, Some(replay), false);
+    sub.joined().await;
+
+    // First life: one chain 0..20 (block 12..16 lost and replayed), its first two blocks copied
+    // to CPU; the side block 100..104 stored then removed.
+    script.command("go");
+    let chain = ours(&(0..20).collect::<Vec<u32>>());
+    let side = ours(&[100, 101, 102, 103])[0];
+    sub.wait_until("the first life", |index, stats| {
+        stats.replays == 1 && chain.iter().all(|&h| index.contains(rank, Tier::Device, h))
+    })
+    .await;
+    sub.settle().await;
+    assert_eq!(sub.index.blocks(rank, Tier::Device), 5);
+    assert_eq!(sub.index.blocks(rank, Tier::Host), 2);
+    assert!(sub.index.contains(rank, Tier::Host, chain[0]));
+    assert!(sub.index.contains(rank, Tier::Host, chain[1]));
+    assert!(!sub.index.contains(rank, Tier::Device, side));
+    assert_eq!(sub.index.node_count(), 5);
+
+    // Second life: sequence back to 0 without AllBlocksCleared, bytes hashes.
+    script.command("restart");
+    let second = ours(&(200..212).collect::<Vec<u32>>());
+    sub.wait_until("the second life", |_, stats| stats.messages == 8)
+        .await;
+    sub.settle().await;
+    assert!(sub.index.contains(rank, Tier::Device, second[0]));
+    assert!(sub.index.contains(rank, Tier::Device, second[1]));
+    assert_eq!(sub.index.blocks(rank, Tier::Device), 2);
+    assert_eq!(sub.index.blocks(rank, Tier::Host), 0);
+    assert_eq!(sub.index.node_count(), 2);
+
+    let stats = sub.stats.snapshot();
+    assert_eq!(
+        (
+            stats.restarts,
+            stats.gaps,
+            stats.replay_failures,
+            stats.clears,
+            stats.malformed
+        ),
+        (1, 1, 0, 0, 0)
+    );
+    sub.stop().await;
+}
+
+/// vLLM's publisher connecting to the gateway, which binds (vLLM connects to an endpoint without
+/// `*`); a restart connects again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllms_own_publisher_builds_the_expected_index() {
+    let rank = Rank::new(3, 0);
+    let endpoint = free_endpoint();
+    let (script, _, replay) = Script::start("engine_publisher.py", &["vllm", &endpoint, ANY_PORT]);
+    let sub = Harness::start(rank, endpoint, Some(replay), true);
+    own_publisher_builds_the_expected_index(script, sub, rank).await;
+}
+
+/// SGLang's publisher binding, the gateway connecting (the engines' default); a restart binds the
+/// same ports again and the gateway's socket reconnects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglangs_own_publisher_builds_the_expected_index() {
+    let rank = Rank::new(3, 0);
+    let (script, endpoint, replay) =
+        Script::start("engine_publisher.py", &["sglang", ANY_PORT, ANY_PORT]);
+    let sub = Harness::start(rank, endpoint, Some(replay), false);
+    own_publisher_builds_the_expected_index(script, sub, rank).await;
+}
+
+/// `engine_publisher.py`'s two lives, through `sub`.
+async fn own_publisher_builds_the_expected_index(mut script: Script, mut sub: Harness, rank: Rank) {
+    sub.joined().await;
+
+    // First life: the chain 0..20 over six live batches (12..16 dropped by the PUB socket and
+    // replayed from the engine's buffer), its first two blocks copied to CPU memory; the side
+    // block 100..104 stored then removed; 300..304 hashed with a cache salt, so not indexed.
+    script.command("go");
+    let chain = ours(&(0..20).collect::<Vec<u32>>());
+    let side = ours(&[100, 101, 102, 103])[0];
+    let salted = ours(&[300, 301, 302, 303])[0];
+    sub.wait_until("the first life", |index, stats| {
+        stats.replays == 1
+            && stats.messages == 6
+            && chain.iter().all(|&h| index.contains(rank, Tier::Device, h))
+    })
+    .await;
+    sub.settle().await;
+    assert_eq!(sub.index.blocks(rank, Tier::Device), 5);
+    assert_eq!(sub.index.blocks(rank, Tier::Host), 2);
+    assert!(sub.index.contains(rank, Tier::Host, chain[0]));
+    assert!(sub.index.contains(rank, Tier::Host, chain[1]));
+    assert!(!sub.index.contains(rank, Tier::Device, side));
+    assert!(!sub.index.contains(rank, Tier::Device, salted));
+    assert_eq!(sub.index.node_count(), 5);
+    let stats = sub.stats.snapshot();
+    assert_eq!(
+        (stats.gaps, stats.replay_failures, stats.malformed),
+        (1, 0, 0)
+    );
+
+    // Second life: the engine's sockets closed and bound again, its sequence back to 0. The
+    // subscriber reconnects, clears the rank and replays the new stream from its start.
+    script.command("restart");
+    let second = ours(&(200..212).collect::<Vec<u32>>());
+    sub.wait_until("the second life", |index, _| {
+        index.contains(rank, Tier::Device, second[1])
+            && !index.contains(rank, Tier::Device, chain[0])
+    })
+    .await;
+    sub.settle().await;
+    assert!(sub.index.contains(rank, Tier::Device, second[0]));
+    assert!(!sub.index.contains(rank, Tier::Device, second[2]));
+    assert_eq!(sub.index.blocks(rank, Tier::Device), 2);
+    assert_eq!(sub.index.blocks(rank, Tier::Host), 0);
+    assert_eq!(sub.index.node_count(), 2);
+    let stats = sub.stats.snapshot();
+    assert!(stats.clears + stats.restarts >= 1, "{stats:?}");
+    assert_eq!((stats.replay_failures, stats.malformed), (0, 0));
+    sub.stop().await;
+}
