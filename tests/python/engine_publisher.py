@@ -88,7 +88,8 @@ def fetch(engine):
     else:
         source = tarfile.open(fileobj=io.BytesIO(archive)).extractfile(member).read()
     module.parent.mkdir(parents=True, exist_ok=True)
-    partial = module.with_suffix(".partial")
+    # Tests run side by side: each writes its own file and renames it into place.
+    partial = module.with_suffix(f".{os.getpid()}.partial")
     partial.write_bytes(source)
     partial.replace(module)
     return module

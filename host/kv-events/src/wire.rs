@@ -114,12 +114,14 @@ pub fn medium(tier: Tier) -> &'static str {
     }
 }
 
-/// How to encode batches and events, as msgspec does.
+/// How to encode events, as msgspec does. The batch is a positional array either way, as both
+/// engines' `EventBatch` is `array_like` (the decoder also reads batches written as maps).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Encoding {
-    /// Positional arrays (`array_like=True`), the long-standing default.
+    /// Events as positional arrays (`array_like=True`), the tag first: older vLLM releases.
     Array,
-    /// Maps keyed by field name, events tagged by `"type"`.
+    /// Events as maps keyed by field name and tagged by `"type"`, optional fields left out when
+    /// nil (`omit_defaults`): vLLM 0.34 and SGLang 0.5.23.
     Map,
 }
 
@@ -147,7 +149,6 @@ pub enum DecodeError {
 /// overflow a 2 MiB thread stack on a few hundred bytes of nested arrays.
 const MAX_DEPTH: usize = 64;
 
-const BATCH_FIELDS: [&str; 3] = ["ts", "events", "data_parallel_rank"];
 const STORED_FIELDS: [&str; 11] = [
     "block_hashes",
     "parent_block_hash",
@@ -162,6 +163,9 @@ const STORED_FIELDS: [&str; 11] = [
     "kv_cache_spec_sliding_window",
 ];
 const REMOVED_FIELDS: [&str; 3] = ["block_hashes", "medium", "group_idx"];
+/// Fields of vLLM's events without a default: written even when nil.
+const STORED_REQUIRED: usize = 7;
+const REMOVED_REQUIRED: usize = 2;
 
 /// Decode one payload, in either encoding, at either level.
 ///
@@ -198,7 +202,8 @@ pub fn decode_batch(payload: &[u8]) -> Result<EventBatch, DecodeError> {
     })
 }
 
-/// Encode a batch exactly as vLLM does, every field present (absent ones as nil).
+/// Encode a batch as vLLM does: in array form every field present (absent ones as nil), in map
+/// form the fields without a default always and the others when set.
 ///
 /// Hashes are written as unsigned integers, so those above `i64::MAX` become msgpack `uint64`.
 pub fn encode_batch(batch: &EventBatch, encoding: Encoding) -> Vec<u8> {
@@ -212,7 +217,7 @@ pub fn encode_batch(batch: &EventBatch, encoding: Encoding) -> Vec<u8> {
         Value::Array(events),
         batch.dp_rank.map_or(Value::Nil, Value::from),
     ];
-    let value = shape(None, &BATCH_FIELDS, fields, encoding);
+    let value = Value::Array(fields);
     let mut out = Vec::new();
     rmpv::encode::write_value(&mut out, &value).expect("writing to a Vec cannot fail");
     out
@@ -291,7 +296,13 @@ fn encode_event(event: &KvEvent, encoding: Encoding) -> Value {
                 Value::Nil, // kv_cache_spec_kind
                 Value::Nil, // kv_cache_spec_sliding_window
             ];
-            shape(Some("BlockStored"), &STORED_FIELDS, fields, encoding)
+            shape(
+                "BlockStored",
+                &STORED_FIELDS,
+                STORED_REQUIRED,
+                fields,
+                encoding,
+            )
         }
         KvEvent::BlockRemoved {
             block_hashes,
@@ -299,20 +310,39 @@ fn encode_event(event: &KvEvent, encoding: Encoding) -> Value {
             group_idx,
         } => {
             let fields = vec![hashes(block_hashes), text(medium), number(*group_idx)];
-            shape(Some("BlockRemoved"), &REMOVED_FIELDS, fields, encoding)
+            shape(
+                "BlockRemoved",
+                &REMOVED_FIELDS,
+                REMOVED_REQUIRED,
+                fields,
+                encoding,
+            )
         }
-        KvEvent::AllBlocksCleared => shape(Some("AllBlocksCleared"), &[], Vec::new(), encoding),
+        KvEvent::AllBlocksCleared => shape("AllBlocksCleared", &[], 0, Vec::new(), encoding),
     }
 }
 
-/// Lay out `values` (one per name in `names`) as a tagged array or map.
-fn shape(tag: Option<&str>, names: &[&str], values: Vec<Value>, encoding: Encoding) -> Value {
+/// Lay out `values` (one per name in `names`) as an array or map tagged `tag`; in a map, the
+/// fields after the first `required` are left out when nil (msgspec's `omit_defaults`).
+fn shape(
+    tag: &str,
+    names: &[&str],
+    required: usize,
+    values: Vec<Value>,
+    encoding: Encoding,
+) -> Value {
     match encoding {
-        Encoding::Array => Value::Array(tag.map(Value::from).into_iter().chain(values).collect()),
+        Encoding::Array => Value::Array(std::iter::once(tag.into()).chain(values).collect()),
         Encoding::Map => Value::Map(
-            tag.map(|tag| (Value::from("type"), Value::from(tag)))
-                .into_iter()
-                .chain(names.iter().map(|&name| Value::from(name)).zip(values))
+            std::iter::once(("type".into(), tag.into()))
+                .chain(
+                    names
+                        .iter()
+                        .zip(values)
+                        .enumerate()
+                        .filter(|(i, (_, value))| *i < required || !value.is_nil())
+                        .map(|(_, (&name, value))| (name.into(), value)),
+                )
                 .collect(),
         ),
     }

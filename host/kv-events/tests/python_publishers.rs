@@ -4,7 +4,9 @@
 //!   both msgspec encodings, and the replay answers of older vLLM releases (no topic frame);
 //! - `tests/python/engine_publisher.py`, vLLM's and SGLang's own `kv_events.py` (pinned releases
 //!   from PyPI, loaded without the rest of the engine): their event classes, msgspec encoding and
-//!   `ZmqEventPublisher`, with a real engine restart (new sockets on the same ports).
+//!   `ZmqEventPublisher`, with a real engine restart (new sockets on the same ports);
+//! - and the other way round, `tests/python/engine_decoder.py`: the mock engines' events decoded
+//!   by those engines' own classes.
 //!
 //! They need python3 with `pyzmq`, `msgpack`, `msgspec` and `pydantic` (SGLang's module imports
 //! it); without them they install all four into a venv at `target/pyenv` (PyPI access needed) and
@@ -17,11 +19,17 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::OnceLock;
 use std::sync::mpsc as std_mpsc;
+use std::time::Duration;
 use support::{DEADLINE, Harness, free_endpoint, ours};
 use switchyard_core::worker::{Rank, Tier};
+use switchyard_kv_events::wire::{Encoding, EngineHash, EventBatch, KvEvent, encode_batch};
 
 /// A free port on 127.0.0.1, picked by the binding socket.
 const ANY_PORT: &str = "tcp://127.0.0.1:*";
+
+/// A script's first answer may wait for the engine's module to be fetched from PyPI (~90 MB
+/// for both engines, once).
+const FIRST_ANSWER: Duration = Duration::from_secs(600);
 
 /// What the scripts import, as `pip` and `import` name them.
 const PACKAGES: [(&str, &str); 4] = [
@@ -80,8 +88,8 @@ struct Script {
 }
 
 impl Script {
-    /// Run `tests/python/<script>` with `args`; it prints its PUB and replay endpoints.
-    fn start(script: &str, args: &[&str]) -> (Script, String, String) {
+    /// Run `tests/python/<script>` with `args`.
+    fn spawn(script: &str, args: &[&str]) -> Script {
         let mut child = Command::new(python())
             .arg(workspace().join("tests/python").join(script))
             .args(args)
@@ -99,12 +107,17 @@ impl Script {
                 }
             }
         });
-        let script = Script {
+        Script {
             child,
             stdin,
             lines,
-        };
-        let ready = script.line();
+        }
+    }
+
+    /// Run a publisher script; it prints its PUB and replay endpoints once it is up.
+    fn start(script: &str, args: &[&str]) -> (Script, String, String) {
+        let script = Script::spawn(script, args);
+        let ready = script.line(FIRST_ANSWER);
         let mut words = ready.split_whitespace();
         assert_eq!(words.next(), Some("READY"), "{ready}");
         let endpoint = words.next().expect("pub endpoint").to_owned();
@@ -112,16 +125,21 @@ impl Script {
         (script, endpoint, replay)
     }
 
-    fn line(&self) -> String {
+    fn line(&self, within: Duration) -> String {
         self.lines
-            .recv_timeout(DEADLINE)
+            .recv_timeout(within)
             .expect("the script answers in time")
+    }
+
+    /// Send one line and return the script's answer.
+    fn ask(&mut self, line: &str, within: Duration) -> String {
+        writeln!(self.stdin, "{line}").expect("script reads stdin");
+        self.line(within)
     }
 
     /// Send a command and wait until the script has published it.
     fn command(&mut self, command: &str) {
-        writeln!(self.stdin, "{command}").expect("script reads stdin");
-        assert_eq!(self.line(), format!("DONE {command}"));
+        assert_eq!(self.ask(command, DEADLINE), format!("DONE {command}"));
     }
 }
 
@@ -254,4 +272,92 @@ async fn own_publisher_builds_the_expected_index(mut script: Script, mut sub: Ha
     assert!(stats.clears + stats.restarts >= 1, "{stats:?}");
     assert_eq!((stats.replay_failures, stats.malformed), (0, 0));
     sub.stop().await;
+}
+
+/// The mock engines publish events in map form (their default), which vLLM's and SGLang's own
+/// classes decode field for field; the array form is older vLLM's, which they refuse.
+#[test]
+fn the_engines_own_classes_decode_what_the_mock_engines_publish() {
+    let stored =
+        |hashes: &[u64], parent, tokens: Vec<u32>, block_size, medium: &str| KvEvent::BlockStored {
+            block_hashes: hashes.iter().copied().map(EngineHash).collect(),
+            parent_block_hash: parent,
+            token_ids: tokens,
+            block_size,
+            lora_id: None,
+            lora_name: None,
+            extra_keys: false,
+            medium: Some(medium.to_owned()),
+            group_idx: None,
+        };
+    let batch = EventBatch {
+        ts: 1_700_000_000.5,
+        events: vec![
+            stored(
+                &[u64::MAX - 7, 42],
+                Some(EngineHash(1 << 63)),
+                (0..8).collect(),
+                4,
+                "GPU",
+            ),
+            stored(&[42], None, Vec::new(), 0, "CPU"),
+            KvEvent::BlockRemoved {
+                block_hashes: vec![EngineHash(42)],
+                medium: Some("GPU".to_owned()),
+                group_idx: None,
+            },
+            KvEvent::AllBlocksCleared,
+        ],
+        dp_rank: Some(2),
+    };
+    let hex = |bytes: Vec<u8>| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    for engine in ["vllm", "sglang"] {
+        let mut decoder = Script::spawn("engine_decoder.py", &[engine]);
+        let answer = decoder.ask(&hex(encode_batch(&batch, Encoding::Map)), FIRST_ANSWER);
+        let decoded: serde_json::Value =
+            serde_json::from_str(&answer).unwrap_or_else(|_| panic!("{engine}: {answer}"));
+        assert_eq!(decoded["rank"], 2, "{engine}");
+        let events = decoded["events"].as_array().expect("events");
+        let types: Vec<_> = events.iter().map(|event| event["type"].clone()).collect();
+        assert_eq!(
+            types,
+            [
+                "BlockStored",
+                "BlockStored",
+                "BlockRemoved",
+                "AllBlocksCleared"
+            ],
+            "{engine}"
+        );
+        let first = &events[0];
+        assert_eq!(
+            first["block_hashes"],
+            serde_json::json!([u64::MAX - 7, 42]),
+            "{engine}"
+        );
+        assert_eq!(first["parent_block_hash"], 1u64 << 63, "{engine}");
+        assert_eq!(
+            first["token_ids"],
+            serde_json::json!([0, 1, 2, 3, 4, 5, 6, 7]),
+            "{engine}"
+        );
+        assert_eq!(
+            (&first["block_size"], &first["medium"]),
+            (&4.into(), &"GPU".into())
+        );
+        let offload = &events[1];
+        assert_eq!(offload["token_ids"], serde_json::json!([]), "{engine}");
+        assert_eq!(
+            (&offload["block_size"], &offload["medium"]),
+            (&0.into(), &"CPU".into())
+        );
+        assert_eq!(
+            events[2]["block_hashes"],
+            serde_json::json!([42]),
+            "{engine}"
+        );
+
+        let answer = decoder.ask(&hex(encode_batch(&batch, Encoding::Array)), DEADLINE);
+        assert!(answer.starts_with("ERROR"), "{engine}: {answer}");
+    }
 }

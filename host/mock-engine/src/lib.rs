@@ -128,7 +128,7 @@ impl Default for MockEngineConfig {
             speedup: 1.0,
             kv_events: None,
             replay_endpoint: None,
-            encoding: Encoding::Array,
+            encoding: Encoding::Map,
             dp_rank: Some(0),
             tool_parser: "hermes".to_owned(),
             reasoning_parser: Some("qwen3".to_owned()),

@@ -35,7 +35,7 @@ pub(crate) async fn start(
             port: 0,
             kv_events: Some("tcp://127.0.0.1:0".into()),
             replay_endpoint: Some("tcp://127.0.0.1:0".into()),
-            encoding: Encoding::Array,
+            encoding: Encoding::Map,
             host_tier: Some(host_tier()),
             ..MockEngineConfig::default()
         };

@@ -25,8 +25,8 @@ pub(crate) struct MockEngineArgs {
     /// Replay ROUTER endpoint, e.g. tcp://127.0.0.1:5558.
     #[arg(long)]
     replay: Option<String>,
-    /// Event encoding: array (classic vLLM) or map (vLLM since mid-2026).
-    #[arg(long, default_value = "array", value_parser = ["array", "map"])]
+    /// Event encoding: map (vLLM 0.34, SGLang 0.5.23: events as maps) or array (older vLLM).
+    #[arg(long, default_value = "map", value_parser = ["array", "map"])]
     encoding: String,
     /// KV block size in tokens.
     #[arg(long, default_value_t = 16)]

@@ -85,14 +85,43 @@ fn array_form_is_vllms_positional_layout() {
 }
 
 #[test]
-fn map_form_names_every_field() {
+fn map_form_names_fields_and_leaves_out_nil_defaults() {
     let value = rmpv::decode::read_value(&mut &encode_batch(&sample(), Encoding::Map)[..])
         .expect("msgpack");
-    let stored = &value["events"][0];
+    let batch = value.as_array().expect("the batch stays an array");
+    assert_eq!(batch[2].as_u64(), Some(2), "data_parallel_rank");
+    let keys = |event: &Value| -> Vec<String> {
+        let entries = event.as_map().expect("event map");
+        entries
+            .iter()
+            .map(|(key, _)| key.as_str().expect("named").to_owned())
+            .collect()
+    };
+    let stored = &batch[1][0];
     assert_eq!(stored["type"].as_str(), Some("BlockStored"));
     assert_eq!(stored["block_size"].as_u64(), Some(4));
-    assert!(stored["kv_cache_spec_sliding_window"].is_nil());
-    assert_eq!(value["data_parallel_rank"].as_u64(), Some(2));
+    assert_eq!(
+        keys(stored),
+        [
+            "type",
+            "block_hashes",
+            "parent_block_hash",
+            "token_ids",
+            "block_size",
+            "lora_id",
+            "medium",
+            "lora_name",
+            "extra_keys",
+            "group_idx"
+        ]
+    );
+    // Nil fields without a default stay: `lora_id` of the offload copy, `medium` of the removal.
+    assert!(keys(&batch[1][1]).contains(&"lora_id".to_owned()));
+    assert_eq!(
+        keys(&batch[1][2]),
+        ["type", "block_hashes", "medium", "group_idx"]
+    );
+    assert_eq!(keys(&batch[1][3]), ["type"]);
 }
 
 #[test]
