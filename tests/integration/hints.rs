@@ -126,7 +126,19 @@ async fn a_tool_call_demotes_the_session_and_the_prefetch_hook_brings_it_back() 
         1.0,
     )
     .await;
-    assert_eq!(demoted, 1.0, "one demote, accepted");
+    let hint_lines = |text: String| -> String {
+        let lines = text
+            .lines()
+            .filter(|line| line.starts_with("switchyard_kv_hint"));
+        lines.collect::<Vec<_>>().join("\n")
+    };
+    let metrics = get_text(&format!("{}/metrics", gateway.url)).await;
+    assert_eq!(
+        demoted,
+        1.0,
+        "one demote, accepted:\n{}",
+        hint_lines(metrics)
+    );
     let moved = sample(
         &get_text(&format!("{}/metrics", gateway.url)).await,
         "switchyard_kv_hint_blocks_total",

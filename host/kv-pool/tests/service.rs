@@ -372,12 +372,13 @@ async fn replay_from(endpoint: &str, start: u64) -> Vec<(u64, Bytes)> {
         .unwrap();
     let mut batches = Vec::new();
     loop {
+        // `[b"", topic, seq, payload]`, as vLLM answers.
         let frames = dealer.recv().await.unwrap().into_vec();
-        assert_eq!(frames.len(), 3);
-        if frames[1].as_ref() == (-1i64).to_be_bytes() {
+        assert_eq!(frames.len(), 4);
+        if frames[2].as_ref() == (-1i64).to_be_bytes() {
             return batches;
         }
-        batches.push((seq_of(&frames[1]), frames[2].clone()));
+        batches.push((seq_of(&frames[2]), frames[3].clone()));
     }
 }
 
