@@ -35,7 +35,7 @@ struct TierLabels {
 
 type Field = fn(&SubscriberSnapshot) -> u64;
 
-const COUNTERS: [(&str, &str, Field); 7] = [
+const COUNTERS: [(&str, &str, Field); 8] = [
     ("kv_events_messages", "KV-event batches received", |s| {
         s.messages
     }),
@@ -68,6 +68,12 @@ const COUNTERS: [(&str, &str, Field); 7] = [
         "kv_events_clears",
         "Times the worker's index entries were cleared",
         |s| s.clears,
+    ),
+    (
+        "kv_events_keyed_stores",
+        "Stored events not indexed: their blocks were hashed with a LoRA adapter, a cache salt \
+         or multimodal inputs, which the router's hashes of prompts do not cover",
+        |s| s.keyed_stores,
     ),
 ];
 

@@ -59,6 +59,7 @@ pub struct SubscriberStats {
     replay_failures: AtomicU64,
     restarts: AtomicU64,
     clears: AtomicU64,
+    keyed_stores: AtomicU64,
     last_lag_ms: AtomicU64,
     connected: AtomicBool,
 }
@@ -80,6 +81,9 @@ pub struct SubscriberSnapshot {
     pub restarts: u64,
     /// Clears of the rank sent because messages were lost for good.
     pub clears: u64,
+    /// Stores left out because the engine hashed their blocks with more than the tokens (a LoRA
+    /// adapter, a cache salt, multimodal inputs), so no request of the router's could match them.
+    pub keyed_stores: u64,
     /// Wall-clock time now minus the last batch's engine timestamp, in ms (0 if negative).
     pub last_lag_ms: u64,
     /// Whether the SUB socket is connected (or bound).
@@ -100,6 +104,7 @@ impl SubscriberStats {
             replay_failures: load(&self.replay_failures),
             restarts: load(&self.restarts),
             clears: load(&self.clears),
+            keyed_stores: load(&self.keyed_stores),
             last_lag_ms: load(&self.last_lag_ms),
             connected: self.connected.load(Ordering::Relaxed),
         }
@@ -344,6 +349,9 @@ impl Driver {
         if ingested.malformed {
             SubscriberStats::bump(&self.stats.malformed);
         }
+        let skipped = self.ingestor.stats();
+        let keyed = skipped.skipped_lora + skipped.skipped_extra_keys;
+        self.stats.keyed_stores.store(keyed, Ordering::Relaxed);
         if let Some(ts) = ingested.ts {
             let now = SystemTime::now()
                 .duration_since(UNIX_EPOCH)

@@ -252,6 +252,7 @@ async fn own_publisher_builds_the_expected_index(mut script: Script, mut sub: Ha
         (stats.gaps, stats.replay_failures, stats.malformed),
         (1, 0, 0)
     );
+    assert_eq!(stats.keyed_stores, 1, "the salted store");
 
     // Second life: the engine's sockets closed and bound again, its sequence back to 0. The
     // subscriber reconnects, clears the rank and replays the new stream from its start.
