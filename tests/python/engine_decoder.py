@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
-"""Decodes KV event payloads with vLLM's or SGLang's own event classes.
+"""Decodes what Switchyard sends engines with the engines' own classes.
 
-Used by host/kv-events/tests/python_publishers.rs to check that the mock engines publish what
-the engines do: msgspec decodes strictly against the engine's types (`KVEventBatch`).
+Used by host/kv-events/tests/engine_python.rs: msgspec decodes strictly against the engine's
+types, so a field of the wrong name or type is an error.
 
-  engine_decoder.py ENGINE   (ENGINE: vllm or sglang; the module as engine_publisher.py loads it)
+  engine_decoder.py ENGINE kv-events   KV event payloads, one hex-encoded a line, decoded as the
+                                       engine's `KVEventBatch` (ENGINE: vllm or sglang)
+  engine_decoder.py vllm kv-hints      `kv_hints` envelopes, one JSON a line, decoded as vLLM's
+                                       `KvHintsEnvelope` (vllm/v1/kv_hints/protocol.py)
 
-Reads one hex-encoded payload a line on stdin and answers one line each: the decoded batch as
-JSON (`{"rank": ..., "events": [{"type": ..., field: value, ...}]}`, hashes as integers), or
-`ERROR <what msgspec said>`.
+Modules are fetched as engine_publisher.py does. Answers one line each: what was decoded, as
+JSON (a batch as `{"rank": ..., "events": [{"type": ..., field: value, ...}]}`), or `ERROR <what
+msgspec said>`.
 """
 
 import json
@@ -16,25 +19,31 @@ import sys
 
 import msgspec
 
-from engine_publisher import load
+from engine_publisher import load, load_module
 
 
 def main():
-    engine = sys.argv[1]
-    kv = load(engine)
-    decoder = msgspec.msgpack.Decoder(type=kv.KVEventBatch)
+    engine, what = sys.argv[1], sys.argv[2]
+    if what == "kv-events":
+        decoder = msgspec.msgpack.Decoder(type=load(engine).KVEventBatch)
+        read = bytes.fromhex
+    else:
+        decoder = msgspec.json.Decoder(type=load_module(engine, "kv_hints").KvHintsEnvelope)
+        read = str.encode
     for line in sys.stdin:
         try:
-            batch = decoder.decode(bytes.fromhex(line.strip()))
+            decoded = decoder.decode(read(line.strip()))
         except msgspec.DecodeError as error:
             print("ERROR", error, flush=True)
             continue
-        rank = batch.data_parallel_rank if engine == "vllm" else batch.attn_dp_rank
-        events = [
-            {"type": type(event).__name__, **msgspec.structs.asdict(event)}
-            for event in batch.events
-        ]
-        print(json.dumps({"rank": rank, "events": events}), flush=True)
+        if what == "kv-events":
+            rank = decoded.data_parallel_rank if engine == "vllm" else decoded.attn_dp_rank
+            events = [
+                {"type": type(event).__name__, **msgspec.structs.asdict(event)}
+                for event in decoded.events
+            ]
+            decoded = {"rank": rank, "events": events}
+        print(msgspec.json.encode(decoded).decode(), flush=True)
 
 
 if __name__ == "__main__":

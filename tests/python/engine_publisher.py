@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """vLLM's or SGLang's own KV event publisher, playing two lives of an engine.
 
-Used by host/kv-events/tests/python_publishers.rs. The engine's `kv_events.py` is fetched from
+Used by host/kv-events/tests/engine_python.rs. The engine's `kv_events.py` is fetched from
 PyPI once (a pinned release, checked against its sha256) into ~/.cache/switchyard-engines and
 loaded on its own: its imports from the rest of the engine package (a logger, a config record,
 network helpers for endpoints this script does not use, a type alias) get small stand-ins, so
@@ -46,31 +46,37 @@ import zmq
 
 BLOCK_SIZE = 4
 
-# The release of each engine whose publisher this drives: its distribution file on PyPI, that
-# file's sha256, and the module's path inside it.
+# The release of each engine whose code this runs: its distribution file on PyPI, that file's
+# sha256, and the modules used, by their paths inside it.
 RELEASES = {
     "vllm": (
         "vllm",
         "vllm-0.34.0.tar.gz",
         "fcad848b246a9d8652b47e6425af92334dc02492f9802720f54e27b823cf0113",
-        "vllm-0.34.0/vllm/distributed/kv_events.py",
+        {
+            "kv_events": "vllm-0.34.0/vllm/distributed/kv_events.py",
+            "kv_hints": "vllm-0.34.0/vllm/v1/kv_hints/protocol.py",
+        },
     ),
     "sglang": (
         "sglang",
         "sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl",
         "00b3cd5b265ac76c64185fbb6b95424f324ddd9f428d0306b77bc9db9d859937",
-        "sglang/srt/disaggregation/kv_events.py",
+        {"kv_events": "sglang/srt/disaggregation/kv_events.py"},
     ),
 }
 
 
-def fetch(engine):
-    """The engine's kv_events.py, downloaded and extracted once."""
-    project, filename, sha256, member = RELEASES[engine]
+def fetch(engine, name):
+    """The engine's module `name` (a key of its RELEASES entry), downloaded once with the others."""
+    project, filename, sha256, members = RELEASES[engine]
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    module = cache / "switchyard-engines" / "kv-events" / f"{filename}.kv_events.py"
-    if module.exists():
-        return module
+    cached = {
+        key: cache / "switchyard-engines" / "engine-modules" / f"{filename}.{key}.py"
+        for key in members
+    }
+    if cached[name].exists():
+        return cached[name]
     index = urllib.request.Request(
         f"https://pypi.org/simple/{project}/",
         headers={"Accept": "application/vnd.pypi.simple.v1+json"},
@@ -78,20 +84,29 @@ def fetch(engine):
     with urllib.request.urlopen(index, timeout=60) as answer:
         files = json.load(answer)["files"]
     url = next(f["url"] for f in files if f["filename"] == filename)
-    print(f"fetching {filename} from PyPI for its kv_events.py", file=sys.stderr, flush=True)
+    print(f"fetching {filename} from PyPI for {', '.join(members)}", file=sys.stderr, flush=True)
     with urllib.request.urlopen(url, timeout=600) as answer:
         archive = answer.read()
     if hashlib.sha256(archive).hexdigest() != sha256:
         sys.exit(f"{filename}: sha256 mismatch")
-    if filename.endswith(".whl"):
-        source = zipfile.ZipFile(io.BytesIO(archive)).read(member)
-    else:
-        source = tarfile.open(fileobj=io.BytesIO(archive)).extractfile(member).read()
-    module.parent.mkdir(parents=True, exist_ok=True)
-    # Tests run side by side: each writes its own file and renames it into place.
-    partial = module.with_suffix(f".{os.getpid()}.partial")
-    partial.write_bytes(source)
-    partial.replace(module)
+    for key, member in members.items():
+        if filename.endswith(".whl"):
+            source = zipfile.ZipFile(io.BytesIO(archive)).read(member)
+        else:
+            source = tarfile.open(fileobj=io.BytesIO(archive)).extractfile(member).read()
+        cached[key].parent.mkdir(parents=True, exist_ok=True)
+        # Tests run side by side: each writes its own file and renames it into place.
+        partial = cached[key].with_suffix(f".{os.getpid()}.partial")
+        partial.write_bytes(source)
+        partial.replace(cached[key])
+    return cached[name]
+
+
+def load_module(engine, name):
+    """The engine's module `name`, loaded on its own (its package imports stood in for first)."""
+    spec = importlib.util.spec_from_file_location(f"{engine}_{name}", fetch(engine, name))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
     return module
 
 
@@ -130,10 +145,7 @@ def load(engine):
     else:
         stand_in("sglang.srt.runtime_context", get_parallel=unused)
         stand_in("sglang.srt.utils.network", NetworkAddress=None)
-    spec = importlib.util.spec_from_file_location(f"{engine}_kv_events", fetch(engine))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(engine, "kv_events")
 
 
 class Lossy:

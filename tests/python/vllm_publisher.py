@@ -5,7 +5,7 @@ It covers what vLLM's own publisher (engine_publisher.py) does not write today: 
 msgspec's array form, and the replay answers of older vLLM releases, `[b"", seq, payload]`
 without the topic frame.
 
-Used by host/kv-events/tests/python_publishers.rs. Binds a PUB socket and a replay ROUTER socket
+Used by host/kv-events/tests/engine_python.rs. Binds a PUB socket and a replay ROUTER socket
 at the endpoints given (port `*` picks a free one), prints `READY <pub endpoint> <replay
 endpoint>`, then obeys commands on stdin, one per line:
 

@@ -1,4 +1,5 @@
-//! Engine KV event streams written by Python, through `run_subscriber`, asserted block by block:
+//! What engines written in Python send us, and what we send them, against the engines' own code.
+//! Event streams go through `run_subscriber` and are asserted block by block:
 //!
 //! - `tests/python/vllm_publisher.py`, our stand-in writing vLLM's frames by hand with `msgpack`:
 //!   both msgspec encodings, and the replay answers of older vLLM releases (no topic frame);
@@ -6,7 +7,8 @@
 //!   from PyPI, loaded without the rest of the engine): their event classes, msgspec encoding and
 //!   `ZmqEventPublisher`, with a real engine restart (new sockets on the same ports);
 //! - and the other way round, `tests/python/engine_decoder.py`: the mock engines' events decoded
-//!   by those engines' own classes.
+//!   by those engines' own classes, and the `kv_hints` envelope the gateway sends vLLM decoded
+//!   by vLLM's `KvHintsEnvelope`.
 //!
 //! They need python3 with `pyzmq`, `msgpack`, `msgspec` and `pydantic` (SGLang's module imports
 //! it); without them they install all four into a venv at `target/pyenv` (PyPI access needed) and
@@ -21,6 +23,10 @@ use std::sync::OnceLock;
 use std::sync::mpsc as std_mpsc;
 use std::time::Duration;
 use support::{DEADLINE, Harness, free_endpoint, ours};
+use switchyard_core::kv_hints::HintTier;
+use switchyard_core::kv_hints::actions::{
+    ActionType, BlockPayload, HintAction, KvHintsEnvelope, PROTOCOL_VERSION,
+};
 use switchyard_core::worker::{Rank, Tier};
 use switchyard_kv_events::wire::{Encoding, EngineHash, EventBatch, KvEvent, encode_batch};
 
@@ -313,7 +319,7 @@ fn the_engines_own_classes_decode_what_the_mock_engines_publish() {
     };
     let hex = |bytes: Vec<u8>| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
     for engine in ["vllm", "sglang"] {
-        let mut decoder = Script::spawn("engine_decoder.py", &[engine]);
+        let mut decoder = Script::spawn("engine_decoder.py", &[engine, "kv-events"]);
         let answer = decoder.ask(&hex(encode_batch(&batch, Encoding::Map)), FIRST_ANSWER);
         let decoded: serde_json::Value =
             serde_json::from_str(&answer).unwrap_or_else(|_| panic!("{engine}: {answer}"));
@@ -361,4 +367,50 @@ fn the_engines_own_classes_decode_what_the_mock_engines_publish() {
         let answer = decoder.ask(&hex(encode_batch(&batch, Encoding::Array)), DEADLINE);
         assert!(answer.starts_with("ERROR"), "{engine}: {answer}");
     }
+}
+
+/// The envelope the gateway puts in a request's `kv_hints` field (and posts to a worker's hint
+/// endpoint), as vLLM's own `KvHintsEnvelope` decodes it: every action type, every payload field.
+#[test]
+fn vllms_own_class_decodes_the_kv_hints_envelope() {
+    let payload = |tier, ttl_ms| BlockPayload {
+        block_hashes: vec![u64::MAX - 1, 7],
+        tier,
+        ttl_ms,
+        session_id: Some("s1".to_owned()),
+    };
+    let actions = ActionType::ALL
+        .iter()
+        .enumerate()
+        .map(|(i, &kind)| {
+            let (tier, ttl_ms) = match kind {
+                ActionType::Demote => (Some(HintTier::Host), None),
+                ActionType::Prefetch => (Some(HintTier::Device), None),
+                ActionType::Pin => (None, Some(30_000)),
+                _ => (None, None),
+            };
+            HintAction::new(format!("a{i}"), kind, payload(tier, ttl_ms))
+        })
+        .collect();
+    let envelope = KvHintsEnvelope {
+        protocol_version: PROTOCOL_VERSION.to_owned(),
+        message_id: "m1".to_owned(),
+        actions,
+    };
+    let sent = serde_json::to_value(&envelope).expect("serializes");
+    let mut decoder = Script::spawn("engine_decoder.py", &["vllm", "kv-hints"]);
+    let answer = decoder.ask(&sent.to_string(), FIRST_ANSWER);
+    let decoded: serde_json::Value =
+        serde_json::from_str(&answer).unwrap_or_else(|_| panic!("{answer}"));
+    assert_eq!(decoded, sent, "vLLM's class keeps every field as sent");
+    assert_eq!(decoded["actions"][0]["action_type"], "switchyard.kv.demote");
+
+    // The class is strict: an envelope without its message id is refused.
+    let mut incomplete = sent.clone();
+    incomplete
+        .as_object_mut()
+        .expect("object")
+        .remove("message_id");
+    let answer = decoder.ask(&incomplete.to_string(), DEADLINE);
+    assert!(answer.starts_with("ERROR"), "{answer}");
 }
