@@ -127,9 +127,9 @@ async fn a_tool_call_demotes_the_session_and_the_prefetch_hook_brings_it_back() 
     )
     .await;
     let hint_lines = |text: String| -> String {
-        let lines = text
-            .lines()
-            .filter(|line| line.starts_with("switchyard_kv_hint"));
+        let lines = text.lines().filter(|line| {
+            line.starts_with("switchyard_kv_hint") || line.starts_with("switchyard_kv_events")
+        });
         lines.collect::<Vec<_>>().join("\n")
     };
     let metrics = get_text(&format!("{}/metrics", gateway.url)).await;

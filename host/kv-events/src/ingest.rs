@@ -391,6 +391,11 @@ impl Ingestor {
         out
     }
 
+    /// Whether no message was applied or asked for yet (a subscriber that has not joined).
+    pub fn is_fresh(&self) -> bool {
+        self.last_seq.is_none() && self.missing.is_none() && self.replayed_through.is_none()
+    }
+
     /// Sequence numbers reported lost and not yet replayed.
     pub fn missing(&self) -> Option<Range<u64>> {
         self.missing.clone()

@@ -201,6 +201,7 @@ impl Driver {
 
     /// Handle messages until the socket fails (true: rebuild it) or the sink closes (false).
     ///
+    /// The first connection catches up on what the publisher sent before it ([`Driver::join`]).
     /// The socket reconnects by itself when the publisher goes away and comes back; a
     /// reconnection after a disconnection starts the stream over ([`Driver::resync`]), since
     /// the messages published before it were dropped and a restarted publisher's first ones
@@ -209,19 +210,28 @@ impl Driver {
         let mut peer_lost = false;
         loop {
             let frames = tokio::select! {
+                // Connection events first: a join must come before the first live message.
+                biased;
                 event = monitor.next() => {
-                    match event {
-                        Some(SocketEvent::Disconnected(_)) => peer_lost = true,
+                    let caught_up = match event {
+                        Some(SocketEvent::Disconnected(_)) => {
+                            peer_lost = true;
+                            Ok(())
+                        }
                         // `Connected` when we connect, `Accepted` when we bind.
-                        Some(SocketEvent::Connected(..) | SocketEvent::Accepted(..))
-                            if peer_lost =>
-                        {
-                            peer_lost = false;
-                            if self.resync().await.is_err() {
-                                return false;
+                        Some(SocketEvent::Connected(..) | SocketEvent::Accepted(..)) => {
+                            if std::mem::take(&mut peer_lost) {
+                                self.resync().await
+                            } else if self.ingestor.is_fresh() {
+                                self.join().await
+                            } else {
+                                Ok(())
                             }
                         }
-                        _ => {}
+                        _ => Ok(()),
+                    };
+                    if caught_up.is_err() {
+                        return false;
                     }
                     continue;
                 }
@@ -237,6 +247,28 @@ impl Driver {
                 return false;
             }
         }
+    }
+
+    /// The first connection: what the publisher sent before we subscribed (a gateway started
+    /// after its engines, or restarted) is in its replay buffer, applied from sequence 0 on. A
+    /// buffer that no longer starts at 0 gives nothing, and the index learns from the live
+    /// stream on: it may miss blocks the engine cached before, never claim lost ones. Not
+    /// counted as a replay (those are for gaps).
+    async fn join(&mut self) -> Result<(), SinkClosed> {
+        let Some(endpoint) = self.config.replay_endpoint.clone() else {
+            return Ok(());
+        };
+        // Nothing is indexed yet, so the clear that starting over returns has nothing to clear.
+        let _ = self.ingestor.start_over();
+        match self.replay(&endpoint, 0).await {
+            Ok(()) => {}
+            Err(ReplayError::Socket(error)) => {
+                tracing::debug!(rank = %self.config.rank, %error, "KV event history unavailable");
+            }
+            Err(ReplayError::SinkClosed) => return Err(SinkClosed),
+        }
+        self.ingestor.replay_done();
+        Ok(())
     }
 
     /// The publisher is back after a disconnection: clear the rank, then apply what its replay

@@ -23,6 +23,7 @@ use std::sync::OnceLock;
 use std::sync::mpsc as std_mpsc;
 use std::time::Duration;
 use support::{DEADLINE, Harness, free_endpoint, ours};
+use switchyard_core::index::KvIndex;
 use switchyard_core::kv_hints::HintTier;
 use switchyard_core::kv_hints::actions::{
     ActionType, BlockPayload, HintAction, KvHintsEnvelope, PROTOCOL_VERSION,
@@ -156,6 +157,18 @@ impl Drop for Script {
     }
 }
 
+/// Both publishers' first life: the chain 0..20 on the device, its first two blocks in CPU
+/// memory too, the side block 100..104 gone, nothing else.
+fn assert_the_first_life(index: &KvIndex, rank: Rank) {
+    let chain = ours(&(0..20).collect::<Vec<u32>>());
+    assert_eq!(index.blocks(rank, Tier::Device), 5);
+    assert_eq!(index.blocks(rank, Tier::Host), 2);
+    assert!(index.contains(rank, Tier::Host, chain[0]));
+    assert!(index.contains(rank, Tier::Host, chain[1]));
+    assert!(!index.contains(rank, Tier::Device, ours(&[100, 101, 102, 103])[0]));
+    assert_eq!(index.node_count(), 5);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vllm_frames_from_python_build_the_expected_index() {
     let rank = Rank::new(2, 0);
@@ -167,18 +180,12 @@ async fn vllm_frames_from_python_build_the_expected_index() {
     // to CPU; the side block 100..104 stored then removed.
     script.command("go");
     let chain = ours(&(0..20).collect::<Vec<u32>>());
-    let side = ours(&[100, 101, 102, 103])[0];
     sub.wait_until("the first life", |index, stats| {
         stats.replays == 1 && chain.iter().all(|&h| index.contains(rank, Tier::Device, h))
     })
     .await;
     sub.settle().await;
-    assert_eq!(sub.index.blocks(rank, Tier::Device), 5);
-    assert_eq!(sub.index.blocks(rank, Tier::Host), 2);
-    assert!(sub.index.contains(rank, Tier::Host, chain[0]));
-    assert!(sub.index.contains(rank, Tier::Host, chain[1]));
-    assert!(!sub.index.contains(rank, Tier::Device, side));
-    assert_eq!(sub.index.node_count(), 5);
+    assert_the_first_life(&sub.index, rank);
 
     // Second life: sequence back to 0 without AllBlocksCleared, bytes hashes.
     script.command("restart");
@@ -237,7 +244,6 @@ async fn own_publisher_builds_the_expected_index(mut script: Script, mut sub: Ha
     // block 100..104 stored then removed; 300..304 hashed with a cache salt, so not indexed.
     script.command("go");
     let chain = ours(&(0..20).collect::<Vec<u32>>());
-    let side = ours(&[100, 101, 102, 103])[0];
     let salted = ours(&[300, 301, 302, 303])[0];
     sub.wait_until("the first life", |index, stats| {
         stats.replays == 1
@@ -246,13 +252,8 @@ async fn own_publisher_builds_the_expected_index(mut script: Script, mut sub: Ha
     })
     .await;
     sub.settle().await;
-    assert_eq!(sub.index.blocks(rank, Tier::Device), 5);
-    assert_eq!(sub.index.blocks(rank, Tier::Host), 2);
-    assert!(sub.index.contains(rank, Tier::Host, chain[0]));
-    assert!(sub.index.contains(rank, Tier::Host, chain[1]));
-    assert!(!sub.index.contains(rank, Tier::Device, side));
+    assert_the_first_life(&sub.index, rank);
     assert!(!sub.index.contains(rank, Tier::Device, salted));
-    assert_eq!(sub.index.node_count(), 5);
     let stats = sub.stats.snapshot();
     assert_eq!(
         (stats.gaps, stats.replay_failures, stats.malformed),

@@ -38,7 +38,7 @@ fn stored(hashes: &[u64], parent: Option<u64>, tokens: &[u32]) -> KvEvent {
     }
 }
 
-/// A TCP endpoint nobody listens on (the port is free when this returns).
+/// An engine's publisher on a free port, with a replay socket keeping 100 batches if `replay`.
 async fn publisher(replay: bool, encoding: Encoding) -> Publisher {
     let replay = replay.then_some("tcp://127.0.0.1:0");
     Publisher::bind("tcp://127.0.0.1:0", replay, encoding, 100)
@@ -101,6 +101,71 @@ async fn stores_offloads_and_removes_reach_the_index() {
     assert_eq!(sub.stats.snapshot().messages, 2);
     sub.stop().await;
     publisher.close().await;
+}
+
+#[tokio::test]
+async fn a_subscriber_started_late_learns_what_the_engine_published_before() {
+    // A gateway started after its engine: the first two batches went out to nobody.
+    let engine = publisher(true, Encoding::Map).await;
+    let tokens: Vec<u32> = (0..12).collect();
+    let chain = ours(&tokens);
+    for (i, parent) in [(0, None), (1, Some(0))] {
+        let block = &tokens[i * 4..i * 4 + 4];
+        engine
+            .publish(&batch(vec![stored(&[i as u64], parent, block)]))
+            .await
+            .expect("sent");
+    }
+    let mut sub = Harness::start(RANK, engine.endpoint(), engine.replay_endpoint(), false);
+    sub.wait_until("the history", |index, _| {
+        index.contains(RANK, Tier::Device, chain[1])
+    })
+    .await;
+    // The live stream goes on from there.
+    sub.joined().await;
+    let third = batch(vec![stored(&[2], Some(1), &tokens[8..])]);
+    engine.publish(&third).await.expect("sent");
+    sub.wait_until("the live block", |index, _| {
+        index.contains(RANK, Tier::Device, chain[2])
+    })
+    .await;
+    let stats = sub.stats.snapshot();
+    assert_eq!((stats.gaps, stats.replays, stats.clears), (0, 0, 0));
+    sub.stop().await;
+    engine.close().await;
+
+    // A buffer that no longer starts at 0 gives nothing (the history before it is lost): the
+    // index learns from the live stream on.
+    let rolled = Publisher::bind(
+        "tcp://127.0.0.1:0",
+        Some("tcp://127.0.0.1:0"),
+        Encoding::Map,
+        1,
+    )
+    .await
+    .expect("publisher binds");
+    for (i, parent) in [(0, None), (1, Some(0))] {
+        let block = &tokens[i * 4..i * 4 + 4];
+        rolled
+            .publish(&batch(vec![stored(&[i as u64], parent, block)]))
+            .await
+            .expect("sent");
+    }
+    let mut sub = Harness::start(RANK, rolled.endpoint(), rolled.replay_endpoint(), false);
+    sub.joined().await;
+    let root: Vec<u32> = (100..104).collect();
+    rolled
+        .publish(&batch(vec![stored(&[9], None, &root)]))
+        .await
+        .expect("sent");
+    sub.wait_until("the live block", |index, _| {
+        index.contains(RANK, Tier::Device, ours(&root)[0])
+    })
+    .await;
+    sub.settle().await;
+    assert_eq!(sub.index.total_blocks(RANK), 1);
+    sub.stop().await;
+    rolled.close().await;
 }
 
 #[tokio::test]

@@ -165,44 +165,31 @@ fn keys_beyond_the_tokens_are_read_from_either_engine() {
     // SGLang: the salt by name; absent or nil, no keys.
     assert!(keyed(&stored(vec![("cache_salt", "salt".into())])));
     assert!(!keyed(&stored(vec![("cache_salt", Value::Nil)])));
+    // A positional store of block 7, with `rest` after `block_size`.
+    let positional = |rest: Vec<Value>| {
+        let head = ["BlockStored".into(), array(vec![7u64.into()]), Value::Nil];
+        let event = head
+            .into_iter()
+            .chain([array(vec![1u32.into()]), 1u32.into()])
+            .chain(rest)
+            .collect();
+        msgpack(&array(vec![1.5.into(), array(vec![Value::Array(event)])]))
+    };
     // In array form the slot SGLang's maps call `cache_salt` is vLLM's `lora_name`.
-    let positional = array(vec![
-        1.5.into(),
-        array(vec![array(vec![
-            "BlockStored".into(),
-            array(vec![7u64.into()]),
-            Value::Nil,
-            array(vec![1u32.into()]),
-            1u32.into(),
-            Value::Nil,
-            Value::Nil,
-            "tenant-a".into(),
-        ])]),
-    ]);
-    let event = decode_batch(&msgpack(&positional))
-        .expect("decodes")
-        .events
-        .remove(0);
+    let lora = positional(vec![Value::Nil, Value::Nil, "tenant-a".into()]);
+    let event = decode_batch(&lora).expect("decodes").events.remove(0);
     assert!(matches!(
         event,
         KvEvent::BlockStored { extra_keys: false, lora_name: Some(name), .. } if name == "tenant-a"
     ));
-    let wrong = array(vec![
-        1.5.into(),
-        array(vec![array(vec![
-            "BlockStored".into(),
-            array(vec![7u64.into()]),
-            Value::Nil,
-            array(vec![1u32.into()]),
-            1u32.into(),
-            Value::Nil,
-            Value::Nil,
-            Value::Nil,
-            "not a list".into(),
-        ])]),
+    let wrong = positional(vec![
+        Value::Nil,
+        Value::Nil,
+        Value::Nil,
+        "not a list".into(),
     ]);
     assert!(matches!(
-        decode_batch(&msgpack(&wrong)),
+        decode_batch(&wrong),
         Err(DecodeError::Field {
             field: "extra_keys",
             ..
