@@ -34,10 +34,12 @@ import io
 import json
 import logging
 import os
+import ssl
 import sys
 import tarfile
 import time
 import types
+import urllib.parse
 import urllib.request
 import zipfile
 from pathlib import Path
@@ -77,15 +79,21 @@ def fetch(engine, name):
     }
     if cached[name].exists():
         return cached[name]
+    # Where pip would look, with the CA bundle pip would trust (a proxy's, on some machines).
+    simple = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")
+    bundles = ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE")
+    bundle = next((os.environ[v] for v in bundles if os.environ.get(v)), None)
+    tls = ssl.create_default_context(cafile=bundle)
     index = urllib.request.Request(
-        f"https://pypi.org/simple/{project}/",
-        headers={"Accept": "application/vnd.pypi.simple.v1+json"},
+        f"{simple}/{project}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"}
     )
-    with urllib.request.urlopen(index, timeout=60) as answer:
+    with urllib.request.urlopen(index, timeout=60, context=tls) as answer:
         files = json.load(answer)["files"]
-    url = next(f["url"] for f in files if f["filename"] == filename)
+    url = urllib.parse.urljoin(
+        f"{simple}/{project}/", next(f["url"] for f in files if f["filename"] == filename)
+    )
     print(f"fetching {filename} from PyPI for {', '.join(members)}", file=sys.stderr, flush=True)
-    with urllib.request.urlopen(url, timeout=600) as answer:
+    with urllib.request.urlopen(url, timeout=600, context=tls) as answer:
         archive = answer.read()
     if hashlib.sha256(archive).hexdigest() != sha256:
         sys.exit(f"{filename}: sha256 mismatch")
