@@ -18,8 +18,9 @@ free one) or connects (to a gateway that binds); the replay socket always binds.
 
   go       the first life: a chain of five blocks over four batches, its first two blocks
            offloaded to CPU memory (no tokens), a side block stored then removed, a block hashed
-           with a cache salt, and one batch the PUB socket drops (as a full high-water mark
-           would) that the subscriber must replay from the engine's buffer;
+           with a cache salt (and, from vLLM, one of a sliding-window KV group), and one batch the
+           PUB socket drops (as a full high-water mark would) that the subscriber must replay
+           from the engine's buffer;
   restart  a new publisher on the same endpoints (the engine restarted: sequence back to 0,
            empty replay buffer), storing a chain of three blocks and removing the last. A PUB
            socket that bound binds the same port again, which SGLang's `bind` flag allows on a
@@ -205,7 +206,9 @@ class Engine:
             sys.exit("vLLM binds wildcard hosts only: test its restart connecting")
         self.start(self.endpoint, self.replay_endpoint, bind=True if self.bound else None)
 
-    def stored(self, hashes, parent, tokens, medium=None, block_size=BLOCK_SIZE, salt=None):
+    def stored(
+        self, hashes, parent, tokens, medium=None, block_size=BLOCK_SIZE, salt=None, kind=None
+    ):
         fields = dict(
             block_hashes=hashes,
             parent_block_hash=parent,
@@ -218,6 +221,8 @@ class Engine:
             fields["lora_name"] = None
             if salt is not None:
                 fields["extra_keys"] = [(salt,) for _ in hashes]
+            if kind is not None:
+                fields.update(group_idx=0, kv_cache_spec_kind=kind)
         elif salt is not None:
             fields["cache_salt"] = salt
         return self.kv.BlockStored(**fields)
@@ -246,6 +251,9 @@ class Engine:
         self.publish([self.stored([h5], h3, range(12, 16))], lost=True)
         self.publish([self.stored([h6], h5, range(16, 20))])
         self.publish([self.stored([h7], None, range(300, 304), salt="tenant-a")])
+        if self.engine == "vllm":
+            # A hybrid model's sliding-window group (vLLM names each store's attention).
+            self.publish([self.stored([8], None, range(400, 404), kind="sliding_window")])
 
     def second_life(self):
         self.restart()

@@ -81,7 +81,7 @@ pub struct IngestStats {
     pub skipped_unaligned: u64,
     /// Stores whose parent block we do not know, so their prefix is unknown.
     pub skipped_unknown_parent: u64,
-    /// Events of KV groups other than 0 (hybrid models route on group 0).
+    /// Events of KV groups not routed on (hybrid models: see `Ingestor::routes_on`).
     pub skipped_other_group: u64,
     /// Stores computed with a LoRA adapter: requests hash without one, so they would never match.
     pub skipped_lora: u64,
@@ -255,6 +255,8 @@ pub struct Ingestor {
     naming: Option<Naming>,
     /// Stores that are one chain carry their local hashes ([`local_hashes`](Self::local_hashes)).
     local_hashes: bool,
+    /// The KV group routed on (see [`routes_on`](Self::routes_on)), once a store named its kind.
+    routed_group: Option<u32>,
     stats: IngestStats,
 }
 
@@ -285,6 +287,7 @@ impl Ingestor {
             blocks: U64Map::new(),
             naming: None,
             local_hashes: false,
+            routed_group: None,
             stats: IngestStats::default(),
         }
     }
@@ -539,14 +542,37 @@ impl Ingestor {
         }
     }
 
-    fn apply_event(&mut self, event: KvEvent) -> Option<IndexOp> {
-        match event {
-            KvEvent::BlockStored { group_idx, .. } | KvEvent::BlockRemoved { group_idx, .. }
-                if group_idx.is_some_and(|group| group != 0) =>
-            {
-                self.stats.skipped_other_group += 1;
-                None
+    /// Whether an event of KV group `group` (of attention `kind`, when a store says) is routed
+    /// on. Hybrid models publish one group per attention type, in the order of the model's
+    /// layers, so group 0 is a sliding window in Gemma 3 and gpt-oss: its blocks cover only the
+    /// window's tail and no prefix can be matched on them. The routed group is the first whose
+    /// stores say full attention; until one does (engines that name no kind), group 0.
+    fn routes_on(&mut self, group: Option<u32>, kind: Option<&str>) -> bool {
+        let group = group.unwrap_or(0);
+        match kind {
+            Some("full_attention" | "mla_attention" | "sink_full_attention") => {
+                group == *self.routed_group.get_or_insert(group)
             }
+            Some(_) => false,
+            None => group == self.routed_group.unwrap_or(0),
+        }
+    }
+
+    fn apply_event(&mut self, event: KvEvent) -> Option<IndexOp> {
+        let routed = match &event {
+            KvEvent::BlockStored {
+                group_idx,
+                kv_cache_spec_kind,
+                ..
+            } => self.routes_on(*group_idx, kv_cache_spec_kind.as_deref()),
+            KvEvent::BlockRemoved { group_idx, .. } => self.routes_on(*group_idx, None),
+            KvEvent::AllBlocksCleared => true,
+        };
+        if !routed {
+            self.stats.skipped_other_group += 1;
+            return None;
+        }
+        match event {
             KvEvent::BlockStored {
                 lora_id, lora_name, ..
             } if lora_id.is_some() || lora_name.is_some() => {

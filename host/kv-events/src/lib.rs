@@ -28,6 +28,7 @@
 //!         lora_id: None,
 //!         lora_name: None,
 //!         extra_keys: false,
+//!         kv_cache_spec_kind: None,
 //!         medium: None,
 //!         group_idx: None,
 //!     }],

@@ -51,6 +51,9 @@ pub enum KvEvent {
         /// Whether the engine's hashes also cover keys other than the tokens and the adapter: a
         /// cache salt or multimodal inputs (vLLM's `extra_keys`, SGLang's `cache_salt`).
         extra_keys: bool,
+        /// The attention of the blocks' KV group (vLLM: `"full_attention"`, `"sliding_window"`,
+        /// `"mamba"`, ...); `None` where the engine does not say.
+        kv_cache_spec_kind: Option<String>,
         /// Where the blocks live (`"GPU"`, `"CPU"`, ...); `None` means the device.
         medium: Option<String>,
         /// KV cache group of hybrid models; `None` for single-group models.
@@ -88,6 +91,7 @@ impl KvEvent {
                 lora_id: None,
                 lora_name: None,
                 extra_keys: false,
+                kv_cache_spec_kind: None,
                 medium: Some(medium(tier).to_owned()),
                 group_idx: None,
             },
@@ -246,6 +250,7 @@ fn decode_event(value: &Value) -> Result<Option<KvEvent>, DecodeError> {
                 || fields
                     .named("cache_salt")
                     .is_some_and(|salt| !salt.is_nil()),
+            kv_cache_spec_kind: optional(&fields, 9, "kv_cache_spec_kind", as_string, "a string")?,
             medium: optional(&fields, 5, "medium", as_string, "a string")?,
             group_idx: optional(&fields, 8, "group_idx", as_u32, "an unsigned integer")?,
         },
@@ -273,6 +278,7 @@ fn encode_event(event: &KvEvent, encoding: Encoding) -> Value {
             lora_id,
             lora_name,
             extra_keys,
+            kv_cache_spec_kind,
             medium,
             group_idx,
         } => {
@@ -293,7 +299,7 @@ fn encode_event(event: &KvEvent, encoding: Encoding) -> Value {
                 text(lora_name),
                 extra_keys,
                 number(*group_idx),
-                Value::Nil, // kv_cache_spec_kind
+                text(kv_cache_spec_kind),
                 Value::Nil, // kv_cache_spec_sliding_window
             ];
             shape(

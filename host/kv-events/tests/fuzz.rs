@@ -37,6 +37,10 @@ fn event() -> impl Strategy<Value = KvEvent> {
                 prop::option::of(any::<i64>()),
                 prop::option::of(Just("adapter".to_owned())),
                 any::<bool>(),
+                prop::option::of(prop_oneof![
+                    Just("full_attention".to_owned()),
+                    Just("sliding_window".to_owned())
+                ]),
             ),
             medium.clone(),
             group.clone(),
@@ -47,7 +51,7 @@ fn event() -> impl Strategy<Value = KvEvent> {
                     parent_block_hash,
                     token_ids,
                     block_size,
-                    (lora_id, lora_name, extra_keys),
+                    (lora_id, lora_name, extra_keys, kv_cache_spec_kind),
                     medium,
                     group_idx,
                 )| {
@@ -59,6 +63,7 @@ fn event() -> impl Strategy<Value = KvEvent> {
                         lora_id,
                         lora_name,
                         extra_keys,
+                        kv_cache_spec_kind,
                         medium,
                         group_idx,
                     }

@@ -33,6 +33,7 @@ fn stored(hashes: &[u64], parent: Option<u64>, tokens: &[u32]) -> KvEvent {
         lora_id: None,
         lora_name: None,
         extra_keys: false,
+        kv_cache_spec_kind: None,
         medium: None,
         group_idx: None,
     }
@@ -68,6 +69,7 @@ async fn stores_offloads_and_removes_reach_the_index() {
             lora_id: None,
             lora_name: None,
             extra_keys: false,
+            kv_cache_spec_kind: None,
             medium: Some("CPU".into()),
             group_idx: None,
         },

@@ -106,6 +106,7 @@ impl SharedPool {
                 lora_id: None,
                 lora_name: None,
                 extra_keys: false,
+                kv_cache_spec_kind: None,
                 medium: Some("CPU".into()),
                 group_idx: None,
             });

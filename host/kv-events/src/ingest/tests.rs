@@ -26,6 +26,7 @@ fn stored(hashes: &[u64], parent: Option<u64>, tokens: &[u32]) -> KvEvent {
         lora_id: None,
         lora_name: None,
         extra_keys: false,
+        kv_cache_spec_kind: None,
         medium: None,
         group_idx: None,
     }
@@ -40,6 +41,7 @@ fn offloaded(hashes: &[u64], medium: &str) -> KvEvent {
         lora_id: None,
         lora_name: None,
         extra_keys: false,
+        kv_cache_spec_kind: None,
         medium: Some(medium.into()),
         group_idx: None,
     }
@@ -173,6 +175,7 @@ fn unknown_parent_and_unaligned_stores_are_skipped() {
             lora_id: None,
             lora_name: None,
             extra_keys: false,
+            kv_cache_spec_kind: None,
             medium: None,
             group_idx: None,
         },
@@ -226,6 +229,49 @@ fn other_groups_lora_and_keyed_hashes_are_skipped() {
         sans_locals(&out.ops),
         vec![store(Tier::Device, ours(&[1, 2]))]
     );
+}
+
+#[test]
+fn a_hybrid_model_is_routed_on_its_full_attention_group() {
+    // Gemma 3 and gpt-oss: group 0 is the sliding window, group 1 full attention.
+    let in_group = |mut event: KvEvent, group: u32, kind: Option<&str>| {
+        match &mut event {
+            KvEvent::BlockStored {
+                group_idx,
+                kv_cache_spec_kind,
+                ..
+            } => {
+                *group_idx = Some(group);
+                *kv_cache_spec_kind = kind.map(str::to_owned);
+            }
+            KvEvent::BlockRemoved { group_idx, .. } => *group_idx = Some(group),
+            KvEvent::AllBlocksCleared => {}
+        }
+        event
+    };
+    let mut ingestor = Ingestor::new(rank(), BS);
+    let events = vec![
+        in_group(stored(&[20], None, &[5, 6]), 0, Some("sliding_window")),
+        in_group(stored(&[21], None, &[1, 2]), 1, Some("full_attention")),
+    ];
+    let out = ingestor.on_message(0, &payload(events));
+    assert_eq!(
+        sans_locals(&out.ops),
+        vec![store(Tier::Device, ours(&[1, 2]))]
+    );
+    // Removals name their group only: group 0's is not routed on, group 1's is.
+    let events = vec![
+        in_group(removed(&[20], None), 0, None),
+        in_group(removed(&[21], None), 1, None),
+    ];
+    let out = ingestor.on_message(1, &payload(events));
+    assert_eq!(out.ops.len(), 1);
+    assert!(
+        matches!(&out.ops[0], IndexOp::Remove { .. }),
+        "{:?}",
+        out.ops
+    );
+    assert_eq!(ingestor.stats().skipped_other_group, 2);
 }
 
 #[test]
@@ -624,6 +670,7 @@ fn a_reset_keeps_names_not_holdings_and_drops_them_when_they_go() {
         lora_id: None,
         lora_name: None,
         extra_keys: false,
+        kv_cache_spec_kind: None,
         medium: Some("cpu".into()),
         group_idx: None,
     };

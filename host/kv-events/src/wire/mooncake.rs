@@ -242,6 +242,7 @@ fn to_kv_event(event: MooncakeEvent) -> KvEvent {
                 lora_id: None,
                 lora_name: None,
                 extra_keys: false,
+                kv_cache_spec_kind: None,
                 medium,
                 group_idx: None,
             }
@@ -332,6 +333,7 @@ mod tests {
                     lora_id: None,
                     lora_name: None,
                     extra_keys: false,
+                    kv_cache_spec_kind: None,
                     medium: Some("CPU".into()),
                     group_idx: None,
                 },
@@ -376,6 +378,7 @@ mod tests {
                 lora_id: None,
                 lora_name: None,
                 extra_keys: false,
+                kv_cache_spec_kind: None,
                 medium: Some("cpu".into()),
                 group_idx: None,
             }]

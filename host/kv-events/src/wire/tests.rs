@@ -13,6 +13,7 @@ fn sample() -> EventBatch {
                 lora_id: Some(-3),
                 lora_name: None,
                 extra_keys: true,
+                kv_cache_spec_kind: Some("full_attention".into()),
                 medium: Some("GPU".into()),
                 group_idx: Some(0),
             },
@@ -24,6 +25,7 @@ fn sample() -> EventBatch {
                 lora_id: None,
                 lora_name: Some("tenant-a".into()),
                 extra_keys: false,
+                kv_cache_spec_kind: None,
                 medium: Some("CPU".into()),
                 group_idx: None,
             },
@@ -112,7 +114,8 @@ fn map_form_names_fields_and_leaves_out_nil_defaults() {
             "medium",
             "lora_name",
             "extra_keys",
-            "group_idx"
+            "group_idx",
+            "kv_cache_spec_kind"
         ]
     );
     // Nil fields without a default stay: `lora_id` of the offload copy, `medium` of the removal.
@@ -231,6 +234,7 @@ fn accepts_old_short_forms() {
             lora_id: None,
             lora_name: None,
             extra_keys: false,
+            kv_cache_spec_kind: None,
             medium: None,
             group_idx: None,
         }]
