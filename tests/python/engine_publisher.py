@@ -20,7 +20,7 @@ free one) or connects (to a gateway that binds); the replay socket always binds.
            offloaded to CPU memory (no tokens), a side block stored then removed, a block hashed
            with a cache salt (and, from vLLM, one of a sliding-window KV group), and one batch the
            PUB socket drops (as a full high-water mark would) that the subscriber must replay
-           from the engine's buffer;
+           from the engine's buffer; SGLang's last block of the chain is an EAGLE bigram page;
   restart  a new publisher on the same endpoints (the engine restarted: sequence back to 0,
            empty replay buffer), storing a chain of three blocks and removing the last. A PUB
            socket that bound binds the same port again, which SGLang's `bind` flag allows on a
@@ -249,7 +249,12 @@ class Engine:
         self.publish([self.stored([h1, h2], None, [], medium=cpu, block_size=0)])
         self.publish([self.removed([h4], medium="GPU")])
         self.publish([self.stored([h5], h3, range(12, 16))], lost=True)
-        self.publish([self.stored([h6], h5, range(16, 20))])
+        last = range(16, 20)
+        if self.engine == "sglang":
+            # Under EAGLE speculative decoding SGLang's radix cache keys pages by bigrams, and its
+            # events publish each page's tokens as (token, next token) pairs.
+            last = [(t, t + 1) for t in last]
+        self.publish([self.stored([h6], h5, last)])
         self.publish([self.stored([h7], None, range(300, 304), salt="tenant-a")])
         if self.engine == "vllm":
             # A hybrid model's sliding-window group (vLLM names each store's attention).

@@ -237,7 +237,7 @@ fn decode_event(value: &Value) -> Result<Option<KvEvent>, DecodeError> {
             token_ids: fields
                 .get(2, "token_ids")
                 .and_then(Value::as_array)
-                .and_then(|tokens| tokens.iter().map(as_u32).collect())
+                .and_then(|tokens| tokens.iter().map(as_token).collect())
                 .ok_or(field_error("token_ids", "an array of u32"))?,
             block_size: fields
                 .get(3, "block_size")
@@ -463,6 +463,20 @@ fn any_present(value: &Value) -> Option<bool> {
 
 fn as_u32(value: &Value) -> Option<u32> {
     value.as_u64().and_then(|n| u32::try_from(n).ok())
+}
+
+/// A stored block's token: a u32, or SGLang's bigram `[token, next token]` (its radix cache keys
+/// pages by bigrams under EAGLE speculative decoding, and its events publish them as pairs). A
+/// bigram page's first tokens are the page's own, which is what the router hashes; the pairs'
+/// second tokens only repeat them, shifted by one, up to the next page's first.
+fn as_token(value: &Value) -> Option<u32> {
+    match value {
+        Value::Array(pair) => match pair.as_slice() {
+            [token, _next] => as_u32(token),
+            _ => None,
+        },
+        _ => as_u32(value),
+    }
 }
 
 fn as_string(value: &Value) -> Option<String> {

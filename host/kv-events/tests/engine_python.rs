@@ -247,6 +247,7 @@ async fn own_publisher_builds_the_expected_index(
     // First life: the chain 0..20 over six live batches (12..16 dropped by the PUB socket and
     // replayed from the engine's buffer), its first two blocks copied to CPU memory; the side
     // block 100..104 stored then removed; 300..304 hashed with a cache salt, so not indexed.
+    // SGLang sends the chain's last block, 16..20, as an EAGLE bigram page.
     script.command("go");
     let chain = ours(&(0..20).collect::<Vec<u32>>());
     let salted = ours(&[300, 301, 302, 303])[0];

@@ -286,6 +286,45 @@ fn signed_and_bytes_hashes() {
 }
 
 #[test]
+fn sglang_eagle_bigram_pages_decode_to_their_own_tokens() {
+    // SGLang under EAGLE: one page of 4 bigrams over tokens 10..15, in map form.
+    let bigrams = (10u32..14).map(|t| array(vec![t.into(), (t + 1).into()]));
+    let store = |token_ids: Value| {
+        let event = [
+            ("type", "BlockStored".into()),
+            ("block_hashes", array(vec![7u64.into()])),
+            ("parent_block_hash", Value::Nil),
+            ("token_ids", token_ids),
+            ("block_size", 4u32.into()),
+            ("lora_id", Value::Nil),
+        ];
+        let event = event
+            .into_iter()
+            .map(|(k, v)| (Value::from(k), v))
+            .collect();
+        msgpack(&array(vec![
+            1.5.into(),
+            array(vec![Value::Map(event)]),
+            Value::Nil,
+        ]))
+    };
+    let decoded = decode_batch(&store(array(bigrams.collect()))).expect("decodes");
+    assert!(matches!(
+        &decoded.events[0],
+        KvEvent::BlockStored { token_ids, .. } if *token_ids == [10, 11, 12, 13]
+    ));
+    // Anything else in the list is still an error naming the field.
+    for bad in [
+        array(vec![array(vec![1u32.into()])]),
+        array(vec![array(vec![1u32.into(), 2u32.into(), 3u32.into()])]),
+        array(vec![array(vec![(-1i64).into(), 2u32.into()])]),
+    ] {
+        let error = decode_batch(&store(bad)).expect_err("not a token");
+        assert!(error.to_string().contains("token_ids"), "{error}");
+    }
+}
+
+#[test]
 fn unknown_event_types_are_skipped() {
     let batch = array(vec![
         1.0.into(),
