@@ -86,7 +86,9 @@ pub struct SubscriberSnapshot {
     pub keyed_stores: u64,
     /// Wall-clock time now minus the last batch's engine timestamp, in ms (0 if negative).
     pub last_lag_ms: u64,
-    /// Whether the SUB socket is connected (or bound).
+    /// Whether the engine's publisher is attached: from our connection (or, when we bind, the
+    /// engine's) until the publisher goes away, which a socket that reconnects by itself would
+    /// otherwise hide.
     pub connected: bool,
 }
 
@@ -147,13 +149,14 @@ pub async fn run_subscriber(
         };
         match opened {
             Ok((mut socket, mut monitor)) => {
-                driver.stats.connected.store(true, Ordering::Relaxed);
+                // A bound socket has no publisher until the engine connects.
+                driver.set_connected(!driver.config.bind);
                 backoff = BACKOFF.0;
                 let keep_going = tokio::select! {
                     () = shutdown.cancelled() => false,
                     keep_going = driver.receive(&mut socket, &mut monitor) => keep_going,
                 };
-                driver.stats.connected.store(false, Ordering::Relaxed);
+                driver.set_connected(false);
                 if !keep_going {
                     return;
                 }
@@ -216,10 +219,12 @@ impl Driver {
                     let caught_up = match event {
                         Some(SocketEvent::Disconnected(_)) => {
                             peer_lost = true;
+                            self.set_connected(false);
                             Ok(())
                         }
                         // `Connected` when we connect, `Accepted` when we bind.
                         Some(SocketEvent::Connected(..) | SocketEvent::Accepted(..)) => {
+                            self.set_connected(true);
                             if std::mem::take(&mut peer_lost) {
                                 self.resync().await
                             } else if self.ingestor.is_fresh() {
@@ -247,6 +252,10 @@ impl Driver {
                 return false;
             }
         }
+    }
+
+    fn set_connected(&self, connected: bool) {
+        self.stats.connected.store(connected, Ordering::Relaxed);
     }
 
     /// The first connection: what the publisher sent before we subscribed (a gateway started

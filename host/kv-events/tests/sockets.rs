@@ -288,6 +288,9 @@ async fn a_restarted_publisher_clears_the_rank() {
     sub.wait_until("four blocks", |index, _| index.total_blocks(RANK) == 4)
         .await;
     old.close().await;
+    // The SUB socket stays up to reconnect, but nothing is attached to it.
+    sub.wait_until("the publisher gone", |_, stats| !stats.connected)
+        .await;
 
     // Same ports, sequence back to 0, no AllBlocksCleared: like a vLLM restart.
     let replay = replay.as_deref();
@@ -319,13 +322,15 @@ async fn bad_frames_are_skipped_and_a_bound_sub_accepts_the_engine() {
     // The gateway binds, the engine connects (vLLM does so when its endpoint has no `*`).
     let endpoint = free_endpoint();
     let mut sub = Harness::start(RANK, endpoint.clone(), None, true);
-    sub.joined().await;
+    // Bound, but no engine yet: not connected.
+    tokio::time::sleep(JOIN_TIME).await;
+    assert!(!sub.stats.snapshot().connected);
     let mut engine = PubSocket::new();
     tokio::time::timeout(support::DEADLINE, engine.connect(&endpoint))
         .await
         .expect("connects in time")
         .expect("connects");
-    tokio::time::sleep(JOIN_TIME).await;
+    sub.joined().await;
 
     let tokens: Vec<u32> = (0..4).collect();
     let good = switchyard_kv_events::wire::encode_batch(

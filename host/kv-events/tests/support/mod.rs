@@ -80,7 +80,8 @@ impl Harness {
         }
     }
 
-    /// Wait until the socket is up, then give the subscription time to reach the publisher.
+    /// Wait until the engine's publisher is attached (a bound socket: until the engine connects),
+    /// then give the subscription time to reach it.
     pub(crate) async fn joined(&mut self) {
         self.wait_until("subscriber connected", |_, stats| stats.connected)
             .await;
