@@ -18,7 +18,7 @@ free one) or connects (to a gateway that binds); the replay socket always binds.
 
   go       the first life: a chain of five blocks over four batches, its first two blocks
            offloaded to CPU memory (no tokens), a side block stored then removed, a block hashed
-           with a cache salt (and, from vLLM, one of a sliding-window KV group), and one batch the
+           with a cache salt beside a one-token block (and, from vLLM, one of a sliding-window KV group), and one batch the
            PUB socket drops (as a full high-water mark would) that the subscriber must replay
            from the engine's buffer; SGLang's last block of the chain is an EAGLE bigram page;
   restart  a new publisher on the same endpoints (the engine restarted: sequence back to 0,
@@ -255,7 +255,13 @@ class Engine:
             # events publish each page's tokens as (token, next token) pairs.
             last = [(t, t + 1) for t in last]
         self.publish([self.stored([h6], h5, last)])
-        self.publish([self.stored([h7], None, range(300, 304), salt="tenant-a")])
+        self.publish(
+            [
+                self.stored([h7], None, range(300, 304), salt="tenant-a"),
+                # An engine whose blocks are not the gateway's size (SGLang's default page of 1).
+                self.stored([9], None, [500], block_size=1),
+            ]
+        )
         if self.engine == "vllm":
             # A hybrid model's sliding-window group (vLLM names each store's attention).
             self.publish([self.stored([8], None, range(400, 404), kind="sliding_window")])

@@ -35,7 +35,7 @@ struct TierLabels {
 
 type Field = fn(&SubscriberSnapshot) -> u64;
 
-const COUNTERS: [(&str, &str, Field); 8] = [
+const COUNTERS: [(&str, &str, Field); 9] = [
     ("kv_events_messages", "KV-event batches received", |s| {
         s.messages
     }),
@@ -74,6 +74,13 @@ const COUNTERS: [(&str, &str, Field); 8] = [
         "Stored events not indexed: their blocks were hashed with a LoRA adapter, a cache salt \
          or multimodal inputs, which the router's hashes of prompts do not cover",
         |s| s.keyed_stores,
+    ),
+    (
+        "kv_events_unaligned_stores",
+        "Stored events not indexed because their blocks are not the worker's configured \
+         block_size (an engine started with another block or page size), or their tokens do \
+         not fill them",
+        |s| s.unaligned_stores,
     ),
 ];
 

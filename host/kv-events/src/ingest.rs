@@ -257,6 +257,8 @@ pub struct Ingestor {
     local_hashes: bool,
     /// The KV group routed on (see [`routes_on`](Self::routes_on)), once a store named its kind.
     routed_group: Option<u32>,
+    /// Whether a store of the wrong block size was logged ([`warn_block_size`](Self::warn_block_size)).
+    warned_block_size: bool,
     stats: IngestStats,
 }
 
@@ -288,6 +290,7 @@ impl Ingestor {
             naming: None,
             local_hashes: false,
             routed_group: None,
+            warned_block_size: false,
             stats: IngestStats::default(),
         }
     }
@@ -644,6 +647,9 @@ impl Ingestor {
         self.self_describing = true;
         let ours = self.hasher.block_size();
         if block_size as usize != ours || tokens.len() != engine_hashes.len() * ours {
+            if block_size as usize != ours && self.stats.stored_blocks == 0 {
+                self.warn_block_size(block_size);
+            }
             self.stats.skipped_unaligned += 1;
             return (Vec::new(), Vec::new());
         }
@@ -678,6 +684,22 @@ impl Ingestor {
             },
         ));
         (stored, if chain { locals } else { Vec::new() })
+    }
+
+    /// Say once that the engine's blocks are not the size this rank was configured with: none of
+    /// its stores can be indexed, and the operator sees only a count otherwise. Said only while
+    /// nothing was indexed, so an engine of the right size that stores one odd block stays quiet.
+    fn warn_block_size(&mut self, theirs: u32) {
+        if std::mem::replace(&mut self.warned_block_size, true) {
+            return;
+        }
+        tracing::warn!(
+            rank = %self.rank,
+            engine_block_size = theirs,
+            block_size = self.hasher.block_size(),
+            "the engine stores blocks of another size than this worker's block_size, so none of \
+             them is indexed: make the two equal (vLLM: --block-size; SGLang: --page-size)"
+        );
     }
 
     /// Our hash of a store's `parent`, the block before its first one (`Err`: unknown, the store

@@ -60,6 +60,7 @@ pub struct SubscriberStats {
     restarts: AtomicU64,
     clears: AtomicU64,
     keyed_stores: AtomicU64,
+    unaligned_stores: AtomicU64,
     last_lag_ms: AtomicU64,
     connected: AtomicBool,
 }
@@ -84,6 +85,9 @@ pub struct SubscriberSnapshot {
     /// Stores left out because the engine hashed their blocks with more than the tokens (a LoRA
     /// adapter, a cache salt, multimodal inputs), so no request of the router's could match them.
     pub keyed_stores: u64,
+    /// Stores left out because their blocks are not the rank's configured block size (or their
+    /// tokens do not fill them): an engine started with another block size than the config's.
+    pub unaligned_stores: u64,
     /// Wall-clock time now minus the last batch's engine timestamp, in ms (0 if negative).
     pub last_lag_ms: u64,
     /// Whether the engine's publisher is attached: from our connection (or, when we bind, the
@@ -107,6 +111,7 @@ impl SubscriberStats {
             restarts: load(&self.restarts),
             clears: load(&self.clears),
             keyed_stores: load(&self.keyed_stores),
+            unaligned_stores: load(&self.unaligned_stores),
             last_lag_ms: load(&self.last_lag_ms),
             connected: self.connected.load(Ordering::Relaxed),
         }
@@ -393,6 +398,7 @@ impl Driver {
         let skipped = self.ingestor.stats();
         let keyed = skipped.skipped_lora + skipped.skipped_extra_keys;
         self.stats.keyed_stores.store(keyed, Ordering::Relaxed);
+        (self.stats.unaligned_stores).store(skipped.skipped_unaligned, Ordering::Relaxed);
         if let Some(ts) = ingested.ts {
             let now = SystemTime::now()
                 .duration_since(UNIX_EPOCH)

@@ -246,7 +246,8 @@ async fn own_publisher_builds_the_expected_index(
 
     // First life: the chain 0..20 over six live batches (12..16 dropped by the PUB socket and
     // replayed from the engine's buffer), its first two blocks copied to CPU memory; the side
-    // block 100..104 stored then removed; 300..304 hashed with a cache salt, so not indexed.
+    // block 100..104 stored then removed; 300..304 hashed with a cache salt and a block of one
+    // token (not the gateway's size), so neither is indexed.
     // SGLang sends the chain's last block, 16..20, as an EAGLE bigram page.
     script.command("go");
     let chain = ours(&(0..20).collect::<Vec<u32>>());
@@ -272,6 +273,7 @@ async fn own_publisher_builds_the_expected_index(
         (1, 0, 0)
     );
     assert_eq!(stats.keyed_stores, 1, "the salted store");
+    assert_eq!(stats.unaligned_stores, 1, "the one-token block");
 
     // Second life: the engine's sockets closed and bound again, its sequence back to 0. The
     // subscriber reconnects, clears the rank and replays the new stream from its start.
