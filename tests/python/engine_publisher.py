@@ -18,9 +18,12 @@ free one) or connects (to a gateway that binds); the replay socket always binds.
 
   go       the first life: a chain of five blocks over four batches, its first two blocks
            offloaded to CPU memory (no tokens), a side block stored then removed, a block hashed
-           with a cache salt beside a one-token block (and, from vLLM, one of a sliding-window KV group), and one batch the
-           PUB socket drops (as a full high-water mark would) that the subscriber must replay
-           from the engine's buffer; SGLang's last block of the chain is an EAGLE bigram page;
+           with a cache salt beside a short block of one token (and, from vLLM, one of a
+           sliding-window KV group), and one batch the PUB socket drops (as a full high-water
+           mark would) that the subscriber must replay from the engine's buffer; SGLang's last
+           block of the chain is an EAGLE bigram page;
+  pages    instead of the first life, SGLang's default one-token pages: a chain of twelve over two
+           stores, then its last four evicted;
   restart  a new publisher on the same endpoints (the engine restarted: sequence back to 0,
            empty replay buffer), storing a chain of three blocks and removing the last. A PUB
            socket that bound binds the same port again, which SGLang's `bind` flag allows on a
@@ -258,13 +261,22 @@ class Engine:
         self.publish(
             [
                 self.stored([h7], None, range(300, 304), salt="tenant-a"),
-                # An engine whose blocks are not the gateway's size (SGLang's default page of 1).
+                # A short block from an engine whose blocks are the gateway's size (SGLang's
+                # partial last page): not indexed.
                 self.stored([9], None, [500], block_size=1),
             ]
         )
         if self.engine == "vllm":
             # A hybrid model's sliding-window group (vLLM names each store's attention).
             self.publish([self.stored([8], None, range(400, 404), kind="sliding_window")])
+
+    def one_token_pages(self):
+        """SGLang at its default page size of one token: twelve pages over two stores (one radix
+        node, then its continuation), then the last four evicted, leaf first."""
+        pages = list(range(601, 613))
+        self.publish([self.stored(pages[:6], None, range(600, 606), block_size=1)])
+        self.publish([self.stored(pages[6:], pages[5], range(606, 612), block_size=1)])
+        self.publish([self.removed(pages[:7:-1])])
 
     def second_life(self):
         self.restart()
@@ -284,6 +296,8 @@ def main():
             life.first_life()
         elif command == "restart":
             life.second_life()
+        elif command == "pages":
+            life.one_token_pages()
         print("DONE", command, flush=True)
     life.publisher.shutdown()
 

@@ -3,9 +3,14 @@
 //! The engine names blocks by its own hashes, which depend on its version and settings. We re-hash
 //! the tokens of every stored block with [`BlockHasher`] (so the index agrees with the hashes the
 //! router computes for requests) and keep `engine hash -> our hash` only to resolve later removals
-//! and token-less copies. Pure: no I/O, no clock; the subscriber drives it.
+//! and token-less copies. An engine whose blocks are a whole fraction of ours (SGLang's default
+//! page of one token) has its pages gathered into our blocks ([`pages`]). Pure: no I/O, no clock;
+//! the subscriber drives it.
+
+mod pages;
 
 use crate::wire::{EngineHash, EventBatch, KvEvent, decode_batch, mooncake};
+use pages::Pages;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use switchyard_core::hash::{BlockHasher, LocalBlockHash, SequenceHash};
@@ -259,6 +264,8 @@ pub struct Ingestor {
     routed_group: Option<u32>,
     /// Whether a store of the wrong block size was logged ([`warn_block_size`](Self::warn_block_size)).
     warned_block_size: bool,
+    /// The engine's pages, when they are a fraction of our blocks (see [`Pages`]).
+    pages: Option<Pages>,
     stats: IngestStats,
 }
 
@@ -291,6 +298,7 @@ impl Ingestor {
             local_hashes: false,
             routed_group: None,
             warned_block_size: false,
+            pages: None,
             stats: IngestStats::default(),
         }
     }
@@ -647,6 +655,10 @@ impl Ingestor {
         self.self_describing = true;
         let ours = self.hasher.block_size();
         if block_size as usize != ours || tokens.len() != engine_hashes.len() * ours {
+            if let Some(stored) = self.store_pages(engine_hashes, parent, tokens, block_size, tier)
+            {
+                return (stored, Vec::new());
+            }
             if block_size as usize != ours && self.stats.stored_blocks == 0 {
                 self.warn_block_size(block_size);
             }
@@ -686,8 +698,40 @@ impl Ingestor {
         (stored, if chain { locals } else { Vec::new() })
     }
 
-    /// Say once that the engine's blocks are not the size this rank was configured with: none of
-    /// its stores can be indexed, and the operator sees only a count otherwise. Said only while
+    /// A store of pages smaller than our blocks (see [`Pages`]): `None` if these are not such
+    /// pages, or not the size of this engine's. Pages are taken only from an engine that has
+    /// stored no block of our size: an engine of the right size that stores one short page
+    /// (SGLang's last partial page) keeps its blocks.
+    fn store_pages(
+        &mut self,
+        engine_hashes: &[EngineHash],
+        parent: Option<EngineHash>,
+        tokens: &[u32],
+        page_size: u32,
+        tier: Tier,
+    ) -> Option<Vec<SequenceHash>> {
+        let page_size = page_size as usize;
+        if tokens.len() != engine_hashes.len() * page_size {
+            return None;
+        }
+        if self.pages.is_none() && self.blocks.is_empty() {
+            self.pages = Pages::new(page_size, self.hasher.block_size());
+        }
+        let pages = self.pages.as_mut().filter(|p| p.page_size() == page_size)?;
+        Some(pages.store(
+            &self.hasher,
+            engine_hashes,
+            parent,
+            tokens,
+            tier,
+            &mut self.naming,
+            &mut self.stats,
+        ))
+    }
+
+    /// Say once that the engine's blocks are neither the size this rank was configured with nor
+    /// pages of it: none of its stores can be indexed, and the operator sees only a count
+    /// otherwise. Said only while
     /// nothing was indexed, so an engine of the right size that stores one odd block stays quiet.
     fn warn_block_size(&mut self, theirs: u32) {
         if std::mem::replace(&mut self.warned_block_size, true) {
@@ -697,8 +741,9 @@ impl Ingestor {
             rank = %self.rank,
             engine_block_size = theirs,
             block_size = self.hasher.block_size(),
-            "the engine stores blocks of another size than this worker's block_size, so none of \
-             them is indexed: make the two equal (vLLM: --block-size; SGLang: --page-size)"
+            "the engine stores blocks that are neither this worker's block_size nor a whole \
+             fraction of it, so none of them is indexed: make the worker's block_size the \
+             engine's or a multiple of it (vLLM: --block-size; SGLang: --page-size)"
         );
     }
 
@@ -742,6 +787,9 @@ impl Ingestor {
     /// Token-less copies of blocks we already know (offload to host memory or disk); on a
     /// Mooncake stream, unknown blocks named by their standard hash.
     fn store_copies(&mut self, engine_hashes: &[EngineHash], tier: Tier) -> Vec<SequenceHash> {
+        if let Some(pages) = pages_of(&mut self.pages, engine_hashes) {
+            return pages.copy(engine_hashes, tier, &mut self.naming, &mut self.stats);
+        }
         let mut stored = Vec::new();
         for engine in engine_hashes {
             if self.format == WireFormat::Mooncake && !self.self_describing {
@@ -767,6 +815,9 @@ impl Ingestor {
 
     /// Drop one copy per hash; a block leaves a tier with its last copy there.
     fn remove(&mut self, engine_hashes: &[EngineHash], tier: Tier) -> Vec<SequenceHash> {
+        if let Some(pages) = pages_of(&mut self.pages, engine_hashes) {
+            return pages.remove(engine_hashes, tier, &mut self.naming, &mut self.stats);
+        }
         let mut removed = Vec::with_capacity(engine_hashes.len());
         for engine in engine_hashes.iter().take(PREFETCH) {
             self.blocks.prefetch(engine.0);
@@ -810,7 +861,11 @@ impl Ingestor {
     }
 
     /// The rank holds nothing now: names waiting to be told go, and the clear that says so.
+    /// Pages are forgotten whole (a reset keeps no bare pages: see `Ingestor::reset`).
     fn cleared(&mut self) -> IndexOp {
+        if let Some(pages) = &mut self.pages {
+            pages.clear();
+        }
         if let Some(naming) = &mut self.naming {
             naming.pending.clear();
             naming.cleared = true;
@@ -826,11 +881,23 @@ fn name(naming: &mut Option<Naming>, added: Option<SequenceHash>, engine: Engine
     }
 }
 
+/// The engine's pages, if an event's hashes name them (its first one says: an event names
+/// pages or blocks, not both).
+fn pages_of<'a>(pages: &'a mut Option<Pages>, hashes: &[EngineHash]) -> Option<&'a mut Pages> {
+    let first = *hashes.first()?;
+    pages.as_mut().filter(|pages| pages.holds(first))
+}
+
 /// Count one more copy of `block` in `tier`; our hash if the tier did not hold it yet.
 fn add_copy(block: &mut Block, tier: Tier) -> Option<SequenceHash> {
-    let copies = &mut block.copies[tier as usize];
+    add_copies(&mut block.copies, tier).then_some(block.hash)
+}
+
+/// Count one more copy in `tier` of per-tier `copies`; whether the tier did not hold one yet.
+fn add_copies(copies: &mut [u16; 3], tier: Tier) -> bool {
+    let copies = &mut copies[tier as usize];
     *copies = copies.saturating_add(1);
-    (*copies == 1).then_some(block.hash)
+    *copies == 1
 }
 
 #[cfg(test)]

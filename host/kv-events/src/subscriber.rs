@@ -85,8 +85,9 @@ pub struct SubscriberSnapshot {
     /// Stores left out because the engine hashed their blocks with more than the tokens (a LoRA
     /// adapter, a cache salt, multimodal inputs), so no request of the router's could match them.
     pub keyed_stores: u64,
-    /// Stores left out because their blocks are not the rank's configured block size (or their
-    /// tokens do not fill them): an engine started with another block size than the config's.
+    /// Stores left out because their blocks are neither the rank's configured block size nor a
+    /// whole fraction of it (or their tokens do not fill them): an engine started with another
+    /// block size than the config's.
     pub unaligned_stores: u64,
     /// Wall-clock time now minus the last batch's engine timestamp, in ms (0 if negative).
     pub last_lag_ms: u64,

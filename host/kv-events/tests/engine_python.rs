@@ -235,6 +235,33 @@ async fn sglangs_own_publisher_builds_the_expected_index() {
     own_publisher_builds_the_expected_index(script, sub, rank, false).await;
 }
 
+/// SGLang at its default page size of one token, under the gateway's 4-token blocks: every
+/// four pages make one of our blocks, gathered across stores, and a block goes with its last
+/// page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglangs_own_one_token_pages_make_our_blocks() {
+    let rank = Rank::new(4, 0);
+    let (mut script, endpoint, replay) =
+        Script::start("engine_publisher.py", &["sglang", ANY_PORT, ANY_PORT]);
+    let mut sub = Harness::start(rank, endpoint, Some(replay), false);
+    sub.joined().await;
+    // Blocks 0 and 1 (block 1 from pages of both stores); block 2 stored, then evicted.
+    script.command("pages");
+    let blocks = ours(&(600..612).collect::<Vec<u32>>());
+    sub.wait_until("the pages", |index, stats| {
+        stats.messages == 3
+            && index.contains(rank, Tier::Device, blocks[1])
+            && !index.contains(rank, Tier::Device, blocks[2])
+    })
+    .await;
+    sub.settle().await;
+    assert!(sub.index.contains(rank, Tier::Device, blocks[0]));
+    assert_eq!(sub.index.blocks(rank, Tier::Device), 2);
+    let stats = sub.stats.snapshot();
+    assert_eq!((stats.unaligned_stores, stats.malformed), (0, 0));
+    sub.stop().await;
+}
+
 /// `engine_publisher.py`'s two lives, through `sub`.
 async fn own_publisher_builds_the_expected_index(
     mut script: Script,
@@ -246,8 +273,8 @@ async fn own_publisher_builds_the_expected_index(
 
     // First life: the chain 0..20 over six live batches (12..16 dropped by the PUB socket and
     // replayed from the engine's buffer), its first two blocks copied to CPU memory; the side
-    // block 100..104 stored then removed; 300..304 hashed with a cache salt and a block of one
-    // token (not the gateway's size), so neither is indexed.
+    // block 100..104 stored then removed; 300..304 hashed with a cache salt and a short block of
+    // one token, so neither is indexed.
     // SGLang sends the chain's last block, 16..20, as an EAGLE bigram page.
     script.command("go");
     let chain = ours(&(0..20).collect::<Vec<u32>>());
@@ -273,7 +300,7 @@ async fn own_publisher_builds_the_expected_index(
         (1, 0, 0)
     );
     assert_eq!(stats.keyed_stores, 1, "the salted store");
-    assert_eq!(stats.unaligned_stores, 1, "the one-token block");
+    assert_eq!(stats.unaligned_stores, 1, "the short block");
 
     // Second life: the engine's sockets closed and bound again, its sequence back to 0. The
     // subscriber reconnects, clears the rank and replays the new stream from its start.

@@ -705,3 +705,147 @@ fn a_cycle_of_bare_parents_ends() {
     };
     assert_eq!(blocks.len(), 3, "20 and 21 held again, once each, and 22");
 }
+
+/// A store of `pages` one token each (SGLang's default page), `tokens` theirs, under `parent`.
+fn pages(pages: &[u64], parent: Option<u64>, tokens: &[u32], medium: Option<&str>) -> KvEvent {
+    sized_pages(1, pages, parent, tokens, medium)
+}
+
+/// A store of `pages` of `size` tokens (0: a token-less copy).
+fn sized_pages(
+    size: u32,
+    pages: &[u64],
+    parent: Option<u64>,
+    tokens: &[u32],
+    medium: Option<&str>,
+) -> KvEvent {
+    KvEvent::BlockStored {
+        block_hashes: pages.iter().copied().map(EngineHash).collect(),
+        parent_block_hash: parent.map(EngineHash),
+        token_ids: tokens.to_vec(),
+        block_size: size,
+        lora_id: None,
+        lora_name: None,
+        extra_keys: false,
+        kv_cache_spec_kind: None,
+        medium: medium.map(str::to_owned),
+        group_idx: None,
+    }
+}
+
+/// The ops `events` make, one message each from `seq` on.
+fn apply(ingestor: &mut Ingestor, seq: &mut u64, events: Vec<KvEvent>) -> Vec<IndexOp> {
+    let mut ops = Vec::new();
+    for event in events {
+        ops.extend(ingestor.on_message(*seq, &payload(vec![event])).ops);
+        *seq += 1;
+    }
+    sans_locals(&ops)
+}
+
+#[test]
+fn one_token_pages_make_our_blocks_across_stores_and_branches() {
+    let four = |tokens: &[u32]| BlockHasher::new(4).sequence(tokens);
+    let op = |tier, blocks: &[SequenceHash]| IndexOp::Store {
+        rank: rank(),
+        tier,
+        blocks: blocks.to_vec(),
+        locals: Vec::new(),
+    };
+    let mut ingestor = Ingestor::new(rank(), 4);
+    let mut seq = 0;
+    // Six pages: the first four end our block 0; two are left over.
+    let ops = apply(
+        &mut ingestor,
+        &mut seq,
+        vec![pages(&[1, 2, 3, 4, 5, 6], None, &[0, 1, 2, 3, 4, 5], None)],
+    );
+    let main = four(&[0, 1, 2, 3, 4, 5, 6, 7]);
+    assert_eq!(ops, vec![op(Tier::Device, &main[..1])]);
+    // The next store ends block 1 with the two pages before it, and leaves two more.
+    let ops = apply(
+        &mut ingestor,
+        &mut seq,
+        vec![pages(&[7, 8, 9, 10], Some(6), &[6, 7, 8, 9], None)],
+    );
+    assert_eq!(ops, vec![op(Tier::Device, &main[1..])]);
+    // A branch from page 5 (a radix node split in the middle of our block 1).
+    let ops = apply(
+        &mut ingestor,
+        &mut seq,
+        vec![pages(&[21, 22, 23], Some(5), &[50, 51, 52], None)],
+    );
+    let branch = four(&[0, 1, 2, 3, 4, 50, 51, 52]);
+    assert_eq!(ops, vec![op(Tier::Device, &branch[1..])]);
+    // A copy of block 0's pages in host memory: the block is there with its last page.
+    let copy = |hashes: &[u64]| sized_pages(0, hashes, None, &[], Some("CPU"));
+    let ops = apply(&mut ingestor, &mut seq, vec![copy(&[1, 2, 3])]);
+    assert!(ops.is_empty(), "not yet: {ops:?}");
+    let ops = apply(&mut ingestor, &mut seq, vec![copy(&[4])]);
+    assert_eq!(ops, vec![op(Tier::Host, &main[..1])]);
+    // Evicted leaf first: block 1 goes with its last page; the pages after it hold nothing.
+    let ops = apply(&mut ingestor, &mut seq, vec![removed(&[10, 9, 8, 7], None)]);
+    assert_eq!(ops, vec![remove(Tier::Device, main[1..].to_vec())]);
+    assert_eq!(ingestor.stats().stored_blocks, 4);
+    assert_eq!(ingestor.stats().skipped_unaligned, 0);
+    // A store under a page we never saw is left out.
+    assert!(
+        apply(
+            &mut ingestor,
+            &mut seq,
+            vec![pages(&[31], Some(99), &[1], None)]
+        )
+        .is_empty()
+    );
+    assert_eq!(ingestor.stats().skipped_unknown_parent, 1);
+    // Cleared: every page forgotten, so a store under one is left out too.
+    apply(&mut ingestor, &mut seq, vec![KvEvent::AllBlocksCleared]);
+    assert!(
+        apply(
+            &mut ingestor,
+            &mut seq,
+            vec![pages(&[32], Some(6), &[6], None)]
+        )
+        .is_empty()
+    );
+}
+
+#[test]
+fn pages_split_anywhere_give_the_blocks_of_the_whole_sequence() {
+    let tokens: Vec<u32> = (0..40).map(|t| t * 7 % 11).collect();
+    let expected = BlockHasher::new(8).sequence(&tokens);
+    // Pages of 2 tokens under 8-token blocks, stored in runs of every length from 1 to 7.
+    for run in 1..8usize {
+        let mut ingestor = Ingestor::new(rank(), 8);
+        let mut stored = Vec::new();
+        let page_hashes: Vec<u64> = (100..120).collect();
+        for (i, chunk) in page_hashes.chunks(run).enumerate() {
+            let start = i * run;
+            let parent = start.checked_sub(1).map(|p| page_hashes[p]);
+            let chunk_tokens = &tokens[start * 2..(start + chunk.len()) * 2];
+            let event = sized_pages(2, chunk, parent, chunk_tokens, None);
+            for op in ingestor.on_message(i as u64, &payload(vec![event])).ops {
+                if let IndexOp::Store { blocks, .. } = op {
+                    stored.extend(blocks);
+                }
+            }
+        }
+        assert_eq!(stored, expected, "runs of {run} pages");
+    }
+}
+
+#[test]
+fn a_short_page_from_an_engine_of_our_block_size_is_skipped() {
+    let mut ingestor = primed();
+    // SGLang's partial last page (one token of a two-token page) under block 11.
+    let out = ingestor.on_message(1, &payload(vec![pages(&[12], Some(11), &[5], None)]));
+    assert!(out.ops.is_empty());
+    assert_eq!(ingestor.stats().skipped_unaligned, 1);
+    assert!(ingestor.pages.is_none());
+    // Its blocks are still resolved as blocks.
+    let out = ingestor.on_message(2, &payload(vec![removed(&[11], None)]));
+    assert_eq!(
+        out.ops,
+        vec![remove(Tier::Device, ours(&[1, 2, 3, 4])[1..].to_vec())]
+    );
+}
