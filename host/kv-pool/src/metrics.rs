@@ -151,6 +151,11 @@ impl Collector for PoolCollector {
                 "Block bytes sent by get.",
                 c.bytes_out,
             ),
+            (
+                "kvbm_pool_promotions",
+                "Blocks a get read from disk and moved back to memory.",
+                c.promoted,
+            ),
         ];
         for (name, help, value) in plain {
             family(

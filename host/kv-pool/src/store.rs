@@ -2,7 +2,8 @@
 //! optionally, a disk tier behind it (a block pool over a checksummed [`DiskStore`]). A block
 //! lives in one tier at a time: a put lands in memory, a block evicted from memory is written
 //! to disk (with its retention), a block evicted from disk is gone. A get that misses memory
-//! reads disk, verified; a corrupt record is a counted miss and leaves the pool.
+//! reads disk, verified, and moves the block back to memory (a hot block read from disk once
+//! is served from memory after); a corrupt record is a counted miss and leaves the pool.
 //!
 //! Each tier is bounded by its capacity in blocks and evicts by retention, leaves first. A
 //! full disk (its byte budget, or the OS) only skips writes. Every store and removal becomes a
@@ -17,7 +18,7 @@ use bytes::Bytes;
 use switchyard_kv_events::wire::EngineHash;
 use switchyard_kv_events::wire::mooncake::{MooncakeEvent, MooncakeEventType};
 use switchyard_kvbm::retention::Retention;
-use switchyard_kvbm::storage::{DiskStore, MemoryPool, Spilled, StorePool};
+use switchyard_kvbm::storage::{DiskStore, MemoryPool, PutOutcome, Spilled, StorePool};
 use switchyard_kvbm::{KvbmError, SequenceHash, StorageError, Tick};
 use tokio::sync::mpsc;
 
@@ -115,6 +116,8 @@ pub struct PoolCounters {
     pub spilled: u64,
     /// Blocks evicted from memory that the disk could not take (full, or an I/O error).
     pub spill_failures: u64,
+    /// Disk hits moved back to memory.
+    pub promoted: u64,
 }
 
 /// The pool cannot be opened.
@@ -281,7 +284,7 @@ impl Pool {
         let blocks = hashes
             .iter()
             .map(|&h| {
-                let block = inner.get_one(SequenceHash(h), self.config.block_bytes, now);
+                let block = inner.get_one(SequenceHash(h), &self.config, now, &mut events);
                 inner.drain_removals(&self.config.backend_id, &mut events);
                 block
             })
@@ -384,7 +387,14 @@ impl Inner {
         }
     }
 
-    fn get_one(&mut self, hash: SequenceHash, block_bytes: usize, now: Tick) -> Option<Bytes> {
+    fn get_one(
+        &mut self,
+        hash: SequenceHash,
+        config: &PoolConfig,
+        now: Tick,
+        events: &mut Vec<MooncakeEvent>,
+    ) -> Option<Bytes> {
+        let block_bytes = config.block_bytes;
         let mut out = vec![0u8; block_bytes];
         if self.memory.get_at(hash, &mut out, now).is_ok() {
             self.counters.memory_hits += 1;
@@ -397,6 +407,7 @@ impl Inner {
         if disk.get_at(hash, &mut out, now).is_ok() {
             self.counters.disk_hits += 1;
             self.counters.bytes_out += block_bytes as u64;
+            self.promote(hash, &out, config, now, events);
             return Some(out.into());
         }
         self.counters.disk_misses += 1;
@@ -440,6 +451,44 @@ impl Inner {
             self.counters.duplicate_puts += 1;
             return Ok(PutResult::Duplicate);
         }
+        // The pool never makes a block its own parent; neither do the events.
+        let parent = block.parent.filter(|p| *p != block.hash).map(SequenceHash);
+        let outcome =
+            self.put_in_memory(hash, parent, retention, &block.bytes, config, now, events);
+        if !outcome.map_err(storage)?.stored {
+            self.counters.duplicate_puts += 1;
+            return Ok(PutResult::Duplicate);
+        }
+        self.counters.puts += 1;
+        if !block.token_ids.is_empty() {
+            self.tokens.insert(hash, block.token_ids.clone());
+        }
+        events.push(stored_event(
+            hash,
+            parent,
+            block.token_ids.clone(),
+            PoolTier::Memory,
+            &config.backend_id,
+        ));
+        Ok(PutResult::Stored)
+    }
+
+    /// Put a block in memory; what memory evicts for it goes to disk, and those disk stores
+    /// are published (even if the memory write then fails: they are on disk).
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one block's fields, as `StorePool::put_at` takes them"
+    )]
+    fn put_in_memory(
+        &mut self,
+        hash: SequenceHash,
+        parent: Option<SequenceHash>,
+        retention: Retention,
+        bytes: &[u8],
+        config: &PoolConfig,
+        now: Tick,
+        events: &mut Vec<MooncakeEvent>,
+    ) -> Result<PutOutcome, StorageError> {
         let Inner {
             memory,
             disk,
@@ -461,10 +510,7 @@ impl Inner {
                 Err(_) => counters.spill_failures += 1,
             }
         };
-        // The pool never makes a block its own parent; neither do the events.
-        let parent = block.parent.filter(|p| *p != block.hash).map(SequenceHash);
-        let outcome = memory.put_at(hash, parent, retention, &block.bytes, now, Some(&mut spill));
-        // What spilled is on disk even if the memory write then failed: publish it first.
+        let outcome = memory.put_at(hash, parent, retention, bytes, now, Some(&mut spill));
         for (spilled, parent) in spilled {
             let ids = tokens.get(&spilled).cloned().unwrap_or_default();
             events.push(stored_event(
@@ -475,22 +521,38 @@ impl Inner {
                 &config.backend_id,
             ));
         }
-        if !outcome.map_err(storage)?.stored {
-            self.counters.duplicate_puts += 1;
-            return Ok(PutResult::Duplicate);
+        outcome
+    }
+
+    /// Move a block read from disk back to memory, with its parent and retention. Its store in
+    /// memory is published before its removal from disk (the next `drain_removals`), so a
+    /// consumer never sees the pool without it. Its tokens stayed with its disk store event.
+    fn promote(
+        &mut self,
+        hash: SequenceHash,
+        bytes: &[u8],
+        config: &PoolConfig,
+        now: Tick,
+        events: &mut Vec<MooncakeEvent>,
+    ) {
+        let Some((parent, retention)) = self.disk.as_ref().and_then(|disk| disk.remove(hash))
+        else {
+            return;
+        };
+        let stored = self
+            .put_in_memory(hash, parent, retention, bytes, config, now, events)
+            .is_ok_and(|outcome| outcome.stored);
+        // Memory refused it: it was served, and it leaves the pool with its disk removal.
+        if stored {
+            self.counters.promoted += 1;
+            events.push(stored_event(
+                hash,
+                parent,
+                Vec::new(),
+                PoolTier::Memory,
+                &config.backend_id,
+            ));
         }
-        self.counters.puts += 1;
-        if !block.token_ids.is_empty() {
-            self.tokens.insert(hash, block.token_ids.clone());
-        }
-        events.push(stored_event(
-            hash,
-            parent,
-            block.token_ids.clone(),
-            PoolTier::Memory,
-            &config.backend_id,
-        ));
-        Ok(PutResult::Stored)
     }
 
     /// Removal events for what left each tier since the last call; forget the tokens of

@@ -424,6 +424,16 @@ impl BlockPool {
     /// Drop `hash` whatever its place in the lineage (its bytes were found bad). Only an
     /// inactive block can go; returns whether it did.
     pub fn invalidate(&self, hash: SequenceHash) -> bool {
+        let removed = self.remove(hash);
+        if removed {
+            self.shared.lock().counters.invalidated += 1;
+        }
+        removed
+    }
+
+    /// Drop `hash` whatever its place in the lineage (it moves to another tier); like
+    /// [`invalidate`](Self::invalidate), but not counted as bad bytes.
+    pub fn remove(&self, hash: SequenceHash) -> bool {
         let mut state = self.shared.lock();
         let Some(&id) = state.registry.get(&hash) else {
             return false;
@@ -431,7 +441,6 @@ impl BlockPool {
         match state.slots[id.index()] {
             SlotState::Registered(r) if r.refcount == 0 => {
                 state.remove_registered(id);
-                state.counters.invalidated += 1;
                 true
             }
             _ => false,

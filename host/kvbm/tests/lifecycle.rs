@@ -65,6 +65,7 @@ enum Op {
     Downgrade(usize),
     Upgrade(usize),
     Move(u64, u64),
+    Remove(u64, u64),
 }
 
 fn retention_kind() -> impl Strategy<Value = RetentionKind> {
@@ -95,7 +96,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (1u64..30).prop_map(Op::Advance),
         1 => (0usize..8).prop_map(Op::Downgrade),
         1 => (0usize..8).prop_map(Op::Upgrade),
-        1 => (chain, depth).prop_map(|(c, d)| Op::Move(c, d)),
+        1 => (chain.clone(), depth.clone()).prop_map(|(c, d)| Op::Move(c, d)),
+        1 => (chain, depth).prop_map(|(c, d)| Op::Remove(c, d)),
     ]
 }
 
@@ -254,8 +256,14 @@ impl Model {
             victim
         );
         prop_assert_eq!(Some(victim), self.next_victim(), "victim out of LRU order");
-        self.blocks.remove(&victim);
-        if let Some(parent) = parent_of(victim)
+        self.forget(victim);
+        Ok(())
+    }
+
+    /// `hash` left the pool: a parent left a leaf by it goes next.
+    fn forget(&mut self, hash: u64) {
+        self.blocks.remove(&hash);
+        if let Some(parent) = parent_of(hash)
             && self.evictable(parent)
             && self.blocks.get(&parent).is_some_and(|b| b.stamp.is_none())
         {
@@ -265,7 +273,6 @@ impl Model {
                 block.stamp = Some(stamp);
             }
         }
-        Ok(())
     }
 }
 
@@ -474,6 +481,21 @@ impl Harness {
                         }
                         self.handles.push(handle);
                     }
+                }
+            }
+            Op::Remove(chain, depth) => {
+                // Moved to another tier, whatever its place in the lineage: only unused blocks.
+                let hash = hash_of(chain, depth);
+                let removed = self.pool.remove(SequenceHash(hash));
+                let unused = self
+                    .model
+                    .blocks
+                    .get(&hash)
+                    .is_some_and(|b| b.refcount == 0);
+                prop_assert_eq!(removed, unused);
+                if removed {
+                    prop_assert_eq!(self.pool.drain_removed(), vec![SequenceHash(hash)]);
+                    self.model.forget(hash);
                 }
             }
             Op::Move(chain, depth) => {

@@ -86,7 +86,7 @@ fn puts_and_gets_round_trip_and_duplicates_are_touched() -> TestResult {
 }
 
 #[test]
-fn memory_evictions_go_to_disk_and_are_served_from_there() -> TestResult {
+fn memory_evictions_go_to_disk_and_a_disk_hit_comes_back_to_memory() -> TestResult {
     let dir = tempfile::tempdir()?;
     let (sender, mut receiver) = mpsc::unbounded_channel();
     let pool = Pool::open(config(2, Some((dir.path(), 4, None))), Some(sender))?;
@@ -94,8 +94,19 @@ fn memory_evictions_go_to_disk_and_are_served_from_there() -> TestResult {
     pool.put(&[block(1, None), block(2, Some(1)), block(3, Some(2))])?;
     assert_eq!(pool.hashes(PoolTier::Memory), vec![1, 3]);
     assert_eq!(pool.hashes(PoolTier::Disk), vec![2]);
+    // Served from disk and moved back to memory, whose victim goes to disk in turn.
     assert_eq!(pool.get(&[2]), vec![Some(bytes_of(2))]);
     assert_eq!(pool.counters().disk_hits, 1);
+    assert_eq!(pool.counters().promoted, 1);
+    assert!(pool.hashes(PoolTier::Memory).contains(&2));
+    assert_eq!(pool.hashes(PoolTier::Disk).len(), 1);
+    assert!(!pool.hashes(PoolTier::Disk).contains(&2));
+    // The next get of it is a memory hit.
+    assert_eq!(pool.get(&[2]), vec![Some(bytes_of(2))]);
+    assert_eq!(
+        (pool.counters().memory_hits, pool.counters().disk_hits),
+        (1, 1)
+    );
     let events: Vec<MooncakeEvent> = std::iter::from_fn(|| receiver.try_recv().ok())
         .flatten()
         .collect();
@@ -107,10 +118,21 @@ fn memory_evictions_go_to_disk_and_are_served_from_there() -> TestResult {
     assert_eq!(to_disk.seq_hashes, vec![EngineHash(2)]);
     assert_eq!(to_disk.parent_hash, Some(EngineHash(1)));
     assert_eq!(to_disk.token_ids, vec![2; 4]);
+    // Its store in memory comes before its removal from disk, so the events never say the
+    // pool lost it.
+    let position = |medium: &str, kind: MooncakeEventType| {
+        events.iter().rposition(|e| {
+            e.medium == medium && e.event_type == kind && e.seq_hashes.contains(&EngineHash(2))
+        })
+    };
+    let back = position("CPU", MooncakeEventType::Stored).ok_or("stored in memory again")?;
+    let gone = position("DISK", MooncakeEventType::Removed).ok_or("removed from disk")?;
+    assert!(back < gone, "{events:?}");
     let mut replayed = Replayed::default();
     replayed.apply(events);
-    assert_eq!(replayed.cpu, BTreeSet::from([1, 3]));
-    assert_eq!(replayed.disk, BTreeSet::from([2]));
+    let held = |tier| pool.hashes(tier).into_iter().collect::<BTreeSet<_>>();
+    assert_eq!(replayed.cpu, held(PoolTier::Memory));
+    assert_eq!(replayed.disk, held(PoolTier::Disk));
     Ok(())
 }
 

@@ -230,6 +230,18 @@ impl<S: BlockStore> StorePool<S> {
         })
     }
 
+    /// Take `hash` out of the pool, to move it to another tier: its parent and retention as
+    /// declared (it shows in the next removals). `None` if it is not held or is in use.
+    pub fn remove(&self, hash: SequenceHash) -> Option<(Option<SequenceHash>, Retention)> {
+        let mut inner = self.lock();
+        let retention = inner.index.retention(hash)?;
+        if !inner.index.remove(hash) {
+            return None;
+        }
+        let held = inner.held.remove(&hash)?;
+        Some((held.parent, retention))
+    }
+
     /// Read block `hash` into `out` at `now` (a hit is a use). A block whose bytes fail their
     /// check is dropped from the pool (it shows in the next removals) and returned as `Corrupt`.
     pub fn get_at(
