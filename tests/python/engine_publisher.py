@@ -24,6 +24,8 @@ free one) or connects (to a gateway that binds); the replay socket always binds.
            block of the chain is an EAGLE bigram page;
   pages    instead of the first life, SGLang's default one-token pages: a chain of twelve over two
            stores, then its last four evicted;
+  large    instead of the first life, blocks of twice the gateway's size: three over two
+           stores, then the last one evicted;
   restart  a new publisher on the same endpoints (the engine restarted: sequence back to 0,
            empty replay buffer), storing a chain of three blocks and removing the last. A PUB
            socket that bound binds the same port again, which SGLang's `bind` flag allows on a
@@ -278,6 +280,13 @@ class Engine:
         self.publish([self.stored(pages[6:], pages[5], range(606, 612), block_size=1)])
         self.publish([self.removed(pages[:7:-1])])
 
+    def large_blocks(self):
+        """vLLM with blocks twice the gateway's (a hybrid model's attention blocks): three over
+        two stores, then the last one evicted."""
+        self.publish([self.stored([701, 702], None, range(700, 716), block_size=8)])
+        self.publish([self.stored([703], 702, range(716, 724), block_size=8)])
+        self.publish([self.removed([703])])
+
     def second_life(self):
         self.restart()
         c1, c2, c3 = 11, 12, 13
@@ -298,6 +307,8 @@ def main():
             life.second_life()
         elif command == "pages":
             life.one_token_pages()
+        elif command == "large":
+            life.large_blocks()
         print("DONE", command, flush=True)
     life.publisher.shutdown()
 

@@ -78,8 +78,8 @@ const COUNTERS: [(&str, &str, Field); 9] = [
     (
         "kv_events_unaligned_stores",
         "Stored events not indexed because their blocks are neither the worker's configured \
-         block_size nor a whole fraction of it (an engine started with another block or page \
-         size), or their tokens do not fill them",
+         block_size nor a whole fraction or multiple of it (an engine started with another \
+         block or page size), or their tokens do not fill them",
         |s| s.unaligned_stores,
     ),
 ];

@@ -4,12 +4,15 @@
 //! the tokens of every stored block with [`BlockHasher`] (so the index agrees with the hashes the
 //! router computes for requests) and keep `engine hash -> our hash` only to resolve later removals
 //! and token-less copies. An engine whose blocks are a whole fraction of ours (SGLang's default
-//! page of one token) has its pages gathered into our blocks ([`pages`]). Pure: no I/O, no clock;
-//! the subscriber drives it.
+//! page of one token) has its pages gathered into our blocks ([`pages`]); one whose blocks are a
+//! whole multiple of ours (a vLLM hybrid model's attention blocks) has each hashed into the run
+//! of ours it holds ([`bundles`]). Pure: no I/O, no clock; the subscriber drives it.
 
+mod bundles;
 mod pages;
 
 use crate::wire::{EngineHash, EventBatch, KvEvent, decode_batch, mooncake};
+use bundles::Bundles;
 use pages::Pages;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -264,8 +267,8 @@ pub struct Ingestor {
     routed_group: Option<u32>,
     /// Whether a store of the wrong block size was logged ([`warn_block_size`](Self::warn_block_size)).
     warned_block_size: bool,
-    /// The engine's pages, when they are a fraction of our blocks (see [`Pages`]).
-    pages: Option<Pages>,
+    /// The engine's blocks, when they are a whole fraction or multiple of ours.
+    resized: Option<Resized>,
     stats: IngestStats,
 }
 
@@ -298,7 +301,7 @@ impl Ingestor {
             local_hashes: false,
             routed_group: None,
             warned_block_size: false,
-            pages: None,
+            resized: None,
             stats: IngestStats::default(),
         }
     }
@@ -655,7 +658,8 @@ impl Ingestor {
         self.self_describing = true;
         let ours = self.hasher.block_size();
         if block_size as usize != ours || tokens.len() != engine_hashes.len() * ours {
-            if let Some(stored) = self.store_pages(engine_hashes, parent, tokens, block_size, tier)
+            if let Some(stored) =
+                self.store_resized(engine_hashes, parent, tokens, block_size, tier)
             {
                 return (stored, Vec::new());
             }
@@ -698,27 +702,27 @@ impl Ingestor {
         (stored, if chain { locals } else { Vec::new() })
     }
 
-    /// A store of pages smaller than our blocks (see [`Pages`]): `None` if these are not such
-    /// pages, or not the size of this engine's. Pages are taken only from an engine that has
-    /// stored no block of our size: an engine of the right size that stores one short page
-    /// (SGLang's last partial page) keeps its blocks.
-    fn store_pages(
+    /// A store of engine blocks a whole fraction or multiple of ours (see [`Resized`]): `None`
+    /// if these are not, or not the size of this engine's. The size is taken only from an engine
+    /// that has stored no block of ours: an engine of the right size that stores one short
+    /// block (SGLang's last partial page) keeps its blocks.
+    fn store_resized(
         &mut self,
         engine_hashes: &[EngineHash],
         parent: Option<EngineHash>,
         tokens: &[u32],
-        page_size: u32,
+        engine_block: u32,
         tier: Tier,
     ) -> Option<Vec<SequenceHash>> {
-        let page_size = page_size as usize;
-        if tokens.len() != engine_hashes.len() * page_size {
+        let engine_block = engine_block as usize;
+        if tokens.len() != engine_hashes.len() * engine_block {
             return None;
         }
-        if self.pages.is_none() && self.blocks.is_empty() {
-            self.pages = Pages::new(page_size, self.hasher.block_size());
+        if self.resized.is_none() && self.blocks.is_empty() {
+            self.resized = Resized::new(engine_block, self.hasher.block_size());
         }
-        let pages = self.pages.as_mut().filter(|p| p.page_size() == page_size)?;
-        Some(pages.store(
+        let resized = (self.resized.as_mut()).filter(|r| r.engine_block() == engine_block)?;
+        Some(resized.store(
             &self.hasher,
             engine_hashes,
             parent,
@@ -730,9 +734,9 @@ impl Ingestor {
     }
 
     /// Say once that the engine's blocks are neither the size this rank was configured with nor
-    /// pages of it: none of its stores can be indexed, and the operator sees only a count
-    /// otherwise. Said only while
-    /// nothing was indexed, so an engine of the right size that stores one odd block stays quiet.
+    /// a whole fraction or multiple of it: none of its stores can be indexed, and the operator
+    /// sees only a count otherwise. Said only while nothing was indexed, so an engine of the
+    /// right size that stores one odd block stays quiet.
     fn warn_block_size(&mut self, theirs: u32) {
         if std::mem::replace(&mut self.warned_block_size, true) {
             return;
@@ -742,8 +746,9 @@ impl Ingestor {
             engine_block_size = theirs,
             block_size = self.hasher.block_size(),
             "the engine stores blocks that are neither this worker's block_size nor a whole \
-             fraction of it, so none of them is indexed: make the worker's block_size the \
-             engine's or a multiple of it (vLLM: --block-size; SGLang: --page-size)"
+             fraction or multiple of it, so none of them is indexed: make the worker's \
+             block_size divide the engine's or be a multiple of it (vLLM: --block-size; \
+             SGLang: --page-size)"
         );
     }
 
@@ -787,8 +792,8 @@ impl Ingestor {
     /// Token-less copies of blocks we already know (offload to host memory or disk); on a
     /// Mooncake stream, unknown blocks named by their standard hash.
     fn store_copies(&mut self, engine_hashes: &[EngineHash], tier: Tier) -> Vec<SequenceHash> {
-        if let Some(pages) = pages_of(&mut self.pages, engine_hashes) {
-            return pages.copy(engine_hashes, tier, &mut self.naming, &mut self.stats);
+        if let Some(resized) = resized_of(&mut self.resized, engine_hashes) {
+            return resized.copy(engine_hashes, tier, &mut self.naming, &mut self.stats);
         }
         let mut stored = Vec::new();
         for engine in engine_hashes {
@@ -815,8 +820,8 @@ impl Ingestor {
 
     /// Drop one copy per hash; a block leaves a tier with its last copy there.
     fn remove(&mut self, engine_hashes: &[EngineHash], tier: Tier) -> Vec<SequenceHash> {
-        if let Some(pages) = pages_of(&mut self.pages, engine_hashes) {
-            return pages.remove(engine_hashes, tier, &mut self.naming, &mut self.stats);
+        if let Some(resized) = resized_of(&mut self.resized, engine_hashes) {
+            return resized.remove(engine_hashes, tier, &mut self.naming, &mut self.stats);
         }
         let mut removed = Vec::with_capacity(engine_hashes.len());
         for engine in engine_hashes.iter().take(PREFETCH) {
@@ -861,10 +866,10 @@ impl Ingestor {
     }
 
     /// The rank holds nothing now: names waiting to be told go, and the clear that says so.
-    /// Pages are forgotten whole (a reset keeps no bare pages: see `Ingestor::reset`).
+    /// Resized blocks are forgotten whole (a reset keeps no bare names of them).
     fn cleared(&mut self) -> IndexOp {
-        if let Some(pages) = &mut self.pages {
-            pages.clear();
+        if let Some(resized) = &mut self.resized {
+            resized.clear();
         }
         if let Some(naming) = &mut self.naming {
             naming.pending.clear();
@@ -881,11 +886,96 @@ fn name(naming: &mut Option<Naming>, added: Option<SequenceHash>, engine: Engine
     }
 }
 
-/// The engine's pages, if an event's hashes name them (its first one says: an event names
-/// pages or blocks, not both).
-fn pages_of<'a>(pages: &'a mut Option<Pages>, hashes: &[EngineHash]) -> Option<&'a mut Pages> {
+/// An engine's blocks that are a whole fraction ([`Pages`]) or multiple ([`Bundles`]) of ours.
+#[derive(Debug)]
+enum Resized {
+    Pages(Pages),
+    Bundles(Bundles),
+}
+
+impl Resized {
+    fn new(engine_block: usize, block_size: usize) -> Option<Resized> {
+        Pages::new(engine_block, block_size)
+            .map(Resized::Pages)
+            .or_else(|| Bundles::new(engine_block, block_size).map(Resized::Bundles))
+    }
+
+    fn engine_block(&self) -> usize {
+        match self {
+            Resized::Pages(pages) => pages.page_size(),
+            Resized::Bundles(bundles) => bundles.engine_block(),
+        }
+    }
+
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the ingestor's fields it updates, borrowed one by one beside `self`"
+    )]
+    fn store(
+        &mut self,
+        hasher: &BlockHasher,
+        blocks: &[EngineHash],
+        parent: Option<EngineHash>,
+        tokens: &[u32],
+        tier: Tier,
+        naming: &mut Option<Naming>,
+        stats: &mut IngestStats,
+    ) -> Vec<SequenceHash> {
+        match self {
+            Resized::Pages(p) => p.store(hasher, blocks, parent, tokens, tier, naming, stats),
+            Resized::Bundles(b) => b.store(hasher, blocks, parent, tokens, tier, naming, stats),
+        }
+    }
+
+    fn copy(
+        &mut self,
+        blocks: &[EngineHash],
+        tier: Tier,
+        naming: &mut Option<Naming>,
+        stats: &mut IngestStats,
+    ) -> Vec<SequenceHash> {
+        match self {
+            Resized::Pages(pages) => pages.copy(blocks, tier, naming, stats),
+            Resized::Bundles(bundles) => bundles.copy(blocks, tier, naming, stats),
+        }
+    }
+
+    fn remove(
+        &mut self,
+        blocks: &[EngineHash],
+        tier: Tier,
+        naming: &mut Option<Naming>,
+        stats: &mut IngestStats,
+    ) -> Vec<SequenceHash> {
+        match self {
+            Resized::Pages(pages) => pages.remove(blocks, tier, naming, stats),
+            Resized::Bundles(bundles) => bundles.remove(blocks, tier, naming, stats),
+        }
+    }
+
+    fn holds(&self, block: EngineHash) -> bool {
+        match self {
+            Resized::Pages(pages) => pages.holds(block),
+            Resized::Bundles(bundles) => bundles.holds(block),
+        }
+    }
+
+    fn clear(&mut self) {
+        match self {
+            Resized::Pages(pages) => pages.clear(),
+            Resized::Bundles(bundles) => bundles.clear(),
+        }
+    }
+}
+
+/// The engine's resized blocks, if an event's hashes name them (its first one says: an event
+/// names resized blocks or ours, not both).
+fn resized_of<'a>(
+    resized: &'a mut Option<Resized>,
+    hashes: &[EngineHash],
+) -> Option<&'a mut Resized> {
     let first = *hashes.first()?;
-    pages.as_mut().filter(|pages| pages.holds(first))
+    resized.as_mut().filter(|resized| resized.holds(first))
 }
 
 /// Count one more copy of `block` in `tier`; our hash if the tier did not hold it yet.

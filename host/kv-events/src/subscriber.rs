@@ -86,7 +86,7 @@ pub struct SubscriberSnapshot {
     /// adapter, a cache salt, multimodal inputs), so no request of the router's could match them.
     pub keyed_stores: u64,
     /// Stores left out because their blocks are neither the rank's configured block size nor a
-    /// whole fraction of it (or their tokens do not fill them): an engine started with another
+    /// whole fraction or multiple of it (or their tokens do not fill them): an engine started with another
     /// block size than the config's.
     pub unaligned_stores: u64,
     /// Wall-clock time now minus the last batch's engine timestamp, in ms (0 if negative).

@@ -262,6 +262,31 @@ async fn sglangs_own_one_token_pages_make_our_blocks() {
     sub.stop().await;
 }
 
+/// vLLM with blocks twice the gateway's (a hybrid model's attention blocks are hundreds of
+/// tokens): each is indexed as the two of ours it holds, and goes with them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllms_own_large_blocks_hold_runs_of_ours() {
+    let rank = Rank::new(5, 0);
+    let endpoint = free_endpoint();
+    let (mut script, _, replay) =
+        Script::start("engine_publisher.py", &["vllm", &endpoint, ANY_PORT]);
+    let mut sub = Harness::start(rank, endpoint, Some(replay), true);
+    sub.joined().await;
+    script.command("large");
+    let blocks = ours(&(700..724).collect::<Vec<u32>>());
+    sub.wait_until("the large blocks", |index, stats| {
+        stats.messages == 3
+            && index.contains(rank, Tier::Device, blocks[3])
+            && !index.contains(rank, Tier::Device, blocks[4])
+    })
+    .await;
+    sub.settle().await;
+    assert_eq!(sub.index.blocks(rank, Tier::Device), 4);
+    let stats = sub.stats.snapshot();
+    assert_eq!((stats.unaligned_stores, stats.malformed), (0, 0));
+    sub.stop().await;
+}
+
 /// `engine_publisher.py`'s two lives, through `sub`.
 async fn own_publisher_builds_the_expected_index(
     mut script: Script,

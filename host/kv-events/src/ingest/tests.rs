@@ -841,11 +841,82 @@ fn a_short_page_from_an_engine_of_our_block_size_is_skipped() {
     let out = ingestor.on_message(1, &payload(vec![pages(&[12], Some(11), &[5], None)]));
     assert!(out.ops.is_empty());
     assert_eq!(ingestor.stats().skipped_unaligned, 1);
-    assert!(ingestor.pages.is_none());
+    assert!(ingestor.resized.is_none());
     // Its blocks are still resolved as blocks.
     let out = ingestor.on_message(2, &payload(vec![removed(&[11], None)]));
     assert_eq!(
         out.ops,
         vec![remove(Tier::Device, ours(&[1, 2, 3, 4])[1..].to_vec())]
     );
+}
+
+#[test]
+fn engine_blocks_a_multiple_of_ours_hold_their_run_of_our_blocks() {
+    // Engine blocks of 8 tokens (a vLLM hybrid model's attention blocks) over our 4.
+    let four = |tokens: &[u32]| BlockHasher::new(4).sequence(tokens);
+    let chain = four(&(0..24).collect::<Vec<u32>>());
+    let op = |tier, blocks: &[SequenceHash]| IndexOp::Store {
+        rank: rank(),
+        tier,
+        blocks: blocks.to_vec(),
+        locals: Vec::new(),
+    };
+    let mut ingestor = Ingestor::new(rank(), 4);
+    let mut seq = 0;
+    let tokens = (0..16).collect::<Vec<u32>>();
+    let ops = apply(
+        &mut ingestor,
+        &mut seq,
+        vec![sized_pages(8, &[1, 2], None, &tokens, None)],
+    );
+    assert_eq!(ops, vec![op(Tier::Device, &chain[..4])]);
+    let tokens = (16..24).collect::<Vec<u32>>();
+    let ops = apply(
+        &mut ingestor,
+        &mut seq,
+        vec![sized_pages(8, &[3], Some(2), &tokens, None)],
+    );
+    assert_eq!(ops, vec![op(Tier::Device, &chain[4..])]);
+    // Offloaded to host memory (no tokens): its whole run.
+    let ops = apply(
+        &mut ingestor,
+        &mut seq,
+        vec![sized_pages(0, &[1], None, &[], Some("CPU"))],
+    );
+    assert_eq!(ops, vec![op(Tier::Host, &chain[..2])]);
+    // A second physical copy of block 3 (vLLM caches two blocks under one hash): its run stays
+    // until both are gone.
+    let tokens = (16..24).collect::<Vec<u32>>();
+    assert!(
+        apply(
+            &mut ingestor,
+            &mut seq,
+            vec![sized_pages(8, &[3], Some(2), &tokens, None)]
+        )
+        .is_empty()
+    );
+    assert!(apply(&mut ingestor, &mut seq, vec![removed(&[3], None)]).is_empty());
+    let ops = apply(&mut ingestor, &mut seq, vec![removed(&[3], None)]);
+    assert_eq!(ops, vec![remove(Tier::Device, chain[4..].to_vec())]);
+    // Under an engine block we do not know, a store is left out.
+    assert!(
+        apply(
+            &mut ingestor,
+            &mut seq,
+            vec![sized_pages(8, &[4], Some(99), &tokens, None)]
+        )
+        .is_empty()
+    );
+    assert_eq!(ingestor.stats().skipped_unknown_parent, 1);
+    assert_eq!(ingestor.stats().skipped_unaligned, 0);
+    // Another size from this engine is not ours to guess.
+    assert!(
+        apply(
+            &mut ingestor,
+            &mut seq,
+            vec![sized_pages(12, &[5], None, &[0; 12], None)]
+        )
+        .is_empty()
+    );
+    assert_eq!(ingestor.stats().skipped_unaligned, 1);
 }
