@@ -145,10 +145,15 @@ async fn no_healthy_worker_is_503_with_retry_after() {
 #[tokio::test]
 async fn a_worker_that_dies_is_skipped_and_requests_retry_elsewhere() {
     let (doomed, survivor) = (MockEngine::start(50.0, 4096), MockEngine::start(50.0, 4096));
-    // Health checks far apart: only the failed attempt itself can notice the death.
+    // Health checks far apart: only the failed attempt itself can notice the death, once the
+    // probes at start have seen both engines up.
     let config = Gateway::config_for(&[&doomed, &survivor], "round-robin")
         + "[server]\nhealth_interval = \"1h\"\n";
-    let gateway = Gateway::start(&config);
+    let gateway = Gateway::start_logged(&config, "warn,switchyard_gateway::upstream=debug");
+    let probed = gateway
+        .proc
+        .wait_for_line_since_start("health probes answered");
+    assert!(probed.contains("passed=2"), "{probed}");
     let (status, _, _) = post_raw(&gateway.url, chat("warm up").to_string()).await;
     assert_eq!(status, 200);
     drop(doomed);

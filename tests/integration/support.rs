@@ -24,6 +24,8 @@ pub(crate) struct Proc {
     readers: Vec<std::thread::JoinHandle<()>>,
     /// The first panic it printed on stderr.
     panic: std::sync::Arc<std::sync::Mutex<Option<String>>>,
+    /// Lines a wait read past (for [`Proc::wait_for_line_since_start`]).
+    passed: std::sync::Mutex<Vec<String>>,
 }
 
 impl Proc {
@@ -81,6 +83,7 @@ impl Proc {
             lines,
             readers,
             panic,
+            passed: std::sync::Mutex::default(),
         }
     }
 
@@ -104,6 +107,17 @@ impl Proc {
             if line.contains(marker) {
                 return line;
             }
+            self.passed.lock().unwrap().push(line);
+        }
+    }
+
+    /// Like [`Proc::wait_for_line`], but a line an earlier wait read past counts too (output
+    /// from two streams, or from a task that may print before the line a start waits for).
+    pub(crate) fn wait_for_line_since_start(&self, marker: &str) -> String {
+        let passed = self.passed.lock().unwrap().clone();
+        match passed.into_iter().find(|line| line.contains(marker)) {
+            Some(line) => line,
+            None => self.wait_for_line(marker),
         }
     }
 

@@ -205,6 +205,8 @@ pub async fn health_loop(
             async move { matches!(probe.await, Ok(r) if r.status().is_success()) }
         });
         let results = futures::future::join_all(probes).await;
+        let passed = results.iter().filter(|&&healthy| healthy).count();
+        tracing::debug!(workers = results.len(), passed, "health probes answered");
         let mut router = router.lock().unwrap_or_else(|e| e.into_inner());
         for (worker, healthy) in workers.iter().zip(results) {
             worker.set_probe_passed(healthy);
