@@ -968,6 +968,54 @@ impl Resized {
     }
 }
 
+/// Runs of `len` values each, reused once freed: the tokens of pages, our hashes of large
+/// blocks (see [`Resized`]).
+#[derive(Debug)]
+struct Chunks<T> {
+    len: usize,
+    values: Vec<T>,
+    free: Vec<u32>,
+}
+
+impl<T: Copy> Chunks<T> {
+    fn new(len: usize) -> Self {
+        Chunks {
+            len,
+            values: Vec::new(),
+            free: Vec::new(),
+        }
+    }
+
+    /// Keep `chunk` (`len` values); its index.
+    fn keep(&mut self, chunk: &[T]) -> u32 {
+        match self.free.pop() {
+            Some(at) => {
+                let start = at as usize * self.len;
+                self.values[start..start + self.len].copy_from_slice(chunk);
+                at
+            }
+            None => {
+                self.values.extend_from_slice(chunk);
+                (self.values.len() / self.len - 1) as u32
+            }
+        }
+    }
+
+    fn get(&self, at: u32) -> &[T] {
+        let start = at as usize * self.len;
+        &self.values[start..start + self.len]
+    }
+
+    fn free(&mut self, at: u32) {
+        self.free.push(at);
+    }
+
+    fn clear(&mut self) {
+        self.values.clear();
+        self.free.clear();
+    }
+}
+
 /// The engine's resized blocks, if an event's hashes name them (its first one says: an event
 /// names resized blocks or ours, not both).
 fn resized_of<'a>(

@@ -3,7 +3,7 @@
 //! events then name one hash per large block. Each engine block is hashed into the run of our
 //! blocks it holds, which it holds or drops together.
 
-use super::{IngestStats, Naming, add_copies, name};
+use super::{Chunks, IngestStats, Naming, add_copies, name};
 use crate::wire::EngineHash;
 use switchyard_core::hash::{BlockHasher, SequenceHash};
 use switchyard_core::index::flat::U64Map;
@@ -24,9 +24,7 @@ pub(super) struct Bundles {
     per_bundle: usize,
     /// Engine hash -> its run of our hashes.
     table: U64Map<Bundle>,
-    /// `per_bundle` hashes per run.
-    arena: Vec<SequenceHash>,
-    free: Vec<u32>,
+    runs: Chunks<SequenceHash>,
 }
 
 impl Bundles {
@@ -36,8 +34,7 @@ impl Bundles {
             engine_block,
             per_bundle: engine_block / block_size,
             table: U64Map::new(),
-            arena: Vec::new(),
-            free: Vec::new(),
+            runs: Chunks::new(engine_block / block_size),
         })
     }
 
@@ -46,8 +43,7 @@ impl Bundles {
     }
 
     fn ours(&self, bundle: Bundle) -> &[SequenceHash] {
-        let start = bundle.at as usize * self.per_bundle;
-        &self.arena[start..start + self.per_bundle]
+        self.runs.get(bundle.at)
     }
 
     /// Store engine blocks (`engine_block` tokens each) under `parent`: our hashes of the
@@ -81,38 +77,35 @@ impl Bundles {
         for (block, run) in blocks.iter().zip(hashes.chunks_exact(self.per_bundle)) {
             // A known engine hash names the same tokens and prefix: its first run stays.
             if !self.table.contains_key(block.0) {
-                let at = self.keep(run);
+                let at = self.runs.keep(run);
                 self.table
                     .get_or_insert(block.0, Bundle { at, copies: [0; 3] });
             }
-            let Some(bundle) = self.table.get_mut(block.0) else {
-                continue;
-            };
-            if add_copies(&mut bundle.copies, tier) {
-                let bundle = *bundle;
-                for &ours in self.ours(bundle) {
-                    name(naming, Some(ours), *block);
-                    stored.push(ours);
-                }
-            }
+            self.add_copy(*block, tier, naming, &mut stored);
         }
         stored
     }
 
-    /// Keep `run` in the arena; its index.
-    fn keep(&mut self, run: &[SequenceHash]) -> u32 {
-        match self.free.pop() {
-            Some(at) => {
-                let start = at as usize * self.per_bundle;
-                self.arena[start..start + self.per_bundle].copy_from_slice(run);
-                at
-            }
-            None => {
-                let at = (self.arena.len() / self.per_bundle) as u32;
-                self.arena.extend_from_slice(run);
-                at
+    /// Count one more copy of `block` in `tier`; if the tier did not hold it, its run goes to
+    /// `stored`. False if the block is unknown.
+    fn add_copy(
+        &mut self,
+        block: EngineHash,
+        tier: Tier,
+        naming: &mut Option<Naming>,
+        stored: &mut Vec<SequenceHash>,
+    ) -> bool {
+        let Some(bundle) = self.table.get_mut(block.0) else {
+            return false;
+        };
+        if add_copies(&mut bundle.copies, tier) {
+            let bundle = *bundle;
+            for &ours in self.ours(bundle) {
+                name(naming, Some(ours), block);
+                stored.push(ours);
             }
         }
+        true
     }
 
     /// Token-less copies of known engine blocks (an offload): our blocks `tier` gained.
@@ -125,16 +118,8 @@ impl Bundles {
     ) -> Vec<SequenceHash> {
         let mut stored = Vec::new();
         for block in blocks {
-            let Some(bundle) = self.table.get_mut(block.0) else {
+            if !self.add_copy(*block, tier, naming, &mut stored) {
                 stats.skipped_unknown_hash += 1;
-                continue;
-            };
-            if add_copies(&mut bundle.copies, tier) {
-                let bundle = *bundle;
-                for &ours in self.ours(bundle) {
-                    name(naming, Some(ours), *block);
-                    stored.push(ours);
-                }
             }
         }
         stored
@@ -172,7 +157,7 @@ impl Bundles {
                     naming.pending.extend(gone);
                 }
                 self.table.remove(block.0);
-                self.free.push(bundle.at);
+                self.runs.free(bundle.at);
             }
         }
         removed
@@ -186,7 +171,6 @@ impl Bundles {
     /// Forget every engine block.
     pub(super) fn clear(&mut self) {
         self.table.clear();
-        self.arena.clear();
-        self.free.clear();
+        self.runs.clear();
     }
 }

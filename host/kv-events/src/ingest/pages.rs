@@ -12,7 +12,7 @@
 //! goes no later than the pages before it; an engine that dropped a block's earlier page and
 //! kept its last would keep it indexed.
 
-use super::{IngestStats, Naming, add_copies, name};
+use super::{Chunks, IngestStats, Naming, add_copies, name};
 use crate::wire::EngineHash;
 use switchyard_core::hash::{BlockHasher, SequenceHash};
 use switchyard_core::index::flat::U64Map;
@@ -59,9 +59,8 @@ pub(super) struct Pages {
     per_block: u32,
     /// Engine hash -> page.
     table: U64Map<Page>,
-    /// `page_size` tokens per chunk.
-    arena: Vec<u32>,
-    free: Vec<u32>,
+    /// The tokens of pages that do not end a block.
+    tokens: Chunks<u32>,
     /// A block's tokens while it is gathered.
     run: Vec<u32>,
 }
@@ -74,8 +73,7 @@ impl Pages {
                 page_size,
                 per_block: (block_size / page_size) as u32,
                 table: U64Map::new(),
-                arena: Vec::new(),
-                free: Vec::new(),
+                tokens: Chunks::new(page_size),
                 run: Vec::with_capacity(block_size),
             },
         )
@@ -135,7 +133,11 @@ impl Pages {
             }
             // A known engine hash names the same tokens and prefix: its first record stays.
             if !self.table.contains_key(page.0) {
-                let tokens = if ends { NO_TOKENS } else { self.keep(chunk) };
+                let tokens = if ends {
+                    NO_TOKENS
+                } else {
+                    self.tokens.keep(chunk)
+                };
                 let record = Page {
                     hash: hash.unwrap_or(SequenceHash(0)),
                     has_hash: hash.is_some(),
@@ -176,27 +178,9 @@ impl Pages {
             }
         }
         for &chunk in chunks.iter().rev() {
-            let start = chunk as usize * self.page_size;
-            self.run
-                .extend_from_slice(&self.arena[start..start + self.page_size]);
+            self.run.extend_from_slice(self.tokens.get(chunk));
         }
         true
-    }
-
-    /// Keep `chunk` in the arena; its index.
-    fn keep(&mut self, chunk: &[u32]) -> u32 {
-        match self.free.pop() {
-            Some(at) => {
-                let start = at as usize * self.page_size;
-                self.arena[start..start + self.page_size].copy_from_slice(chunk);
-                at
-            }
-            None => {
-                let at = (self.arena.len() / self.page_size) as u32;
-                self.arena.extend_from_slice(chunk);
-                at
-            }
-        }
     }
 
     /// Token-less copies of known pages (an offload): the blocks they end that `tier` gained.
@@ -253,7 +237,7 @@ impl Pages {
                 let record = *record;
                 self.table.remove(page.0);
                 if record.tokens != NO_TOKENS {
-                    self.free.push(record.tokens);
+                    self.tokens.free(record.tokens);
                 }
                 if let (Some(naming), true) = (naming.as_mut(), ends) {
                     naming.pending.push((record.hash.0, None));
@@ -271,7 +255,6 @@ impl Pages {
     /// Forget every page.
     pub(super) fn clear(&mut self) {
         self.table.clear();
-        self.arena.clear();
-        self.free.clear();
+        self.tokens.clear();
     }
 }
