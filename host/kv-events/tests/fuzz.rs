@@ -32,7 +32,15 @@ fn event() -> impl Strategy<Value = KvEvent> {
             hashes(),
             prop::option::of(prop_oneof![0u64..8, Just(u64::MAX)].prop_map(EngineHash)),
             prop::collection::vec(any::<u32>(), 0..12),
-            prop_oneof![Just(0u32), Just(BLOCK_SIZE), Just(u32::MAX)],
+            // Ours, a page of it, a multiple, neither, and nonsense (pages.rs, bundles.rs).
+            prop_oneof![
+                Just(0u32),
+                Just(BLOCK_SIZE),
+                Just(BLOCK_SIZE / 2),
+                Just(BLOCK_SIZE * 2),
+                Just(BLOCK_SIZE + 1),
+                Just(u32::MAX)
+            ],
             (
                 prop::option::of(any::<i64>()),
                 prop::option::of(Just("adapter".to_owned())),
