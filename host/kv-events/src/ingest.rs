@@ -4,16 +4,14 @@
 //! the tokens of every stored block with [`BlockHasher`] (so the index agrees with the hashes the
 //! router computes for requests) and keep `engine hash -> our hash` only to resolve later removals
 //! and token-less copies. An engine whose blocks are a whole fraction of ours (SGLang's default
-//! page of one token) has its pages gathered into our blocks ([`pages`]); one whose blocks are a
-//! whole multiple of ours (a vLLM hybrid model's attention blocks) has each hashed into the run
-//! of ours it holds ([`bundles`]). Pure: no I/O, no clock; the subscriber drives it.
+//! page of one token) has its pages gathered into our blocks; one whose blocks are a whole multiple
+//! of ours (a vLLM hybrid model's attention blocks) has each hashed into the run of ours it
+//! holds (`ingest/resized.rs`). Pure: no I/O, no clock; the subscriber drives it.
 
-mod bundles;
-mod pages;
+mod resized;
 
 use crate::wire::{EngineHash, EventBatch, KvEvent, decode_batch, mooncake};
-use bundles::Bundles;
-use pages::Pages;
+use resized::{Resized, resized_of};
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use switchyard_core::hash::{BlockHasher, LocalBlockHash, SequenceHash};
@@ -884,146 +882,6 @@ fn name(naming: &mut Option<Naming>, added: Option<SequenceHash>, engine: Engine
     if let (Some(naming), Some(ours)) = (naming, added) {
         naming.pending.push((ours.0, Some(engine.0)));
     }
-}
-
-/// An engine's blocks that are a whole fraction ([`Pages`]) or multiple ([`Bundles`]) of ours.
-#[derive(Debug)]
-enum Resized {
-    Pages(Pages),
-    Bundles(Bundles),
-}
-
-impl Resized {
-    fn new(engine_block: usize, block_size: usize) -> Option<Resized> {
-        Pages::new(engine_block, block_size)
-            .map(Resized::Pages)
-            .or_else(|| Bundles::new(engine_block, block_size).map(Resized::Bundles))
-    }
-
-    fn engine_block(&self) -> usize {
-        match self {
-            Resized::Pages(pages) => pages.page_size(),
-            Resized::Bundles(bundles) => bundles.engine_block(),
-        }
-    }
-
-    #[allow(
-        clippy::too_many_arguments,
-        reason = "the ingestor's fields it updates, borrowed one by one beside `self`"
-    )]
-    fn store(
-        &mut self,
-        hasher: &BlockHasher,
-        blocks: &[EngineHash],
-        parent: Option<EngineHash>,
-        tokens: &[u32],
-        tier: Tier,
-        naming: &mut Option<Naming>,
-        stats: &mut IngestStats,
-    ) -> Vec<SequenceHash> {
-        match self {
-            Resized::Pages(p) => p.store(hasher, blocks, parent, tokens, tier, naming, stats),
-            Resized::Bundles(b) => b.store(hasher, blocks, parent, tokens, tier, naming, stats),
-        }
-    }
-
-    fn copy(
-        &mut self,
-        blocks: &[EngineHash],
-        tier: Tier,
-        naming: &mut Option<Naming>,
-        stats: &mut IngestStats,
-    ) -> Vec<SequenceHash> {
-        match self {
-            Resized::Pages(pages) => pages.copy(blocks, tier, naming, stats),
-            Resized::Bundles(bundles) => bundles.copy(blocks, tier, naming, stats),
-        }
-    }
-
-    fn remove(
-        &mut self,
-        blocks: &[EngineHash],
-        tier: Tier,
-        naming: &mut Option<Naming>,
-        stats: &mut IngestStats,
-    ) -> Vec<SequenceHash> {
-        match self {
-            Resized::Pages(pages) => pages.remove(blocks, tier, naming, stats),
-            Resized::Bundles(bundles) => bundles.remove(blocks, tier, naming, stats),
-        }
-    }
-
-    fn holds(&self, block: EngineHash) -> bool {
-        match self {
-            Resized::Pages(pages) => pages.holds(block),
-            Resized::Bundles(bundles) => bundles.holds(block),
-        }
-    }
-
-    fn clear(&mut self) {
-        match self {
-            Resized::Pages(pages) => pages.clear(),
-            Resized::Bundles(bundles) => bundles.clear(),
-        }
-    }
-}
-
-/// Runs of `len` values each, reused once freed: the tokens of pages, our hashes of large
-/// blocks (see [`Resized`]).
-#[derive(Debug)]
-struct Chunks<T> {
-    len: usize,
-    values: Vec<T>,
-    free: Vec<u32>,
-}
-
-impl<T: Copy> Chunks<T> {
-    fn new(len: usize) -> Self {
-        Chunks {
-            len,
-            values: Vec::new(),
-            free: Vec::new(),
-        }
-    }
-
-    /// Keep `chunk` (`len` values); its index.
-    fn keep(&mut self, chunk: &[T]) -> u32 {
-        match self.free.pop() {
-            Some(at) => {
-                let start = at as usize * self.len;
-                self.values[start..start + self.len].copy_from_slice(chunk);
-                at
-            }
-            None => {
-                self.values.extend_from_slice(chunk);
-                (self.values.len() / self.len - 1) as u32
-            }
-        }
-    }
-
-    fn get(&self, at: u32) -> &[T] {
-        let start = at as usize * self.len;
-        &self.values[start..start + self.len]
-    }
-
-    fn free(&mut self, at: u32) {
-        self.free.push(at);
-    }
-
-    fn clear(&mut self) {
-        self.values.clear();
-        self.free.clear();
-    }
-}
-
-/// The engine's resized blocks, if an event's hashes name them (its first one says: an event
-/// names resized blocks or ours, not both).
-fn resized_of<'a>(
-    resized: &'a mut Option<Resized>,
-    hashes: &[EngineHash],
-) -> Option<&'a mut Resized> {
-    let first = *hashes.first()?;
-    resized.as_mut().filter(|resized| resized.holds(first))
 }
 
 /// Count one more copy of `block` in `tier`; our hash if the tier did not hold it yet.

@@ -12,7 +12,8 @@
 //! goes no later than the pages before it; an engine that dropped a block's earlier page and
 //! kept its last would keep it indexed.
 
-use super::{Chunks, IngestStats, Naming, add_copies, name};
+use super::Chunks;
+use crate::ingest::{IngestStats, Naming, add_copies, name};
 use crate::wire::EngineHash;
 use switchyard_core::hash::{BlockHasher, SequenceHash};
 use switchyard_core::index::flat::U64Map;
@@ -54,7 +55,7 @@ impl Default for Page {
 
 /// The pages of one engine, and the tokens of those that do not end one of our blocks.
 #[derive(Debug)]
-pub(super) struct Pages {
+pub(in crate::ingest) struct Pages {
     page_size: usize,
     per_block: u32,
     /// Engine hash -> page.

@@ -3,7 +3,8 @@
 //! events then name one hash per large block. Each engine block is hashed into the run of our
 //! blocks it holds, which it holds or drops together.
 
-use super::{Chunks, IngestStats, Naming, add_copies, name};
+use super::Chunks;
+use crate::ingest::{IngestStats, Naming, add_copies, name};
 use crate::wire::EngineHash;
 use switchyard_core::hash::{BlockHasher, SequenceHash};
 use switchyard_core::index::flat::U64Map;
@@ -19,7 +20,7 @@ struct Bundle {
 
 /// The blocks of one engine, and our hashes of each.
 #[derive(Debug)]
-pub(super) struct Bundles {
+pub(in crate::ingest) struct Bundles {
     engine_block: usize,
     per_bundle: usize,
     /// Engine hash -> its run of our hashes.
