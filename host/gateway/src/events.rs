@@ -123,8 +123,8 @@ impl Collector for EventMetrics {
         }
         let mut connected = encoder.encode_descriptor(
             "kv_events_connected",
-            "1 while the engine's publisher is attached to the subscriber (it connected to us, or we to it, \
-             and it has not gone away)",
+            "1 while the engine's publisher is attached to the subscriber (it connected to us, \
+             or we to it, and it has not gone away)",
             None,
             prometheus_client::metrics::MetricType::Gauge,
         )?;

@@ -263,7 +263,8 @@ pub struct Ingestor {
     local_hashes: bool,
     /// The KV group routed on (see [`routes_on`](Self::routes_on)), once a store named its kind.
     routed_group: Option<u32>,
-    /// Whether a store of the wrong block size was logged ([`warn_block_size`](Self::warn_block_size)).
+    /// Whether a store of the wrong block size was logged
+    /// ([`warn_block_size`](Self::warn_block_size)).
     warned_block_size: bool,
     /// The engine's blocks, when they are a whole fraction or multiple of ours.
     resized: Option<Resized>,

@@ -86,8 +86,8 @@ pub struct SubscriberSnapshot {
     /// adapter, a cache salt, multimodal inputs), so no request of the router's could match them.
     pub keyed_stores: u64,
     /// Stores left out because their blocks are neither the rank's configured block size nor a
-    /// whole fraction or multiple of it (or their tokens do not fill them): an engine started with another
-    /// block size than the config's.
+    /// whole fraction or multiple of it (or their tokens do not fill them): an engine started
+    /// with another block size than the config's.
     pub unaligned_stores: u64,
     /// Wall-clock time now minus the last batch's engine timestamp, in ms (0 if negative).
     pub last_lag_ms: u64,
@@ -399,7 +399,10 @@ impl Driver {
         let skipped = self.ingestor.stats();
         let keyed = skipped.skipped_lora + skipped.skipped_extra_keys;
         self.stats.keyed_stores.store(keyed, Ordering::Relaxed);
-        (self.stats.unaligned_stores).store(skipped.skipped_unaligned, Ordering::Relaxed);
+        let unaligned = skipped.skipped_unaligned;
+        self.stats
+            .unaligned_stores
+            .store(unaligned, Ordering::Relaxed);
         if let Some(ts) = ingested.ts {
             let now = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
