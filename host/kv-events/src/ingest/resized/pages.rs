@@ -19,7 +19,7 @@ use switchyard_core::hash::{BlockHasher, SequenceHash};
 use switchyard_core::index::flat::U64Map;
 use switchyard_core::worker::Tier;
 
-/// No chunk of the token arena.
+/// No chunk of `Pages::tokens`.
 const NO_TOKENS: u32 = u32::MAX;
 
 /// One engine page.
@@ -31,7 +31,7 @@ struct Page {
     has_hash: bool,
     /// Its place in our block, `0..per_block`.
     pos: u32,
-    /// Its tokens' chunk in the arena, for a page that does not end a block.
+    /// Its tokens' chunk in `Pages::tokens`, for a page that does not end a block.
     tokens: u32,
     /// The engine hash of the page before it, for a page that is not its block's first (those
     /// are walked back from: `Pages::gather`).
