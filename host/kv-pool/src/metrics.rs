@@ -156,6 +156,11 @@ impl Collector for PoolCollector {
                 "Blocks a get read from disk and moved back to memory.",
                 c.promoted,
             ),
+            (
+                "kvbm_pool_adopted",
+                "Blocks found on disk at start, left by an earlier run.",
+                c.adopted,
+            ),
         ];
         for (name, help, value) in plain {
             family(

@@ -123,6 +123,10 @@ pub async fn spawn(
         None => (None, None, None),
     };
     let pool = Arc::new(Pool::open(config.pool.clone(), sender)?);
+    let adopted = pool.counters().adopted;
+    if adopted > 0 {
+        tracing::info!(blocks = adopted, "disk blocks kept from an earlier run");
+    }
     let listener = tokio::net::TcpListener::bind(config.listen).await?;
     let addr = listener.local_addr()?;
     let refusals = Arc::new(Refusals::default());

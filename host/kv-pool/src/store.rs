@@ -6,8 +6,9 @@
 //! is served from memory after); a corrupt record is a counted miss and leaves the pool.
 //!
 //! Each tier is bounded by its capacity in blocks and evicts by retention, leaves first. A
-//! full disk (its byte budget, or the OS) only skips writes. Every store and removal becomes a
-//! Mooncake event, in the order the pool changed.
+//! full disk (its byte budget, or the OS) only skips writes. The disk tier outlives the
+//! process: a pool opened on a directory keeps the blocks an earlier one left there. Every
+//! store and removal becomes a Mooncake event, in the order the pool changed.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -23,6 +24,9 @@ use switchyard_kvbm::{KvbmError, SequenceHash, StorageError, Tick};
 use tokio::sync::mpsc;
 
 use crate::protocol::{PutBlock, PutResult, PutSummary};
+
+/// Blocks per message when a pool announces the disk blocks it found at start.
+const ANNOUNCED_PER_MESSAGE: usize = 1024;
 
 /// The pool's tiers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -118,6 +122,8 @@ pub struct PoolCounters {
     pub spill_failures: u64,
     /// Disk hits moved back to memory.
     pub promoted: u64,
+    /// Blocks found on disk at start, left by an earlier pool (`DiskStore::reopen`).
+    pub adopted: u64,
 }
 
 /// The pool cannot be opened.
@@ -212,23 +218,35 @@ impl Pool {
             return Err(OpenError::Config("batch bounds must be at least 1".into()));
         }
         let memory = MemoryPool::new(config.memory_blocks, config.block_bytes)?;
-        let disk = match &config.disk {
-            Some(disk) => Some(StorePool::over(DiskStore::open(
-                &disk.dir,
-                disk.blocks,
-                config.block_bytes,
-                disk.max_bytes,
-            )?)?),
-            None => None,
+        // The disk tier keeps what an earlier pool left there: a restart loses memory only.
+        let (disk, adopted) = match &config.disk {
+            Some(disk) => {
+                let (store, kept) =
+                    DiskStore::reopen(&disk.dir, disk.blocks, config.block_bytes, disk.max_bytes)?;
+                (Some(StorePool::adopting(store, &kept)?), kept)
+            }
+            None => (None, Vec::new()),
         };
+        let inner = Inner {
+            memory,
+            disk,
+            tokens: HashMap::new(),
+            counters: PoolCounters {
+                adopted: adopted.len() as u64,
+                ..PoolCounters::default()
+            },
+            events,
+        };
+        // Announced as the first events (without tokens: the records do not keep them, and a
+        // subscriber that knew the blocks recognises their hashes).
+        for chunk in adopted.chunks(ANNOUNCED_PER_MESSAGE) {
+            let announced = chunk.iter().map(|&(_, hash)| {
+                stored_event(hash, None, Vec::new(), PoolTier::Disk, &config.backend_id)
+            });
+            inner.emit(announced.collect());
+        }
         Ok(Pool {
-            inner: Mutex::new(Inner {
-                memory,
-                disk,
-                tokens: HashMap::new(),
-                counters: PoolCounters::default(),
-                events,
-            }),
+            inner: Mutex::new(inner),
             config,
             start: Instant::now(),
         })

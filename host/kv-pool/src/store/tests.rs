@@ -137,6 +137,40 @@ fn memory_evictions_go_to_disk_and_a_disk_hit_comes_back_to_memory() -> TestResu
 }
 
 #[test]
+fn a_restarted_pool_keeps_its_disk_blocks_and_announces_them() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let pool = Pool::open(config(1, Some((dir.path(), 4, None))), None)?;
+    pool.put(&[block(1, None), block(2, None), block(3, None)])?;
+    let on_disk = pool.hashes(PoolTier::Disk);
+    assert_eq!(on_disk, vec![1, 2]);
+    // One record corrupted while the pool is down: kept at start, never served.
+    let (path, offset) = pool.disk_record(2).ok_or("block 2 is on disk")?;
+    drop(pool);
+    let file = std::fs::OpenOptions::new().write(true).open(path)?;
+    std::os::unix::fs::FileExt::write_all_at(&file, b"garbage!", offset)?;
+
+    let (sender, mut receiver) = mpsc::unbounded_channel();
+    let pool = Pool::open(config(1, Some((dir.path(), 4, None))), Some(sender))?;
+    assert_eq!(pool.counters().adopted, 2);
+    assert_eq!(pool.hashes(PoolTier::Disk), on_disk);
+    assert!(
+        pool.hashes(PoolTier::Memory).is_empty(),
+        "memory does not survive"
+    );
+    let mut replayed = Replayed::default();
+    drain(&mut receiver, &mut replayed);
+    assert_eq!(replayed.disk, BTreeSet::from([1, 2]), "announced at start");
+    assert_eq!(pool.get(&[1, 2]), vec![Some(bytes_of(1)), None]);
+    assert_eq!(pool.disk_counters().map(|c| c.checksum_failures), Some(1));
+    // The events still replay to what each tier holds.
+    drain(&mut receiver, &mut replayed);
+    let held = |tier| pool.hashes(tier).into_iter().collect::<BTreeSet<_>>();
+    assert_eq!(replayed.cpu, held(PoolTier::Memory));
+    assert_eq!(replayed.disk, held(PoolTier::Disk));
+    Ok(())
+}
+
+#[test]
 fn retention_decides_what_leaves_memory() -> TestResult {
     let pool = Pool::open(config(2, None), None)?;
     let keep = PutRetention {

@@ -62,6 +62,63 @@ impl DiskStore {
         block_bytes: usize,
         max_bytes: Option<u64>,
     ) -> Result<DiskStore, StorageError> {
+        let file = Self::slot_file(dir, capacity_blocks, block_bytes, true)?;
+        Ok(Self::over(
+            dir,
+            file,
+            capacity_blocks,
+            block_bytes,
+            max_bytes,
+        ))
+    }
+
+    /// Like [`open`](Self::open), but the records an earlier store left in `dir` are kept:
+    /// each slot whose trailer names a block of this size (magic, version, length) is written,
+    /// and returned with its hash (the first slot of a hash wins; its payload is verified when
+    /// read, as always). Slots past `capacity_blocks` are cut off, and records past
+    /// `max_bytes` are not kept.
+    pub fn reopen(
+        dir: &Path,
+        capacity_blocks: usize,
+        block_bytes: usize,
+        max_bytes: Option<u64>,
+    ) -> Result<(DiskStore, Vec<(BlockId, SequenceHash)>), StorageError> {
+        let file = Self::slot_file(dir, capacity_blocks, block_bytes, false)?;
+        let mut store = Self::over(dir, file, capacity_blocks, block_bytes, max_bytes);
+        let cap = store.capacity_blocks as u64 * store.stride;
+        if store.file.metadata()?.len() > cap {
+            store.file.set_len(cap)?;
+        }
+        // The last record ends at its trailer, short of a whole stride.
+        let records = store.file.metadata()?.len().div_ceil(store.stride);
+        let mut seen = std::collections::HashSet::new();
+        let mut kept = Vec::new();
+        for slot in 0..records as u32 {
+            let slot = BlockId(slot);
+            let mut header = [0u8; HEADER_BYTES];
+            let at = store.record_offset(slot) + block_bytes as u64;
+            if read_at(&store.file, &mut header, at).is_err() {
+                continue;
+            }
+            let Some(hash) = Self::trailer_hash(&header, block_bytes) else {
+                continue;
+            };
+            if store.over_budget(slot) || !seen.insert(hash) {
+                continue;
+            }
+            store.written[slot.index()] = true;
+            store.used_bytes += store.stride;
+            kept.push((slot, hash));
+        }
+        Ok((store, kept))
+    }
+
+    fn slot_file(
+        dir: &Path,
+        capacity_blocks: usize,
+        block_bytes: usize,
+        truncate: bool,
+    ) -> Result<File, StorageError> {
         if block_bytes == 0 || capacity_blocks == 0 {
             return Err(StorageError::WrongBlockSize {
                 expected: block_bytes,
@@ -69,16 +126,24 @@ impl DiskStore {
             });
         }
         std::fs::create_dir_all(dir)?;
-        let path = dir.join(FILE_NAME);
-        let file = OpenOptions::new()
+        Ok(OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
-            .truncate(true)
-            .open(&path)?;
+            .truncate(truncate)
+            .open(dir.join(FILE_NAME))?)
+    }
+
+    fn over(
+        dir: &Path,
+        file: File,
+        capacity_blocks: usize,
+        block_bytes: usize,
+        max_bytes: Option<u64>,
+    ) -> DiskStore {
         let stride = (HEADER_BYTES + block_bytes).div_ceil(ALIGN) * ALIGN;
-        Ok(DiskStore {
-            path,
+        DiskStore {
+            path: dir.join(FILE_NAME),
             file,
             block_bytes,
             stride: stride as u64,
@@ -89,7 +154,19 @@ impl DiskStore {
             full: false,
             skipped_since_full: 0,
             counters: DiskCounters::default(),
-        })
+        }
+    }
+
+    /// The hash a record's trailer names, if it is one of ours for blocks of `block_bytes`.
+    fn trailer_hash(header: &[u8; HEADER_BYTES], block_bytes: usize) -> Option<SequenceHash> {
+        let field = |range: std::ops::Range<usize>| {
+            let mut bytes = [0u8; 8];
+            bytes.copy_from_slice(&header[range]);
+            u64::from_le_bytes(bytes)
+        };
+        let version = u16::from_le_bytes([header[4], header[5]]);
+        (header[0..4] == MAGIC && version == VERSION && field(16..24) == block_bytes as u64)
+            .then(|| SequenceHash(field(8..16)))
     }
 
     /// The slot file.

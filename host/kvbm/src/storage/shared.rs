@@ -86,6 +86,39 @@ impl<S: BlockStore> StorePool<S> {
         })
     }
 
+    /// A pool over `store` that already holds `blocks` (`(slot, hash)`: a disk tier reopened
+    /// after a restart, [`crate::storage::DiskStore::reopen`]). They come back without their
+    /// parents and with the default retention; a hash given twice keeps its first slot.
+    pub fn adopting(
+        store: S,
+        blocks: &[(BlockId, SequenceHash)],
+    ) -> Result<StorePool<S>, KvbmError> {
+        let pool = StorePool::over(store)?;
+        if blocks.is_empty() {
+            return Ok(pool);
+        }
+        let wanted: HashMap<BlockId, SequenceHash> = blocks.iter().copied().collect();
+        {
+            let mut inner = pool.lock();
+            // A fresh pool leases every slot at once; those not wanted go back as they drop.
+            let allocation = inner.index.allocate(pool.capacity_blocks, Tick(0))?;
+            for block in allocation.blocks {
+                let slot = block.id();
+                let Some(&hash) = wanted.get(&slot) else {
+                    continue;
+                };
+                let complete = block.complete(hash, None);
+                let registration = inner
+                    .index
+                    .register(complete, Retention::DEFAULT, Tick(0))?;
+                if registration.stored {
+                    inner.held.insert(hash, Held { slot, parent: None });
+                }
+            }
+        }
+        Ok(pool)
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner<S>> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }

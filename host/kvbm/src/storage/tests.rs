@@ -58,6 +58,46 @@ fn disk_round_trips() -> TestResult {
 }
 
 #[test]
+fn a_reopened_disk_keeps_its_records_and_open_discards_them() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let mut disk = DiskStore::open(dir.path(), 8, 1000, None)?;
+    disk.write_block(BlockId(1), SequenceHash(11), &block(1, 1000))?;
+    disk.write_block(BlockId(6), SequenceHash(66), &block(6, 1000))?;
+    // The same hash in a second slot (a block written again after its first slot was reused
+    // elsewhere): the first slot wins.
+    disk.write_block(BlockId(7), SequenceHash(11), &block(1, 1000))?;
+    disk.flush()?;
+    drop(disk);
+    let (mut disk, kept) = DiskStore::reopen(dir.path(), 8, 1000, None)?;
+    assert_eq!(
+        kept,
+        vec![
+            (BlockId(1), SequenceHash(11)),
+            (BlockId(6), SequenceHash(66))
+        ]
+    );
+    assert_eq!(disk.used_bytes(), 2 * disk.record_bytes());
+    let mut out = vec![0; 1000];
+    disk.read_block(BlockId(6), SequenceHash(66), &mut out)?;
+    assert_eq!(out, block(6, 1000));
+    drop(disk);
+    // Fewer slots: records past them are cut off; another block size: nothing is ours.
+    let (_, kept) = DiskStore::reopen(dir.path(), 4, 1000, None)?;
+    assert_eq!(kept, vec![(BlockId(1), SequenceHash(11))]);
+    assert!(DiskStore::reopen(dir.path(), 4, 900, None)?.1.is_empty());
+    // A byte budget of one record keeps one.
+    let record = DiskStore::open(tempfile::tempdir()?.path(), 1, 1000, None)?.record_bytes();
+    let (_, kept) = DiskStore::reopen(dir.path(), 4, 1000, Some(record))?;
+    assert_eq!(kept.len(), 1);
+    // `open` starts empty.
+    let disk = DiskStore::open(dir.path(), 4, 1000, None)?;
+    assert_eq!(disk.used_bytes(), 0);
+    drop(disk);
+    assert!(DiskStore::reopen(dir.path(), 4, 1000, None)?.1.is_empty());
+    Ok(())
+}
+
+#[test]
 fn a_corrupt_byte_is_a_counted_miss() -> TestResult {
     let dir = tempfile::tempdir()?;
     let mut disk = DiskStore::open(dir.path(), 4, 1000, None)?;
