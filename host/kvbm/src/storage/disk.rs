@@ -110,6 +110,10 @@ impl DiskStore {
             store.used_bytes += store.stride;
             kept.push((slot, hash));
         }
+        if kept.is_empty() {
+            // Nothing of ours (another block size, or garbage): the space goes back.
+            store.file.set_len(0)?;
+        }
         Ok((store, kept))
     }
 

@@ -81,15 +81,21 @@ fn a_reopened_disk_keeps_its_records_and_open_discards_them() -> TestResult {
     disk.read_block(BlockId(6), SequenceHash(66), &mut out)?;
     assert_eq!(out, block(6, 1000));
     drop(disk);
-    // Fewer slots: records past them are cut off; another block size: nothing is ours.
+    // A byte budget of one record keeps one.
+    let record = DiskStore::open(tempfile::tempdir()?.path(), 1, 1000, None)?.record_bytes();
+    let (_, kept) = DiskStore::reopen(dir.path(), 8, 1000, Some(record))?;
+    assert_eq!(kept, vec![(BlockId(1), SequenceHash(11))]);
+    // Fewer slots: records past them are cut off; another block size: nothing is ours, and the
+    // file is emptied.
     let (_, kept) = DiskStore::reopen(dir.path(), 4, 1000, None)?;
     assert_eq!(kept, vec![(BlockId(1), SequenceHash(11))]);
     assert!(DiskStore::reopen(dir.path(), 4, 900, None)?.1.is_empty());
-    // A byte budget of one record keeps one.
-    let record = DiskStore::open(tempfile::tempdir()?.path(), 1, 1000, None)?.record_bytes();
-    let (_, kept) = DiskStore::reopen(dir.path(), 4, 1000, Some(record))?;
-    assert_eq!(kept.len(), 1);
+    assert_eq!(std::fs::metadata(dir.path().join("blocks.kvb"))?.len(), 0);
     // `open` starts empty.
+    let (mut disk, _) = DiskStore::reopen(dir.path(), 4, 1000, None)?;
+    disk.write_block(BlockId(2), SequenceHash(22), &block(2, 1000))?;
+    drop(disk);
+    assert_eq!(DiskStore::reopen(dir.path(), 4, 1000, None)?.1.len(), 1);
     let disk = DiskStore::open(dir.path(), 4, 1000, None)?;
     assert_eq!(disk.used_bytes(), 0);
     drop(disk);
