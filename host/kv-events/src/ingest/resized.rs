@@ -5,12 +5,109 @@
 mod bundles;
 mod pages;
 
-use super::{IngestStats, Naming};
+use super::{IngestStats, Naming, add_copies, name};
 use crate::wire::EngineHash;
 use bundles::Bundles;
 use pages::Pages;
 use switchyard_core::hash::{BlockHasher, SequenceHash};
+use switchyard_core::index::flat::U64Map;
 use switchyard_core::worker::Tier;
+
+/// What both kinds keep per engine block, for the copy counting they share.
+trait Kind {
+    type Record: Copy + Default;
+
+    fn records(&self) -> &U64Map<Self::Record>;
+
+    fn records_mut(&mut self) -> &mut U64Map<Self::Record>;
+
+    /// The record's copies per tier, as `ingest::Block`'s.
+    fn copies(record: &mut Self::Record) -> &mut [u16; 3];
+
+    /// Our blocks the engine block holds whole: a page's, the one it ends (if it ends one); a
+    /// large block's, its run.
+    fn ours<'a>(&'a self, record: &'a Self::Record) -> &'a [SequenceHash];
+
+    /// The engine block left every tier: free what its record kept beside it.
+    fn forget(&mut self, record: &Self::Record);
+}
+
+/// Count one more copy of `block` in `tier`; if the tier did not hold it, the blocks of ours it
+/// holds go to `stored` (and are named). False if the block is unknown.
+fn add_copy<K: Kind>(
+    kind: &mut K,
+    block: EngineHash,
+    tier: Tier,
+    naming: &mut Option<Naming>,
+    stored: &mut Vec<SequenceHash>,
+) -> bool {
+    let Some(record) = kind.records_mut().get_mut(block.0) else {
+        return false;
+    };
+    if add_copies(K::copies(record), tier) {
+        let record = *record;
+        for &ours in kind.ours(&record) {
+            name(naming, Some(ours), block);
+            stored.push(ours);
+        }
+    }
+    true
+}
+
+/// Token-less copies of known engine blocks (an offload): our blocks `tier` gained.
+fn copy<K: Kind>(
+    kind: &mut K,
+    blocks: &[EngineHash],
+    tier: Tier,
+    naming: &mut Option<Naming>,
+    stats: &mut IngestStats,
+) -> Vec<SequenceHash> {
+    let mut stored = Vec::new();
+    for block in blocks {
+        if !add_copy(kind, *block, tier, naming, &mut stored) {
+            stats.skipped_unknown_hash += 1;
+        }
+    }
+    stored
+}
+
+/// Drop one copy of each engine block in `tier`: our blocks that left it with them. An engine
+/// block no tier holds is forgotten.
+fn remove<K: Kind>(
+    kind: &mut K,
+    blocks: &[EngineHash],
+    tier: Tier,
+    naming: &mut Option<Naming>,
+    stats: &mut IngestStats,
+) -> Vec<SequenceHash> {
+    let mut removed = Vec::new();
+    for block in blocks {
+        let Some(record) = kind.records_mut().get_mut(block.0) else {
+            stats.skipped_unknown_hash += 1;
+            continue;
+        };
+        let copies = K::copies(record);
+        if copies[tier as usize] == 0 {
+            stats.skipped_unknown_hash += 1;
+            continue;
+        }
+        copies[tier as usize] -= 1;
+        let (left, gone) = (copies[tier as usize] == 0, *copies == [0; 3]);
+        let record = *record;
+        if left {
+            removed.extend_from_slice(kind.ours(&record));
+        }
+        if gone {
+            if let Some(naming) = naming.as_mut() {
+                let names = kind.ours(&record).iter().map(|ours| (ours.0, None));
+                naming.pending.extend(names);
+            }
+            kind.records_mut().remove(block.0);
+            kind.forget(&record);
+        }
+    }
+    removed
+}
 
 /// An engine's blocks that are a whole fraction ([`Pages`]) or multiple ([`Bundles`]) of ours.
 #[derive(Debug)]
@@ -61,8 +158,8 @@ impl Resized {
         stats: &mut IngestStats,
     ) -> Vec<SequenceHash> {
         match self {
-            Resized::Pages(pages) => pages.copy(blocks, tier, naming, stats),
-            Resized::Bundles(bundles) => bundles.copy(blocks, tier, naming, stats),
+            Resized::Pages(pages) => copy(pages, blocks, tier, naming, stats),
+            Resized::Bundles(bundles) => copy(bundles, blocks, tier, naming, stats),
         }
     }
 
@@ -74,15 +171,15 @@ impl Resized {
         stats: &mut IngestStats,
     ) -> Vec<SequenceHash> {
         match self {
-            Resized::Pages(pages) => pages.remove(blocks, tier, naming, stats),
-            Resized::Bundles(bundles) => bundles.remove(blocks, tier, naming, stats),
+            Resized::Pages(pages) => remove(pages, blocks, tier, naming, stats),
+            Resized::Bundles(bundles) => remove(bundles, blocks, tier, naming, stats),
         }
     }
 
     pub(super) fn holds(&self, block: EngineHash) -> bool {
         match self {
-            Resized::Pages(pages) => pages.holds(block),
-            Resized::Bundles(bundles) => bundles.holds(block),
+            Resized::Pages(pages) => pages.records().contains_key(block.0),
+            Resized::Bundles(bundles) => bundles.records().contains_key(block.0),
         }
     }
 

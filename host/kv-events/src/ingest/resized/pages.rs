@@ -12,8 +12,8 @@
 //! goes no later than the pages before it; an engine that dropped a block's earlier page and
 //! kept its last would keep it indexed.
 
-use super::Chunks;
-use crate::ingest::{IngestStats, Naming, add_copies, name};
+use super::{Chunks, Kind, add_copy};
+use crate::ingest::{IngestStats, Naming};
 use crate::wire::EngineHash;
 use switchyard_core::hash::{BlockHasher, SequenceHash};
 use switchyard_core::index::flat::U64Map;
@@ -24,7 +24,7 @@ const NO_TOKENS: u32 = u32::MAX;
 
 /// One engine page.
 #[derive(Debug, Clone, Copy)]
-struct Page {
+pub(super) struct Page {
     /// Our hash of the block this page ends (`pos == per_block - 1`); for the other pages, of
     /// the last whole block before them, if any (`has_hash`).
     hash: SequenceHash,
@@ -150,13 +150,7 @@ impl Pages {
                 self.table.get_or_insert(page.0, record);
             }
             before = Some(*page);
-            let Some(record) = self.table.get_mut(page.0) else {
-                continue;
-            };
-            if add_copies(&mut record.copies, tier) && record.pos == last {
-                name(naming, Some(record.hash), *page);
-                stored.push(record.hash);
-            }
+            add_copy(self, *page, tier, naming, &mut stored);
         }
         stored
     }
@@ -184,78 +178,39 @@ impl Pages {
         true
     }
 
-    /// Token-less copies of known pages (an offload): the blocks they end that `tier` gained.
-    pub(super) fn copy(
-        &mut self,
-        pages: &[EngineHash],
-        tier: Tier,
-        naming: &mut Option<Naming>,
-        stats: &mut IngestStats,
-    ) -> Vec<SequenceHash> {
-        let last = self.per_block - 1;
-        let mut stored = Vec::new();
-        for page in pages {
-            match self.table.get_mut(page.0) {
-                Some(record) => {
-                    if add_copies(&mut record.copies, tier) && record.pos == last {
-                        name(naming, Some(record.hash), *page);
-                        stored.push(record.hash);
-                    }
-                }
-                None => stats.skipped_unknown_hash += 1,
-            }
-        }
-        stored
-    }
-
-    /// Drop one copy of each of `pages` in `tier`: the blocks that left it with their last
-    /// page. A page no tier holds is forgotten, its tokens freed.
-    pub(super) fn remove(
-        &mut self,
-        pages: &[EngineHash],
-        tier: Tier,
-        naming: &mut Option<Naming>,
-        stats: &mut IngestStats,
-    ) -> Vec<SequenceHash> {
-        let last = self.per_block - 1;
-        let mut removed = Vec::new();
-        for page in pages {
-            let Some(record) = self.table.get_mut(page.0) else {
-                stats.skipped_unknown_hash += 1;
-                continue;
-            };
-            let copies = &mut record.copies[tier as usize];
-            if *copies == 0 {
-                stats.skipped_unknown_hash += 1;
-                continue;
-            }
-            *copies -= 1;
-            let ends = record.pos == last;
-            if *copies == 0 && ends {
-                removed.push(record.hash);
-            }
-            if record.copies == [0; 3] {
-                let record = *record;
-                self.table.remove(page.0);
-                if record.tokens != NO_TOKENS {
-                    self.tokens.free(record.tokens);
-                }
-                if let (Some(naming), true) = (naming.as_mut(), ends) {
-                    naming.pending.push((record.hash.0, None));
-                }
-            }
-        }
-        removed
-    }
-
-    /// Whether `page` is a page of this engine's.
-    pub(super) fn holds(&self, page: EngineHash) -> bool {
-        self.table.contains_key(page.0)
-    }
-
     /// Forget every page.
     pub(super) fn clear(&mut self) {
         self.table.clear();
         self.tokens.clear();
+    }
+}
+
+impl Kind for Pages {
+    type Record = Page;
+
+    fn records(&self) -> &U64Map<Page> {
+        &self.table
+    }
+
+    fn records_mut(&mut self) -> &mut U64Map<Page> {
+        &mut self.table
+    }
+
+    fn copies(page: &mut Page) -> &mut [u16; 3] {
+        &mut page.copies
+    }
+
+    fn ours<'a>(&'a self, page: &'a Page) -> &'a [SequenceHash] {
+        if page.pos == self.per_block - 1 {
+            std::slice::from_ref(&page.hash)
+        } else {
+            &[]
+        }
+    }
+
+    fn forget(&mut self, page: &Page) {
+        if page.tokens != NO_TOKENS {
+            self.tokens.free(page.tokens);
+        }
     }
 }
