@@ -3,10 +3,13 @@
 //! The engine names blocks by its own hashes, which depend on its version and settings. We re-hash
 //! the tokens of every stored block with [`BlockHasher`] (so the index agrees with the hashes the
 //! router computes for requests) and keep `engine hash -> our hash` only to resolve later removals
-//! and token-less copies. An engine whose blocks are a whole fraction of ours (SGLang's default
-//! page of one token) has its pages gathered into our blocks; one whose blocks are a whole multiple
-//! of ours (a vLLM hybrid model's attention blocks) has each hashed into the run of ours it
-//! holds (`ingest/resized.rs`). Pure: no I/O, no clock; the subscriber drives it.
+//! and token-less copies. An engine that names blocks by our hashes (Dynamo's engines, Mooncake
+//! Store, our pool) needs no such table: each store is checked, and its events then name the
+//! index's blocks as they are ([`HashScheme::Ours`]). An engine whose blocks are a whole fraction
+//! of ours (SGLang's default page of one token) has its pages gathered into our blocks; one whose
+//! blocks are a whole multiple of ours (a vLLM hybrid model's attention blocks) has each hashed
+//! into the run of ours it holds (`ingest/resized.rs`). Pure: no I/O, no clock; the subscriber
+//! drives it.
 
 mod resized;
 
@@ -104,6 +107,26 @@ pub struct IngestStats {
 /// How far ahead of the block being applied the engine-hash table is touched, so that the cache
 /// misses of consecutive blocks overlap.
 const PREFETCH: usize = 8;
+
+/// How an engine's block hashes relate to ours, learnt from its first store whose blocks are
+/// hashed here and checked on every later one (the check costs nothing: every block is hashed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HashScheme {
+    /// No such store yet.
+    Unknown,
+    /// Each block's engine hash is our hash of it, chained from its parent's (Dynamo's engines,
+    /// Mooncake Store, our pool). Events name the index's blocks as they are and the engine-hash
+    /// table stays empty: a block costs one memory access instead of two. What the table gave
+    /// is lost: copies are not counted (a tier holds a block or not), a removal of a block never
+    /// stored goes to the index, which holds nothing to remove, a store under a parent the rank
+    /// does not hold is indexed (lookups never reach it), and a reset keeps no names to relearn
+    /// a prefix the engine kept. Not for a rank that takes KV hints ([`Ingestor::naming`]):
+    /// hints name the blocks each tier holds, which the table counts.
+    Ours,
+    /// The engine hashes its own way (vLLM, SGLang, TensorRT-LLM, the mock engine): the table
+    /// translates.
+    Engines,
+}
 
 /// Our name for an engine block and how many copies the engine holds in each tier.
 ///
@@ -268,6 +291,8 @@ pub struct Ingestor {
     warned_block_size: bool,
     /// The engine's blocks, when they are a whole fraction or multiple of ours.
     resized: Option<Resized>,
+    /// Whether the engine names blocks by our hashes.
+    scheme: HashScheme,
     stats: IngestStats,
 }
 
@@ -301,6 +326,7 @@ impl Ingestor {
             routed_group: None,
             warned_block_size: false,
             resized: None,
+            scheme: HashScheme::Unknown,
             stats: IngestStats::default(),
         }
     }
@@ -474,6 +500,36 @@ impl Ingestor {
         blocks: &[(EngineHash, LocalBlockHash)],
         tier: Tier,
     ) -> Option<IndexOp> {
+        let engine_hashes = || blocks.iter().map(|&(engine, _)| engine);
+        let locals = || blocks.iter().map(|&(_, local)| local);
+        let (stored, chain) = match self.named_by_ours(engine_hashes(), parent, locals()) {
+            Ok(true) => (Self::as_named(engine_hashes()), self.local_hashes),
+            Ok(false) => self.translate_locals(parent, blocks, tier)?,
+            Err(clear) => return Some(clear),
+        };
+        self.flush_names();
+        self.stats.stored_blocks += stored.len() as u64;
+        (!stored.is_empty()).then(|| IndexOp::Store {
+            rank: self.rank,
+            tier,
+            blocks: stored,
+            locals: if chain {
+                locals().collect()
+            } else {
+                Vec::new()
+            },
+        })
+    }
+
+    /// [`store_locals`](Self::store_locals) through the engine-hash table: our hashes of the
+    /// blocks stored, and whether they are exactly the chain hashed here (`None`: the parent is
+    /// unknown).
+    fn translate_locals(
+        &mut self,
+        parent: Option<EngineHash>,
+        blocks: &[(EngineHash, LocalBlockHash)],
+        tier: Tier,
+    ) -> Option<(Vec<SequenceHash>, bool)> {
         let mut stored = Vec::with_capacity(blocks.len());
         let mut prev = self.parent(parent, tier, &mut stored).ok()?;
         let mut prev_engine = parent;
@@ -497,19 +553,7 @@ impl Ingestor {
             name(&mut self.naming, added, engine);
             stored.extend(added);
         }
-        self.flush_names();
-        self.stats.stored_blocks += stored.len() as u64;
-        let locals = if chain {
-            blocks.iter().map(|&(_, local)| local).collect()
-        } else {
-            Vec::new()
-        };
-        (!stored.is_empty()).then_some(IndexOp::Store {
-            rank: self.rank,
-            tier,
-            blocks: stored,
-            locals,
-        })
+        Some((stored, chain))
     }
 
     /// A removal from a transport without sequence numbers (see [`store_locals`](Self::store_locals)).
@@ -610,13 +654,16 @@ impl Ingestor {
                 let (blocks, locals) = if token_ids.is_empty() && block_size == 0 {
                     (self.store_copies(&block_hashes, tier), Vec::new())
                 } else {
-                    self.store_computed(
+                    match self.store_computed(
                         &block_hashes,
                         parent_block_hash,
                         &token_ids,
                         block_size,
                         tier,
-                    )
+                    ) {
+                        Ok(stored) => stored,
+                        Err(clear) => return Some(clear),
+                    }
                 };
                 self.stats.stored_blocks += blocks.len() as u64;
                 (!blocks.is_empty()).then_some(IndexOp::Store {
@@ -645,7 +692,9 @@ impl Ingestor {
     }
 
     /// Blocks computed from tokens: re-hash them, chained from the parent's own hash. Our hashes
-    /// of the blocks stored, and their local hashes when those are the whole chain.
+    /// of the blocks stored, and their local hashes when those are the whole chain (`Err`: the
+    /// clear of a rank whose engine stopped naming blocks by our hashes, see
+    /// [`named_by_ours`](Self::named_by_ours)).
     fn store_computed(
         &mut self,
         engine_hashes: &[EngineHash],
@@ -653,24 +702,42 @@ impl Ingestor {
         tokens: &[u32],
         block_size: u32,
         tier: Tier,
-    ) -> (Vec<SequenceHash>, Vec<LocalBlockHash>) {
+    ) -> Result<(Vec<SequenceHash>, Vec<LocalBlockHash>), IndexOp> {
         self.self_describing = true;
         let ours = self.hasher.block_size();
         if block_size as usize != ours || tokens.len() != engine_hashes.len() * ours {
             if let Some(stored) =
                 self.store_resized(engine_hashes, parent, tokens, block_size, tier)
             {
-                return (stored, Vec::new());
+                return Ok((stored, Vec::new()));
             }
             if block_size as usize != ours && self.stats.stored_blocks == 0 {
                 self.warn_block_size(block_size);
             }
             self.stats.skipped_unaligned += 1;
-            return (Vec::new(), Vec::new());
+            return Ok((Vec::new(), Vec::new()));
+        }
+        if self.scheme != HashScheme::Engines {
+            let locals = self.hasher.locals(tokens);
+            if self.named_by_ours(
+                engine_hashes.iter().copied(),
+                parent,
+                locals.iter().copied(),
+            )? {
+                let stored = Self::as_named(engine_hashes.iter().copied());
+                return Ok((
+                    stored,
+                    if self.local_hashes {
+                        locals
+                    } else {
+                        Vec::new()
+                    },
+                ));
+            }
         }
         let mut stored = Vec::new();
         let Ok(parent_hash) = self.parent(parent, tier, &mut stored) else {
-            return (stored, Vec::new());
+            return Ok((stored, Vec::new()));
         };
         let mut chain = self.local_hashes && stored.is_empty();
         // The blocks' slots arrive while their tokens are hashed.
@@ -698,7 +765,64 @@ impl Ingestor {
                 added
             },
         ));
-        (stored, if chain { locals } else { Vec::new() })
+        Ok((stored, if chain { locals } else { Vec::new() }))
+    }
+
+    /// Whether a store's blocks can be taken as the engine names them: each engine hash is our
+    /// hash of the block, chained from the one before (the parent's taken as ours). Decided by
+    /// the first store hashed here, while no block is held through the table; then every store
+    /// must agree. `Err`: one did not, so the blocks taken on the engine's word can no longer be
+    /// told apart: the rank is cleared, that store is dropped, and the table translates from now
+    /// on.
+    fn named_by_ours(
+        &mut self,
+        engine_hashes: impl Iterator<Item = EngineHash>,
+        parent: Option<EngineHash>,
+        locals: impl Iterator<Item = LocalBlockHash>,
+    ) -> Result<bool, IndexOp> {
+        if self.scheme == HashScheme::Engines {
+            return Ok(false);
+        }
+        let mut prev = parent.map(|p| SequenceHash(p.0));
+        let agrees = engine_hashes.zip(locals).all(|(engine, local)| {
+            let hash = self.hasher.chain(prev, local);
+            prev = Some(hash);
+            hash.0 == engine.0
+        });
+        match (self.scheme, agrees) {
+            (HashScheme::Ours, true) => Ok(true),
+            (HashScheme::Ours, false) => {
+                tracing::warn!(
+                    rank = %self.rank,
+                    "the engine stored a block not named by the router's hash after naming every \
+                     earlier one so: the rank's blocks are forgotten and its events translated \
+                     from now on"
+                );
+                self.scheme = HashScheme::Engines;
+                Err(self.clear())
+            }
+            // A rank that takes KV hints keeps the table: hints name the blocks each tier holds.
+            (_, true)
+                if self.blocks.is_empty() && self.resized.is_none() && self.naming.is_none() =>
+            {
+                tracing::debug!(
+                    rank = %self.rank,
+                    "the engine names blocks by the router's hash: its events are applied as \
+                     they name blocks"
+                );
+                self.scheme = HashScheme::Ours;
+                Ok(true)
+            }
+            _ => {
+                self.scheme = HashScheme::Engines;
+                Ok(false)
+            }
+        }
+    }
+
+    /// Blocks of an engine that names them by our hashes, as it names them.
+    fn as_named(engine_hashes: impl Iterator<Item = EngineHash>) -> Vec<SequenceHash> {
+        engine_hashes.map(|e| SequenceHash(e.0)).collect()
     }
 
     /// A store of engine blocks a whole fraction or multiple of ours (see [`Resized`]): `None`
@@ -717,7 +841,7 @@ impl Ingestor {
         if tokens.len() != engine_hashes.len() * engine_block {
             return None;
         }
-        if self.resized.is_none() && self.blocks.is_empty() {
+        if self.resized.is_none() && self.blocks.is_empty() && self.scheme != HashScheme::Ours {
             self.resized = Resized::new(engine_block, self.hasher.block_size());
         }
         let resized = (self.resized.as_mut()).filter(|r| r.engine_block() == engine_block)?;
@@ -794,6 +918,9 @@ impl Ingestor {
         if let Some(resized) = resized_of(&mut self.resized, engine_hashes) {
             return resized.copy(engine_hashes, tier, &mut self.naming, &mut self.stats);
         }
+        if self.scheme == HashScheme::Ours {
+            return Self::as_named(engine_hashes.iter().copied());
+        }
         let mut stored = Vec::new();
         for engine in engine_hashes {
             if self.format == WireFormat::Mooncake && !self.self_describing {
@@ -821,6 +948,9 @@ impl Ingestor {
     fn remove(&mut self, engine_hashes: &[EngineHash], tier: Tier) -> Vec<SequenceHash> {
         if let Some(resized) = resized_of(&mut self.resized, engine_hashes) {
             return resized.remove(engine_hashes, tier, &mut self.naming, &mut self.stats);
+        }
+        if self.scheme == HashScheme::Ours {
+            return Self::as_named(engine_hashes.iter().copied());
         }
         let mut removed = Vec::with_capacity(engine_hashes.len());
         for engine in engine_hashes.iter().take(PREFETCH) {

@@ -2,6 +2,8 @@ use super::*;
 use crate::wire::{Encoding, EventBatch, encode_batch};
 use switchyard_core::kv_hints::actions::BlockPayload;
 
+mod ours;
+
 const BS: u32 = 2;
 
 fn rank() -> Rank {
