@@ -3,13 +3,13 @@
 //! The engine names blocks by its own hashes, which depend on its version and settings. We re-hash
 //! the tokens of every stored block with [`BlockHasher`] (so the index agrees with the hashes the
 //! router computes for requests) and keep `engine hash -> our hash` only to resolve later removals
-//! and token-less copies. An engine that names blocks by our hashes (Dynamo's engines, Mooncake
-//! Store, our pool) needs no such table: each store is checked, and its events then name the
-//! index's blocks as they are ([`HashScheme::Ours`]). An engine whose blocks are a whole fraction
-//! of ours (SGLang's default page of one token) has its pages gathered into our blocks; one whose
-//! blocks are a whole multiple of ours (a vLLM hybrid model's attention blocks) has each hashed
-//! into the run of ours it holds (`ingest/resized.rs`). Pure: no I/O, no clock; the subscriber
-//! drives it.
+//! and token-less copies. An engine that names blocks by our hashes (Dynamo's mocker; a pool whose
+//! writers key blocks by the router's hash, as Mooncake's do) needs no such table: each store is
+//! checked, and its events then name the index's blocks as they are ([`HashScheme::Ours`]). An
+//! engine whose blocks are a whole fraction of ours (SGLang's default page of one token) has its
+//! pages gathered into our blocks; one whose blocks are a whole multiple of ours (a vLLM hybrid
+//! model's attention blocks) has each hashed into the run of ours it holds (`ingest/resized.rs`).
+//! Pure: no I/O, no clock; the subscriber drives it.
 
 mod resized;
 
@@ -114,10 +114,10 @@ const PREFETCH: usize = 8;
 enum HashScheme {
     /// No such store yet.
     Unknown,
-    /// Each block's engine hash is our hash of it, chained from its parent's (Dynamo's engines,
-    /// Mooncake Store, our pool). Events name the index's blocks as they are and the engine-hash
-    /// table stays empty: a block costs one memory access instead of two. What the table gave
-    /// is lost: copies are not counted (a tier holds a block or not), a removal of a block never
+    /// Each block's engine hash is our hash of it, chained from its parent's (Dynamo's mocker;
+    /// a pool whose writers key blocks by the router's hash). Events name the index's blocks as
+    /// they are and the engine-hash table stays empty: a block costs one memory access instead
+    /// of two. What the table gave is lost: copies are not counted (a tier holds a block or not), a removal of a block never
     /// stored goes to the index, which holds nothing to remove, a store under a parent the rank
     /// does not hold is indexed (lookups never reach it), and a reset keeps no names to relearn
     /// a prefix the engine kept. Not for a rank that takes KV hints ([`Ingestor::naming`]):
