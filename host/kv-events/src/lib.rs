@@ -10,7 +10,8 @@
 //!   in our own hash space, with sequence tracking (pure);
 //! - [`subscriber`]: the ZMQ SUB driver that feeds an [`ingest::Ingestor`], replays lost
 //!   messages and survives bad input and dropped connections;
-//! - [`publisher`]: an engine-side PUB with a replay socket, for the mock engine and tests.
+//! - [`publisher`]: an engine-side PUB with a replay socket, for the mock engine, the KV pool and
+//!   tests.
 //!
 //! ```
 //! use switchyard_core::{hash::BlockHasher, index::{IndexOp, KvIndex}, worker::{Rank, Tier}};

@@ -1,20 +1,37 @@
 //! The engine side: a PUB stream plus a ROUTER replay socket, as vLLM runs them.
 //!
-//! Used by the mock engine and by tests. One task owns both sockets; [`Publisher`] is a handle that
-//! sends it batches, so it can be shared across tasks.
+//! Used by the mock engine, the KV pool and tests. One task owns the stream, another the replay
+//! socket, so that a replay requester that stops reading never holds up the live stream (a ROUTER
+//! send in the `zeromq` crate waits for room in the peer's queue, where libzmq's drops).
+//! [`Publisher`] is a handle that sends batches to the stream's task, so it can be shared across
+//! tasks.
 
 use crate::Error;
 use crate::wire::{Encoding, EventBatch, encode_batch};
 use bytes::Bytes;
-use std::collections::VecDeque;
-use std::sync::Arc;
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
 /// Sequence frame of the replay socket's end marker: -1 as a big-endian i64.
 pub(crate) const END_OF_REPLAY: [u8; 8] = (-1i64).to_be_bytes();
+
+/// Longest one replay answer may wait for room in its requester's queue: a requester that stops
+/// reading is given up on (its replay ends without the end marker and times out there), so the
+/// next requester is answered.
+const REPLAY_ANSWER_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Stalled requesters remembered (then forgotten together): each is one connection's identity.
+const MAX_STALLED: usize = 1024;
+
+/// The batches the replay socket can answer with: the last `buffer_steps`, shared by the stream's
+/// task, which adds them, and the replay task, which reads them.
+type ReplayBuffer = Arc<Mutex<VecDeque<(u64, Bytes)>>>;
 
 /// A KV event publisher. Sequence numbers start at 0 and grow by one per batch.
 #[derive(Debug)]
@@ -162,71 +179,108 @@ impl Publisher {
 
 async fn serve(
     mut stream: PubSocket,
-    mut replay: Option<RouterSocket>,
+    replay: Option<RouterSocket>,
     mut batches: mpsc::Receiver<Outgoing>,
     buffer_steps: usize,
     faults: Arc<PublisherFaults>,
 ) {
-    let mut buffer: VecDeque<(u64, Bytes)> = VecDeque::new();
+    let buffer = ReplayBuffer::default();
+    let stop = CancellationToken::new();
+    let replay = replay.map(|router| {
+        tokio::spawn(serve_replay(
+            router,
+            buffer.clone(),
+            faults.clone(),
+            stop.clone(),
+        ))
+    });
     let mut next_seq = 0u64;
-    loop {
-        tokio::select! {
-            outgoing = batches.recv() => {
-                let Some(Outgoing { payload, lost, reply }) = outgoing else {
-                    break;
-                };
-                let seq = next_seq;
-                next_seq += 1;
-                let sent = if lost {
-                    Ok(())
-                } else {
-                    let frames = vec![Bytes::new(), seq_frame(seq), payload.clone()];
-                    stream.send(message(frames)).await.map_err(Error::from)
-                };
-                if buffer_steps > 0 {
-                    if buffer.len() == buffer_steps {
-                        buffer.pop_front();
-                    }
-                    buffer.push_back((seq, payload));
-                }
-                // The caller may have stopped waiting; the batch is out either way.
-                let _ = reply.send(sent.map(|()| seq));
+    while let Some(Outgoing {
+        payload,
+        lost,
+        reply,
+    }) = batches.recv().await
+    {
+        let seq = next_seq;
+        next_seq += 1;
+        // Buffered before it is sent: a subscriber that sees it and asks for the batches before
+        // it (a gap) gets it in the answer too.
+        if buffer_steps > 0 {
+            let mut buffer = buffer.lock().unwrap_or_else(PoisonError::into_inner);
+            if buffer.len() == buffer_steps {
+                buffer.pop_front();
             }
-            request = next_request(&mut replay) => {
-                let silent = faults.replay_silent.load(Ordering::Relaxed);
-                let answered = match (request, replay.as_mut()) {
-                    (Ok(_), Some(_)) if silent => Ok(()),
-                    (Ok(request), Some(router)) => answer(router, request, &buffer).await,
-                    (Err(error), _) => Err(error.into()),
-                    (Ok(_), None) => Ok(()),
-                };
-                if let Err(error) = answered {
-                    tracing::debug!(%error, "KV event replay request failed");
+            buffer.push_back((seq, payload.clone()));
+        }
+        let sent = if lost {
+            Ok(())
+        } else {
+            let frames = vec![Bytes::new(), seq_frame(seq), payload];
+            stream.send(message(frames)).await.map_err(Error::from)
+        };
+        // The caller may have stopped waiting; the batch is out either way.
+        let _ = reply.send(sent.map(|()| seq));
+    }
+    let _ = stream.close().await;
+    stop.cancel();
+    if let Some(replay) = replay {
+        let _ = replay.await;
+    }
+}
+
+/// Answer replay requests, one at a time, until `stop`; then release the socket's port. A
+/// requester whose answer stalled is not answered again: it stopped reading, and each of its
+/// queued requests would hold the others up for as long.
+async fn serve_replay(
+    mut router: RouterSocket,
+    buffer: ReplayBuffer,
+    faults: Arc<PublisherFaults>,
+    stop: CancellationToken,
+) {
+    let mut stalled = HashSet::new();
+    loop {
+        let request = tokio::select! {
+            () = stop.cancelled() => break,
+            request = router.recv() => request,
+        };
+        if faults.replay_silent.load(Ordering::Relaxed) {
+            continue;
+        }
+        let (identity, start) = match request.map_err(Error::from).and_then(replay_request) {
+            Ok(request) => request,
+            Err(error) => {
+                tracing::debug!(%error, "KV event replay request failed");
+                continue;
+            }
+        };
+        if stalled.contains(&identity) {
+            continue;
+        }
+        let answer = answer(&mut router, &identity, start, &buffer);
+        let answered = tokio::select! {
+            () = stop.cancelled() => break,
+            answered = tokio::time::timeout(REPLAY_ANSWER_TIMEOUT, answer) => answered,
+        };
+        match answered {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tracing::debug!(%error, "KV event replay request failed"),
+            Err(_) => {
+                tracing::debug!(
+                    "a KV event replay requester took no answer within {REPLAY_ANSWER_TIMEOUT:?}: \
+                     given up on"
+                );
+                if stalled.len() == MAX_STALLED {
+                    stalled.clear();
                 }
+                stalled.insert(identity);
             }
         }
     }
-    let _ = stream.close().await;
-    if let Some(router) = replay {
-        let _ = router.close().await;
-    }
+    let _ = router.close().await;
 }
 
-async fn next_request(replay: &mut Option<RouterSocket>) -> zeromq::ZmqResult<ZmqMessage> {
-    match replay {
-        Some(router) => router.recv().await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Answer `[identity, b"", start_seq]` with every buffered batch from `start_seq` on, then the
-/// end marker, framed as vLLM and SGLang do today: `[b"", topic, seq, payload]` (the live stream's
-/// frames) and `[b"", b"", -1, b""]`.
-async fn answer(
-    router: &mut RouterSocket,
-    request: ZmqMessage,
-    buffer: &VecDeque<(u64, Bytes)>,
-) -> Result<(), Error> {
+/// A replay request, `[identity, b"", start_seq]`: who asked, and from which sequence number.
+fn replay_request(request: ZmqMessage) -> Result<(Bytes, u64), Error> {
     let frames = request.into_vec();
     let [identity, _empty, start] = frames.as_slice() else {
         return Err(Error::BadReplay);
@@ -234,13 +288,32 @@ async fn answer(
     let start = <[u8; 8]>::try_from(start.as_ref())
         .map(u64::from_be_bytes)
         .map_err(|_| Error::BadReplay)?;
-    for (seq, payload) in buffer.iter().filter(|(seq, _)| *seq >= start) {
+    Ok((identity.clone(), start))
+}
+
+/// Answer `identity` with every buffered batch from `start` on, then the end marker, framed as
+/// vLLM and SGLang do today: `[b"", topic, seq, payload]` (the live stream's frames) and
+/// `[b"", b"", -1, b""]`.
+async fn answer(
+    router: &mut RouterSocket,
+    identity: &Bytes,
+    start: u64,
+    buffer: &ReplayBuffer,
+) -> Result<(), Error> {
+    // A snapshot (the payloads are shared, not copied): the stream's task never waits on a
+    // requester's socket.
+    let batches: Vec<(u64, Bytes)> = {
+        let buffer = buffer.lock().unwrap_or_else(PoisonError::into_inner);
+        let first = buffer.partition_point(|(seq, _)| *seq < start);
+        buffer.range(first..).cloned().collect()
+    };
+    for (seq, payload) in batches {
         let frames = vec![
             identity.clone(),
             Bytes::new(),
             Bytes::new(), // topic
-            seq_frame(*seq),
-            payload.clone(),
+            seq_frame(seq),
+            payload,
         ];
         router.send(message(frames)).await?;
     }

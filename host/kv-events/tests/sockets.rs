@@ -3,6 +3,7 @@
 mod support;
 
 use bytes::Bytes;
+use std::time::Duration;
 use support::{BLOCK_SIZE, Harness, JOIN_TIME, free_endpoint, ours};
 use switchyard_core::worker::{Rank, Tier};
 use switchyard_kv_events::publisher::Publisher;
@@ -378,4 +379,111 @@ async fn a_subscriber_started_first_receives_once_the_engine_binds() {
     .await;
     sub.stop().await;
     publisher.close().await;
+}
+
+/// A replay requester that asks again and again and reads nothing fills its queue at the
+/// publisher (the `zeromq` crate's ROUTER then waits for room): the live stream and the other
+/// requesters' replays go on.
+#[tokio::test]
+async fn a_replay_requester_that_stops_reading_holds_up_neither_the_stream_nor_other_replays() {
+    use zeromq::{DealerSocket, SocketRecv};
+    const BUFFERED: usize = 1_000;
+    let publisher = Publisher::bind(
+        "tcp://127.0.0.1:0",
+        Some("tcp://127.0.0.1:0"),
+        Encoding::Array,
+        BUFFERED,
+    )
+    .await
+    .expect("publisher binds");
+    let replay = publisher.replay_endpoint().expect("a replay socket");
+    for n in 0..BUFFERED as u32 {
+        publisher
+            .publish(&batch(vec![stored(&[u64::from(n) + 1], None, &[n; 4])]))
+            .await
+            .expect("buffered");
+    }
+    let request = |start: u64| {
+        ZmqMessage::try_from(vec![
+            Bytes::new(),
+            Bytes::copy_from_slice(&start.to_be_bytes()),
+        ])
+        .expect("two frames")
+    };
+    // A requester that reads nothing after its handshake, so that the answers fill the socket
+    // buffers and then the publisher's queue for it (100,000 messages): far more than that.
+    let _stuck = stuck_requester(&replay, 400).await;
+    // The publisher's answers to it fill up while the live stream goes on.
+    let mut sub = Harness::start(RANK, publisher.endpoint(), None, false);
+    sub.joined().await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let tokens: Vec<u32> = (5_000..5_004).collect();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        publisher.publish(&batch(vec![stored(&[99_999], None, &tokens)])),
+    )
+    .await
+    .expect("the stream is not held up by the replay socket")
+    .expect("sent");
+    sub.wait_until("the live block", |index, _| {
+        index.contains(RANK, Tier::Device, ours(&tokens)[0])
+    })
+    .await;
+    // Another requester is answered in full.
+    let mut other = DealerSocket::new();
+    other.connect(&replay).await.expect("connects");
+    other
+        .send(request(BUFFERED as u64 - 10))
+        .await
+        .expect("request sent");
+    let mut seqs = Vec::new();
+    loop {
+        let answer = tokio::time::timeout(Duration::from_secs(5), other.recv())
+            .await
+            .expect("answered while the stuck requester is not")
+            .expect("a message");
+        let seq = answer.get(2).expect("a sequence frame").to_vec();
+        if seq == (-1i64).to_be_bytes() {
+            break;
+        }
+        seqs.push(u64::from_be_bytes(seq.try_into().expect("8 bytes")));
+    }
+    assert_eq!(
+        seqs,
+        (BUFFERED as u64 - 10..=BUFFERED as u64).collect::<Vec<_>>()
+    );
+    sub.stop().await;
+    tokio::time::timeout(Duration::from_secs(5), publisher.close())
+        .await
+        .expect("the publisher closes");
+}
+
+/// A ZMTP 3.0 DEALER on a plain TCP socket (NULL mechanism) that sends `requests` replay requests
+/// from sequence 0 and never reads: unlike the `zeromq` crate's own sockets, which read ahead
+/// into memory, it leaves what the publisher sends in the kernel's buffers.
+async fn stuck_requester(endpoint: &str, requests: usize) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let address = endpoint.trim_start_matches("tcp://");
+    let mut socket = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connects");
+    let mut greeting = vec![0xFF, 0, 0, 0, 0, 0, 0, 0, 0, 0x7F, 3, 0];
+    greeting.extend(b"NULL");
+    greeting.resize(64, 0); // the mechanism's padding, as-server = 0, filler
+    let mut ready = vec![5];
+    ready.extend(b"READY");
+    ready.push(11);
+    ready.extend(b"Socket-Type");
+    ready.extend(6u32.to_be_bytes());
+    ready.extend(b"DEALER");
+    let mut bytes = greeting;
+    bytes.extend([0x04, ready.len() as u8]);
+    bytes.extend(ready);
+    for _ in 0..requests {
+        // [b"", start sequence 0]: an empty frame with MORE, then eight bytes.
+        bytes.extend([0x01, 0, 0x00, 8]);
+        bytes.extend(0u64.to_be_bytes());
+    }
+    socket.write_all(&bytes).await.expect("requests sent");
+    socket
 }
