@@ -19,7 +19,7 @@ use bytes::Bytes;
 use switchyard_kv_events::wire::EngineHash;
 use switchyard_kv_events::wire::mooncake::{MooncakeEvent, MooncakeEventType};
 use switchyard_kvbm::retention::Retention;
-use switchyard_kvbm::storage::{DiskStore, MemoryPool, PutOutcome, Spilled, StorePool};
+use switchyard_kvbm::storage::{DiskReader, DiskStore, MemoryPool, PutOutcome, Spilled, StorePool};
 use switchyard_kvbm::{KvbmError, SequenceHash, StorageError, Tick};
 use tokio::sync::mpsc;
 
@@ -198,6 +198,8 @@ struct Inner {
 #[derive(Debug)]
 pub struct Pool {
     inner: Mutex<Inner>,
+    /// Reads the disk tier's records outside `inner`'s lock ([`Pool::get`]).
+    disk_reader: Option<DiskReader>,
     config: PoolConfig,
     start: Instant,
 }
@@ -245,8 +247,10 @@ impl Pool {
             });
             inner.emit(announced.collect());
         }
+        let disk_reader = inner.disk.as_ref().map(|d| d.inspect(DiskStore::reader));
         Ok(Pool {
             inner: Mutex::new(inner),
+            disk_reader,
             config,
             start: Instant::now(),
         })
@@ -294,19 +298,57 @@ impl Pool {
         hashes
     }
 
-    /// The bytes of each of `hashes` held, in order (a hit is a use).
+    /// The bytes of each of `hashes` held, in order (a hit is a use). Disk reads run outside the
+    /// pool's lock, so that one caller's reads hold up no other call: the blocks read stay in
+    /// use meanwhile (neither evicted nor moved), and go back to memory once read.
     pub fn get(&self, hashes: &[u64]) -> Vec<Option<Bytes>> {
         let now = self.now();
-        let mut inner = self.lock();
-        let mut events = Vec::new();
-        let blocks = hashes
-            .iter()
-            .map(|&h| {
-                let block = inner.get_one(SequenceHash(h), &self.config, now, &mut events);
-                inner.drain_removals(&self.config.backend_id, &mut events);
-                block
+        let mut blocks: Vec<Option<Bytes>> = vec![None; hashes.len()];
+        let mut leased = Vec::new();
+        {
+            let mut inner = self.lock();
+            for (i, &hash) in hashes.iter().enumerate() {
+                let hash = SequenceHash(hash);
+                let mut out = vec![0u8; self.config.block_bytes];
+                if inner.get_from_memory(hash, &mut out, now) {
+                    blocks[i] = Some(out.into());
+                    continue;
+                }
+                match inner.disk.as_ref().and_then(|disk| disk.lease(hash, now)) {
+                    Some(lease) => leased.push((i, lease, out)),
+                    None => inner.counters.disk_misses += 1,
+                }
+            }
+        }
+        let Some(reader) = self.disk_reader.as_ref().filter(|_| !leased.is_empty()) else {
+            return blocks;
+        };
+        let read: Vec<_> = leased
+            .into_iter()
+            .map(|(i, lease, mut out)| {
+                let result = reader.read(lease.id(), lease.hash(), &mut out);
+                (i, lease, result, out)
             })
             .collect();
+        let mut inner = self.lock();
+        let mut events = Vec::new();
+        for (i, lease, result, out) in read {
+            let hash = lease.hash();
+            if let Some(disk) = &inner.disk {
+                // A corrupt record is dropped by the disk pool and counted by its reader: a miss.
+                disk.end_lease(lease, &result);
+            }
+            if result.is_err() {
+                inner.counters.disk_misses += 1;
+                continue;
+            }
+            inner.counters.disk_hits += 1;
+            inner.counters.bytes_out += out.len() as u64;
+            inner.promote(hash, &out, &self.config, now, &mut events);
+            inner.drain_removals(&self.config.backend_id, &mut events);
+            blocks[i] = Some(out.into());
+        }
+        inner.drain_removals(&self.config.backend_id, &mut events);
         inner.emit(events);
         blocks
     }
@@ -405,31 +447,15 @@ impl Inner {
         }
     }
 
-    fn get_one(
-        &mut self,
-        hash: SequenceHash,
-        config: &PoolConfig,
-        now: Tick,
-        events: &mut Vec<MooncakeEvent>,
-    ) -> Option<Bytes> {
-        let block_bytes = config.block_bytes;
-        let mut out = vec![0u8; block_bytes];
-        if self.memory.get_at(hash, &mut out, now).is_ok() {
+    /// Read `hash` into `out` if memory holds it (a use); whether it did, counted either way.
+    fn get_from_memory(&mut self, hash: SequenceHash, out: &mut [u8], now: Tick) -> bool {
+        if self.memory.get_at(hash, out, now).is_ok() {
             self.counters.memory_hits += 1;
-            self.counters.bytes_out += block_bytes as u64;
-            return Some(out.into());
+            self.counters.bytes_out += out.len() as u64;
+            return true;
         }
         self.counters.memory_misses += 1;
-        let disk = self.disk.as_ref()?;
-        // A corrupt record is dropped by the disk pool and counted by its store: a miss.
-        if disk.get_at(hash, &mut out, now).is_ok() {
-            self.counters.disk_hits += 1;
-            self.counters.bytes_out += block_bytes as u64;
-            self.promote(hash, &out, config, now, events);
-            return Some(out.into());
-        }
-        self.counters.disk_misses += 1;
-        None
+        false
     }
 
     fn put_one(

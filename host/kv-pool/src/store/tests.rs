@@ -301,3 +301,57 @@ proptest! {
         }
     }
 }
+
+/// Callers at once, their disk reads outside the pool's lock: every get returns exactly the
+/// bytes put for its hash or a miss, reads and promotions happen, and the events still replay to
+/// exactly what each tier holds.
+#[test]
+fn callers_at_once_read_the_disk_outside_the_lock_and_the_events_still_hold() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (sender, mut receiver) = mpsc::unbounded_channel();
+    let pool = Pool::open(config(4, Some((dir.path(), 24, None))), Some(sender))?;
+    let rounds = 400u64;
+    std::thread::scope(|scope| {
+        for caller in 0..4u64 {
+            let pool = &pool;
+            scope.spawn(move || {
+                // A fixed walk per caller over 32 hashes: puts that spill memory to disk,
+                // gets that mostly find the disk.
+                let mut state = caller.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                let mut next = || {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    state % 32
+                };
+                for _ in 0..rounds {
+                    let hash = next();
+                    if hash % 3 == 0 {
+                        pool.put(&[block(hash, None)])
+                            .expect("a valid put never fails");
+                    } else {
+                        let hashes = [hash, next(), next()];
+                        for (hash, got) in hashes.iter().zip(pool.get(&hashes)) {
+                            if let Some(got) = got {
+                                assert_eq!(got, bytes_of(*hash), "the bytes of {hash}");
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let counters = pool.counters();
+    assert!(
+        counters.disk_hits > 0 && counters.promoted > 0,
+        "{counters:?}"
+    );
+    let mut replayed = Replayed::default();
+    drain(&mut receiver, &mut replayed);
+    let memory = pool.hashes(PoolTier::Memory);
+    let disk = pool.hashes(PoolTier::Disk);
+    assert!(memory.iter().all(|h| !disk.contains(h)));
+    assert_eq!(replayed.cpu.into_iter().collect::<Vec<_>>(), memory);
+    assert_eq!(replayed.disk.into_iter().collect::<Vec<_>>(), disk);
+    Ok(())
+}

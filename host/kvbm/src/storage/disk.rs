@@ -8,6 +8,8 @@
 use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use xxhash_rust::xxh3::Xxh3;
 
@@ -40,16 +42,36 @@ pub struct DiskCounters {
 #[derive(Debug)]
 pub struct DiskStore {
     path: PathBuf,
-    file: File,
     block_bytes: usize,
-    stride: u64,
     capacity_blocks: usize,
     max_bytes: Option<u64>,
     written: Vec<bool>,
     used_bytes: u64,
     full: bool,
     skipped_since_full: u64,
+    /// `reads` and `checksum_failures` are the reader's.
     counters: DiskCounters,
+    reader: DiskReader,
+}
+
+/// Reads and verifies a [`DiskStore`]'s records without the store: any number at once, from
+/// any thread (positional reads of a shared file), so that a caller that keeps the store under
+/// a lock can read outside it. The caller makes sure the slot is not rewritten meanwhile (a
+/// pool keeps the block in use); a record rewritten anyway fails its check, never reads as
+/// another block.
+#[derive(Debug, Clone)]
+pub struct DiskReader {
+    file: Arc<File>,
+    block_bytes: usize,
+    stride: u64,
+    counts: Arc<ReadCounts>,
+}
+
+/// What the readers of one store counted.
+#[derive(Debug, Default)]
+struct ReadCounts {
+    reads: AtomicU64,
+    checksum_failures: AtomicU64,
 }
 
 impl DiskStore {
@@ -85,19 +107,24 @@ impl DiskStore {
     ) -> Result<(DiskStore, Vec<(BlockId, SequenceHash)>), StorageError> {
         let file = Self::slot_file(dir, capacity_blocks, block_bytes, false)?;
         let mut store = Self::over(dir, file, capacity_blocks, block_bytes, max_bytes);
-        let cap = store.capacity_blocks as u64 * store.stride;
-        if store.file.metadata()?.len() > cap {
-            store.file.set_len(cap)?;
+        let cap = store.capacity_blocks as u64 * store.reader.stride;
+        if store.reader.file.metadata()?.len() > cap {
+            store.reader.file.set_len(cap)?;
         }
         // The last record ends at its trailer, short of a whole stride.
-        let records = store.file.metadata()?.len().div_ceil(store.stride);
+        let records = store
+            .reader
+            .file
+            .metadata()?
+            .len()
+            .div_ceil(store.reader.stride);
         let mut seen = std::collections::HashSet::new();
         let mut kept = Vec::new();
         for slot in 0..records as u32 {
             let slot = BlockId(slot);
             let mut header = [0u8; HEADER_BYTES];
             let at = store.record_offset(slot) + block_bytes as u64;
-            if read_at(&store.file, &mut header, at).is_err() {
+            if read_at(&store.reader.file, &mut header, at).is_err() {
                 continue;
             }
             let Some(hash) = Self::trailer_hash(&header, block_bytes) else {
@@ -107,12 +134,12 @@ impl DiskStore {
                 continue;
             }
             store.written[slot.index()] = true;
-            store.used_bytes += store.stride;
+            store.used_bytes += store.reader.stride;
             kept.push((slot, hash));
         }
         if kept.is_empty() {
             // Nothing of ours (another block size, or garbage): the space goes back.
-            store.file.set_len(0)?;
+            store.reader.file.set_len(0)?;
         }
         Ok((store, kept))
     }
@@ -148,9 +175,7 @@ impl DiskStore {
         let stride = (HEADER_BYTES + block_bytes).div_ceil(ALIGN) * ALIGN;
         DiskStore {
             path: dir.join(FILE_NAME),
-            file,
             block_bytes,
-            stride: stride as u64,
             capacity_blocks,
             max_bytes,
             written: vec![false; capacity_blocks],
@@ -158,6 +183,12 @@ impl DiskStore {
             full: false,
             skipped_since_full: 0,
             counters: DiskCounters::default(),
+            reader: DiskReader {
+                file: Arc::new(file),
+                block_bytes,
+                stride: stride as u64,
+                counts: Arc::default(),
+            },
         }
     }
 
@@ -188,19 +219,29 @@ impl DiskStore {
         self.full
     }
 
-    /// Counters since open.
+    /// Counters since open (its readers' reads included).
     pub fn counters(&self) -> DiskCounters {
-        self.counters
+        let counts = &self.reader.counts;
+        DiskCounters {
+            reads: counts.reads.load(Ordering::Relaxed),
+            checksum_failures: counts.checksum_failures.load(Ordering::Relaxed),
+            ..self.counters
+        }
+    }
+
+    /// A reader of this store's records, for reads outside whatever guards the store.
+    pub fn reader(&self) -> DiskReader {
+        self.reader.clone()
     }
 
     /// Where `slot`'s record starts in the file.
     pub fn record_offset(&self, slot: BlockId) -> u64 {
-        slot.0 as u64 * self.stride
+        self.reader.record_offset(slot)
     }
 
     /// Bytes a record occupies on disk.
     pub fn record_bytes(&self) -> u64 {
-        self.stride
+        self.reader.stride
     }
 
     fn check_slot(&self, slot: BlockId) -> Result<(), StorageError> {
@@ -218,7 +259,7 @@ impl DiskStore {
         let extra = if self.written[slot.index()] {
             0
         } else {
-            self.stride
+            self.reader.stride
         };
         self.max_bytes
             .is_some_and(|max| self.used_bytes + extra > max)
@@ -237,8 +278,8 @@ impl DiskStore {
         header[16..24].copy_from_slice(&(data.len() as u64).to_le_bytes());
         header[24..32].copy_from_slice(&Self::checksum(hash, data).to_le_bytes());
         let offset = self.record_offset(slot);
-        write_at(&self.file, data, offset)?;
-        write_at(&self.file, &header, offset + data.len() as u64)
+        write_at(&self.reader.file, data, offset)?;
+        write_at(&self.reader.file, &header, offset + data.len() as u64)
     }
 }
 
@@ -275,7 +316,7 @@ impl BlockStore for DiskStore {
             Ok(()) => {
                 if !self.written[slot.index()] {
                     self.written[slot.index()] = true;
-                    self.used_bytes += self.stride;
+                    self.used_bytes += self.reader.stride;
                 }
                 self.full = false;
                 self.skipped_since_full = 0;
@@ -299,18 +340,46 @@ impl BlockStore for DiskStore {
         out: &mut [u8],
     ) -> Result<(), StorageError> {
         self.check_slot(slot)?;
-        super::check_block_len(self.block_bytes, out.len())?;
         if !self.written[slot.index()] {
             return Err(StorageError::Miss { hash });
         }
+        self.reader.read(slot, hash, out)
+    }
+
+    fn flush(&mut self) -> Result<(), StorageError> {
+        (&*self.reader.file).flush()?;
+        Ok(())
+    }
+}
+
+impl DiskReader {
+    fn record_offset(&self, slot: BlockId) -> u64 {
+        slot.0 as u64 * self.stride
+    }
+
+    /// Read block `hash` from `slot` into `out` and verify it (see [`DiskStore`]: a torn,
+    /// corrupt or truncated record is `Corrupt` and counted; a slot holding another block is a
+    /// `Miss`).
+    pub fn read(
+        &self,
+        slot: BlockId,
+        hash: SequenceHash,
+        out: &mut [u8],
+    ) -> Result<(), StorageError> {
+        super::check_block_len(self.block_bytes, out.len())?;
+        let corrupt = || {
+            self.counts
+                .checksum_failures
+                .fetch_add(1, Ordering::Relaxed);
+            Err(StorageError::Corrupt { hash })
+        };
         let mut header = [0u8; HEADER_BYTES];
         let offset = self.record_offset(slot);
         let read = read_at(&self.file, out, offset)
             .and_then(|()| read_at(&self.file, &mut header, offset + out.len() as u64));
         if let Err(error) = read {
             if error.kind() == ErrorKind::UnexpectedEof {
-                self.counters.checksum_failures += 1;
-                return Err(StorageError::Corrupt { hash });
+                return corrupt();
             }
             return Err(error.into());
         }
@@ -321,23 +390,18 @@ impl BlockStore for DiskStore {
         };
         let version = u16::from_le_bytes([header[4], header[5]]);
         if header[0..4] != MAGIC || version != VERSION {
-            self.counters.checksum_failures += 1;
-            return Err(StorageError::Corrupt { hash });
+            return corrupt();
         }
         if field(8..16) != hash.0 {
             // The slot was reused for another block: not ours, not corrupt.
             return Err(StorageError::Miss { hash });
         }
-        if field(16..24) != self.block_bytes as u64 || field(24..32) != Self::checksum(hash, out) {
-            self.counters.checksum_failures += 1;
-            return Err(StorageError::Corrupt { hash });
+        if field(16..24) != self.block_bytes as u64
+            || field(24..32) != DiskStore::checksum(hash, out)
+        {
+            return corrupt();
         }
-        self.counters.reads += 1;
-        Ok(())
-    }
-
-    fn flush(&mut self) -> Result<(), StorageError> {
-        self.file.flush()?;
+        self.counts.reads.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 }

@@ -13,7 +13,7 @@ mod cuda;
 use std::fmt::Debug;
 
 pub use batch::SlabAccess;
-pub use disk::{DiskCounters, DiskStore};
+pub use disk::{DiskCounters, DiskReader, DiskStore};
 pub use shared::{MemoryPool, PutOutcome, Spilled, StorePool, fetch_from_pool, publish_to_pool};
 pub use slab::HostSlab;
 

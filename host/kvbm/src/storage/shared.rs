@@ -290,11 +290,32 @@ impl<S: BlockStore> StorePool<S> {
         };
         let result = inner.store.read_block(block.id(), hash, out);
         drop(block);
-        if matches!(result, Err(StorageError::Corrupt { .. })) {
-            inner.index.invalidate(hash);
+        if matches!(result, Err(StorageError::Corrupt { .. })) && inner.index.invalidate(hash) {
             inner.held.remove(&hash);
         }
         result
+    }
+
+    /// Keep block `hash` in use for a read of its slot outside the pool, as a reader of the
+    /// store makes (`DiskStore::reader`), so that reads of several callers overlap (a hit is a
+    /// use, as in [`get_at`](Self::get_at)). While the returned handle lives, the block is
+    /// neither evicted nor moved, so its slot is not rewritten. `None`: not held.
+    pub fn lease(&self, hash: SequenceHash, now: Tick) -> Option<ImmutableBlock> {
+        self.lock().index.get(hash, now)
+    }
+
+    /// The end of a read of `leased`'s slot whose outcome was `result`: a block whose bytes
+    /// failed their check is dropped from the pool, as [`get_at`](Self::get_at) drops it.
+    pub fn end_lease(&self, leased: ImmutableBlock, result: &Result<(), StorageError>) {
+        let hash = leased.hash();
+        drop(leased);
+        // Another reader's lease keeps it until that read fails its check too.
+        if matches!(result, Err(StorageError::Corrupt { .. })) {
+            let mut inner = self.lock();
+            if inner.index.invalidate(hash) {
+                inner.held.remove(&hash);
+            }
+        }
     }
 }
 
@@ -516,6 +537,66 @@ mod tests {
         ));
         assert!(!pool.holds(SequenceHash(7)));
         assert_eq!(pool.drain_removed(), vec![SequenceHash(7)]);
+        assert_eq!(pool.inspect(|disk| disk.counters().checksum_failures), 1);
+        Ok(())
+    }
+
+    #[test]
+    fn a_leased_block_is_read_outside_the_pool_and_kept_until_the_read_ends() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let pool = StorePool::over(crate::storage::DiskStore::open(dir.path(), 2, 8, None)?)?;
+        let put = |hash: u64, tick: u64| {
+            let bytes = [hash as u8; 8];
+            pool.put_at(
+                SequenceHash(hash),
+                None,
+                Retention::DEFAULT,
+                &bytes,
+                Tick(tick),
+                None,
+            )
+        };
+        put(1, 0)?;
+        put(2, 1)?;
+        let reader = pool.inspect(crate::storage::DiskStore::reader);
+        let leased = pool.lease(SequenceHash(1), Tick(2)).ok_or("1 is held")?;
+        let mut out = [0u8; 8];
+        pool.get_at(SequenceHash(2), &mut out, Tick(3))?;
+        // 1 is now the least recently used, but in use: the next put evicts the other block,
+        // and the leased one's slot keeps its bytes while another thread reads them.
+        put(3, 4)?;
+        assert_eq!(pool.drain_removed(), vec![SequenceHash(2)]);
+        let slot = leased.id();
+        let read = std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    let mut out = [0u8; 8];
+                    reader.read(slot, SequenceHash(1), &mut out).map(|()| out)
+                })
+                .join()
+        })
+        .map_err(|_| "the reader panicked")?;
+        assert_eq!(read.as_ref().ok(), Some(&[1u8; 8]));
+        pool.end_lease(leased, &read.map(|_| ()));
+        assert!(pool.holds(SequenceHash(1)));
+        // The get of 2 and the reader's: the store counts both.
+        assert_eq!(pool.inspect(|disk| disk.counters().reads), 2);
+        // Another hash in the slot is a miss, not a corrupt block.
+        assert!(matches!(
+            reader.read(slot, SequenceHash(9), &mut out),
+            Err(StorageError::Miss { .. })
+        ));
+        // Bad bytes found by a leased read drop the block once the lease ends.
+        let (path, offset) =
+            pool.inspect(|disk| (disk.path().to_owned(), disk.record_offset(slot)));
+        let file = std::fs::OpenOptions::new().write(true).open(path)?;
+        std::os::unix::fs::FileExt::write_all_at(&file, &[0xff; 4], offset)?;
+        let leased = pool.lease(SequenceHash(1), Tick(5)).ok_or("1 is held")?;
+        let read = reader.read(leased.id(), SequenceHash(1), &mut out);
+        assert!(matches!(read, Err(StorageError::Corrupt { .. })));
+        pool.end_lease(leased, &read);
+        assert!(!pool.holds(SequenceHash(1)));
+        assert_eq!(pool.drain_removed(), vec![SequenceHash(1)]);
         assert_eq!(pool.inspect(|disk| disk.counters().checksum_failures), 1);
         Ok(())
     }
