@@ -5,7 +5,7 @@
 //! router computes for requests) and keep `engine hash -> our hash` only to resolve later removals
 //! and token-less copies. An engine that names blocks by our hashes (Dynamo's mocker; a pool whose
 //! writers key blocks by the router's hash, as Mooncake's do) needs no such table: each store is
-//! checked, and its events then name the index's blocks as they are ([`HashScheme::Ours`]). An
+//! checked, and its events then name the index's blocks as they are (`HashScheme::Ours`). An
 //! engine whose blocks are a whole fraction of ours (SGLang's default page of one token) has its
 //! pages gathered into our blocks; one whose blocks are a whole multiple of ours (a vLLM hybrid
 //! model's attention blocks) has each hashed into the run of ours it holds (`ingest/resized.rs`).
