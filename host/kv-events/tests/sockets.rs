@@ -410,9 +410,14 @@ async fn a_replay_requester_that_stops_reading_holds_up_neither_the_stream_nor_o
         ])
         .expect("two frames")
     };
-    // A requester that reads nothing after its handshake, so that the answers fill the socket
-    // buffers and then the publisher's queue for it (100,000 messages): far more than that.
-    let _stuck = stuck_requester(&replay, 400).await;
+    // A requester that reads nothing: the answers fill the sockets' buffers, then the
+    // publisher's queue for it (100,000 messages). 1,000 answers of 1,001 messages are far more
+    // (400 already held up the publisher before the fix).
+    let mut stuck = DealerSocket::new();
+    stuck.connect(&replay).await.expect("connects");
+    for _ in 0..1_000 {
+        stuck.send(request(0)).await.expect("request sent");
+    }
     // The publisher's answers to it fill up while the live stream goes on.
     let mut sub = Harness::start(RANK, publisher.endpoint(), None, false);
     sub.joined().await;
@@ -453,37 +458,8 @@ async fn a_replay_requester_that_stops_reading_holds_up_neither_the_stream_nor_o
         (BUFFERED as u64 - 10..=BUFFERED as u64).collect::<Vec<_>>()
     );
     sub.stop().await;
+    drop(stuck);
     tokio::time::timeout(Duration::from_secs(5), publisher.close())
         .await
         .expect("the publisher closes");
-}
-
-/// A ZMTP 3.0 DEALER on a plain TCP socket (NULL mechanism) that sends `requests` replay requests
-/// from sequence 0 and never reads: unlike the `zeromq` crate's own sockets, which read ahead
-/// into memory, it leaves what the publisher sends in the kernel's buffers.
-async fn stuck_requester(endpoint: &str, requests: usize) -> tokio::net::TcpStream {
-    use tokio::io::AsyncWriteExt;
-    let address = endpoint.trim_start_matches("tcp://");
-    let mut socket = tokio::net::TcpStream::connect(address)
-        .await
-        .expect("connects");
-    let mut greeting = vec![0xFF, 0, 0, 0, 0, 0, 0, 0, 0, 0x7F, 3, 0];
-    greeting.extend(b"NULL");
-    greeting.resize(64, 0); // the mechanism's padding, as-server = 0, filler
-    let mut ready = vec![5];
-    ready.extend(b"READY");
-    ready.push(11);
-    ready.extend(b"Socket-Type");
-    ready.extend(6u32.to_be_bytes());
-    ready.extend(b"DEALER");
-    let mut bytes = greeting;
-    bytes.extend([0x04, ready.len() as u8]);
-    bytes.extend(ready);
-    for _ in 0..requests {
-        // [b"", start sequence 0]: an empty frame with MORE, then eight bytes.
-        bytes.extend([0x01, 0, 0x00, 8]);
-        bytes.extend(0u64.to_be_bytes());
-    }
-    socket.write_all(&bytes).await.expect("requests sent");
-    socket
 }
