@@ -19,6 +19,10 @@ pub const TOOL_RESULT_WAITED_COLUMN: &str = "switchyard.tool-result.waited-ms";
 pub const TOOL_RESULT_AT_COLUMN: &str = "switchyard.tool-result.at-ms";
 /// Index-state extension: how many of the call's events came before each tool result.
 pub const TOOL_RESULT_POSITION_COLUMN: &str = "switchyard.tool-result.position";
+/// Lifecycle-event extension of `thinking-start` and `thinking-end`: where the thinking span
+/// starts in the session's tokens (the end of the turn's prompt), in decimal
+/// ([`LifecycleEvent::thinking_at_token`]).
+pub const THINKING_AT_TOKEN_EXTENSION: &str = "switchyard.thinking.at-token";
 
 /// A storage tier of the KV cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -62,9 +66,10 @@ pub enum EventKind {
     SubagentEnd(String),
     /// The context was compacted.
     Compaction(Compaction),
-    /// The model started a thinking span.
+    /// The model started a thinking span (where: [`LifecycleEvent::thinking_at_token`]).
     ThinkingStart,
-    /// The thinking span ended after this many tokens.
+    /// The thinking span ended after this many tokens (it started at
+    /// [`LifecycleEvent::thinking_at_token`]).
     ThinkingEnd(u32),
     /// The session ended; its KV may go.
     SessionEnd,
@@ -81,6 +86,22 @@ pub struct LifecycleEvent {
     pub kind: EventKind,
     /// Extra signals.
     pub extensions: Extensions,
+}
+
+impl LifecycleEvent {
+    /// Where a thinking span starts in the session's tokens (the end of the turn's prompt: an
+    /// answer's reasoning comes first), so `at..at + tokens` are its tokens. `None` for other
+    /// events, or from a host that does not say.
+    pub fn thinking_at_token(&self) -> Option<u64> {
+        match self.kind {
+            EventKind::ThinkingStart | EventKind::ThinkingEnd(_) => {
+                find_extension(&self.extensions, THINKING_AT_TOKEN_EXTENSION)?
+                    .parse()
+                    .ok()
+            }
+            _ => None,
+        }
+    }
 }
 
 /// Where sessions' prefixes are cached: one entry per (session, worker rank) pair.

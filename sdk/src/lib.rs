@@ -48,9 +48,9 @@ pub use admission::{
 };
 pub use kv_hints::{
     Compaction, EventKind, Hint, HintAction, HintKind, HintOutcome, HintOutcomeRow, HintOutcomes,
-    IndexState, KvHintPolicy, LifecycleEvent, Residency, TOOL_RESULT_AT_COLUMN,
-    TOOL_RESULT_POSITION_COLUMN, TOOL_RESULT_SESSION_COLUMN, TOOL_RESULT_TOOL_COLUMN,
-    TOOL_RESULT_WAITED_COLUMN, Tier, TierUsage, ToolCall, ToolResult,
+    IndexState, KvHintPolicy, LifecycleEvent, Residency, THINKING_AT_TOKEN_EXTENSION,
+    TOOL_RESULT_AT_COLUMN, TOOL_RESULT_POSITION_COLUMN, TOOL_RESULT_SESSION_COLUMN,
+    TOOL_RESULT_TOOL_COLUMN, TOOL_RESULT_WAITED_COLUMN, Tier, TierUsage, ToolCall, ToolResult,
 };
 pub use router::{Decision, Outcome, RouterPolicy, Worker, Workers, cheapest, kv_cost, kv_costs};
 pub use types::{

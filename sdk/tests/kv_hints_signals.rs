@@ -4,8 +4,8 @@
 use switchyard_policy_sdk::testing::{KvHintsHarness, check_hints};
 use switchyard_policy_sdk::{
     EventKind, Hint, HintKind, IndexState, KvHintPolicy, LifecycleEvent, PolicyMetadata, Residency,
-    TOOL_RESULT_POSITION_COLUMN, TOOL_RESULT_SESSION_COLUMN, TOOL_RESULT_TOOL_COLUMN,
-    TOOL_RESULT_WAITED_COLUMN, ToolResult, find_extension,
+    THINKING_AT_TOKEN_EXTENSION, TOOL_RESULT_POSITION_COLUMN, TOOL_RESULT_SESSION_COLUMN,
+    TOOL_RESULT_TOOL_COLUMN, TOOL_RESULT_WAITED_COLUMN, ToolResult, find_extension,
 };
 
 fn result(session: &str, tool: Option<&str>, waited_ms: u64, position: usize) -> ToolResult {
@@ -141,5 +141,42 @@ fn the_harness_passes_hints_about_tool_results() {
     assert_eq!(
         harness.on_events(10, &[], &index),
         [Hint::new("s", HintKind::Evict)]
+    );
+}
+
+#[test]
+fn a_thinking_span_says_where_it_starts_and_other_events_say_nothing() {
+    let event = |kind, extensions: &[(&str, &str)]| LifecycleEvent {
+        session_id: "s".into(),
+        at_ms: 5,
+        kind,
+        extensions: extensions
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+    };
+    let at = [(THINKING_AT_TOKEN_EXTENSION, "4096")];
+    assert_eq!(THINKING_AT_TOKEN_EXTENSION, "switchyard.thinking.at-token");
+    assert_eq!(
+        event(EventKind::ThinkingStart, &at).thinking_at_token(),
+        Some(4096)
+    );
+    assert_eq!(
+        event(EventKind::ThinkingEnd(300), &at).thinking_at_token(),
+        Some(4096)
+    );
+    // An older host sends none; another event's extensions are not read as one.
+    assert_eq!(
+        event(EventKind::ThinkingEnd(300), &[]).thinking_at_token(),
+        None
+    );
+    assert_eq!(event(EventKind::SessionEnd, &at).thinking_at_token(), None);
+    assert_eq!(
+        event(
+            EventKind::ThinkingStart,
+            &[(THINKING_AT_TOKEN_EXTENSION, "x")]
+        )
+        .thinking_at_token(),
+        None
     );
 }

@@ -58,10 +58,19 @@ pub enum LifecycleKind {
         /// Context tokens after.
         tokens_after: u64,
     },
-    /// The model started a thinking span.
-    ThinkingStart,
-    /// The thinking span ended after this many tokens.
-    ThinkingEnd(u32),
+    /// The model started a thinking span at token `at_token` of the session (the end of the
+    /// turn's prompt: an answer's reasoning comes first).
+    ThinkingStart {
+        /// Where the span starts in the session's tokens.
+        at_token: u64,
+    },
+    /// The thinking span that started at `at_token` ended after `tokens` tokens.
+    ThinkingEnd {
+        /// Where the span started in the session's tokens.
+        at_token: u64,
+        /// Its length.
+        tokens: u32,
+    },
     /// The session ended; its KV may go.
     SessionEnd,
 }
@@ -76,8 +85,8 @@ impl LifecycleKind {
             Self::SubagentSpawn(_) => "subagent_spawn",
             Self::SubagentEnd(_) => "subagent_end",
             Self::Compaction { .. } => "compaction",
-            Self::ThinkingStart => "thinking_start",
-            Self::ThinkingEnd(_) => "thinking_end",
+            Self::ThinkingStart { .. } => "thinking_start",
+            Self::ThinkingEnd { .. } => "thinking_end",
             Self::SessionEnd => "session_end",
         }
     }

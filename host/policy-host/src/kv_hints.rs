@@ -188,6 +188,11 @@ fn ask(
     Ok(hints)
 }
 
+/// A thinking event's extension: where its span starts in the session's tokens, in decimal
+/// (WIT 1.0's `thinking-start` and `thinking-end(u32)` carry no position; wit/README.md, "Trial
+/// signals in use"). The SDK reads it (`LifecycleEvent::thinking_at_token`).
+const THINKING_AT_TOKEN: &str = "switchyard.thinking.at-token";
+
 // WIT 1.0 has no event case for a tool result, so tool results travel as extension columns of
 // `index-state` (wit/README.md, "Trial signals in use"): one CSV field per tool result, in
 // order. The SDK decodes them (`IndexState::tool_results`).
@@ -244,8 +249,15 @@ fn wit_events(events: &[LifecycleEvent]) -> (Vec<WitEvent>, Vec<(String, String)
 }
 
 /// The WIT 1.0 form of `e`; `None` for kinds 1.0 has no case for (a tool result, sent as
-/// columns by [`wit_events`]).
+/// columns by [`wit_events`]). A thinking span's start in the session's tokens goes in
+/// `extensions` ([`THINKING_AT_TOKEN`]).
 fn event(e: &LifecycleEvent) -> Option<WitEvent> {
+    let extensions = match e.kind {
+        LifecycleKind::ThinkingStart { at_token } | LifecycleKind::ThinkingEnd { at_token, .. } => {
+            vec![(THINKING_AT_TOKEN.to_owned(), at_token.to_string())]
+        }
+        _ => Vec::new(),
+    };
     Some(WitEvent {
         session_id: e.session_id.clone(),
         at_ms: convert::millis(e.at),
@@ -266,12 +278,12 @@ fn event(e: &LifecycleEvent) -> Option<WitEvent> {
                 tokens_before: *tokens_before,
                 tokens_after: *tokens_after,
             }),
-            LifecycleKind::ThinkingStart => EventKind::ThinkingStart,
-            LifecycleKind::ThinkingEnd(tokens) => EventKind::ThinkingEnd(*tokens),
+            LifecycleKind::ThinkingStart { .. } => EventKind::ThinkingStart,
+            LifecycleKind::ThinkingEnd { tokens, .. } => EventKind::ThinkingEnd(*tokens),
             LifecycleKind::SessionEnd => EventKind::SessionEnd,
             LifecycleKind::ToolResult { .. } => return None,
         },
-        extensions: Vec::new(),
+        extensions,
     })
 }
 
@@ -386,8 +398,11 @@ fn canary(component: &KvHintsComponent, params: &[(String, String)]) -> Result<(
             tokens_before: 90_000,
             tokens_after: 20_000,
         },
-        LifecycleKind::ThinkingStart,
-        LifecycleKind::ThinkingEnd(512),
+        LifecycleKind::ThinkingStart { at_token: 30_000 },
+        LifecycleKind::ThinkingEnd {
+            at_token: 30_000,
+            tokens: 512,
+        },
         LifecycleKind::SessionEnd,
     ];
     let events: Vec<LifecycleEvent> = kinds
@@ -465,7 +480,7 @@ mod tests {
     fn tool_results_become_columns_with_their_place_among_the_events() {
         let events = [
             at("a,b", 10, returned(Some("mcp, \"x\""), 12_000)),
-            at("c", 11, LifecycleKind::ThinkingStart),
+            at("c", 11, LifecycleKind::ThinkingStart { at_token: 7_000 }),
             at("c", 12, returned(None, 999)),
             at("d", 13, returned(Some(""), 1)),
             at("c", 14, LifecycleKind::SessionEnd),
@@ -473,7 +488,13 @@ mod tests {
         let (wit, columns) = wit_events(&events);
         assert_eq!(wit.len(), 2);
         assert!(matches!(wit[0].kind, EventKind::ThinkingStart));
+        // Where the span starts rides in the event's extensions.
+        assert_eq!(
+            wit[0].extensions,
+            [("switchyard.thinking.at-token".to_owned(), "7000".to_owned())]
+        );
         assert!(matches!(wit[1].kind, EventKind::SessionEnd));
+        assert!(wit[1].extensions.is_empty());
         let column = |key| {
             columns
                 .iter()

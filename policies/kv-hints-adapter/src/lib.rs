@@ -193,8 +193,14 @@ fn lifecycle_event(e: &sdk::LifecycleEvent) -> LifecycleEvent {
             tokens_before: c.tokens_before,
             tokens_after: c.tokens_after,
         },
-        sdk::EventKind::ThinkingStart => LifecycleKind::ThinkingStart,
-        sdk::EventKind::ThinkingEnd(tokens) => LifecycleKind::ThinkingEnd(*tokens),
+        // 0 from a host that does not say where the span starts.
+        sdk::EventKind::ThinkingStart => LifecycleKind::ThinkingStart {
+            at_token: e.thinking_at_token().unwrap_or(0),
+        },
+        sdk::EventKind::ThinkingEnd(tokens) => LifecycleKind::ThinkingEnd {
+            at_token: e.thinking_at_token().unwrap_or(0),
+            tokens: *tokens,
+        },
         sdk::EventKind::SessionEnd => LifecycleKind::SessionEnd,
     };
     LifecycleEvent {

@@ -112,12 +112,24 @@ fn every_event_kind_keeps_its_fields() {
                 tokens_after: 3,
             },
         ),
-        (EventKind::ThinkingStart, LifecycleKind::ThinkingStart),
-        (EventKind::ThinkingEnd(77), LifecycleKind::ThinkingEnd(77)),
+        (
+            EventKind::ThinkingStart,
+            LifecycleKind::ThinkingStart { at_token: 1_234 },
+        ),
+        (
+            EventKind::ThinkingEnd(77),
+            LifecycleKind::ThinkingEnd {
+                at_token: 1_234,
+                tokens: 77,
+            },
+        ),
         (EventKind::SessionEnd, LifecycleKind::SessionEnd),
     ];
     for (sdk_kind, core_kind) in kinds {
-        let converted = lifecycle_events(&[event("s", 42, sdk_kind)], &resident(&[]));
+        // A thinking span's start comes in the extensions; other events ignore them.
+        let mut sent = event("s", 42, sdk_kind);
+        sent.extensions = vec![("switchyard.thinking.at-token".to_owned(), "1234".to_owned())];
+        let converted = lifecycle_events(&[sent], &resident(&[]));
         assert_eq!(
             converted,
             [LifecycleEvent {

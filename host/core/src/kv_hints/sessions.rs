@@ -260,8 +260,10 @@ impl SessionTracker {
         let mut events = Vec::new();
         if let Some(tokens) = end.thinking_tokens {
             session.thinks = true;
-            events.push(event(LifecycleKind::ThinkingStart));
-            events.push(event(LifecycleKind::ThinkingEnd(tokens)));
+            // The answer's reasoning comes first: the span starts where the prompt ends.
+            let at_token = session.prompt_tokens;
+            events.push(event(LifecycleKind::ThinkingStart { at_token }));
+            events.push(event(LifecycleKind::ThinkingEnd { at_token, tokens }));
         }
         if end.tool_call {
             let tool_name = end.tool_name.clone();

@@ -78,8 +78,9 @@ fn kind() -> impl Strategy<Value = LifecycleKind> {
         1 => (0u64..100_000, 0u64..10_000).prop_map(|(tokens_before, tokens_after)| {
             LifecycleKind::Compaction { tokens_before, tokens_after }
         }),
-        1 => Just(LifecycleKind::ThinkingStart),
-        1 => (0u32..4_000).prop_map(LifecycleKind::ThinkingEnd),
+        1 => (0u64..200_000).prop_map(|at_token| LifecycleKind::ThinkingStart { at_token }),
+        1 => (0u64..200_000, 0u32..4_000)
+            .prop_map(|(at_token, tokens)| LifecycleKind::ThinkingEnd { at_token, tokens }),
         2 => Just(LifecycleKind::SessionEnd),
     ]
 }

@@ -100,8 +100,15 @@ fn a_turn_that_thought_reports_its_span_and_marks_the_session() {
     assert_eq!(
         kinds(&events),
         [
-            ("s", &LifecycleKind::ThinkingStart),
-            ("s", &LifecycleKind::ThinkingEnd(300)),
+            // The span starts where the turn's 64-token prompt ends.
+            ("s", &LifecycleKind::ThinkingStart { at_token: 64 }),
+            (
+                "s",
+                &LifecycleKind::ThinkingEnd {
+                    at_token: 64,
+                    tokens: 300
+                }
+            ),
             (
                 "s",
                 &LifecycleKind::TurnEndWithToolCall {

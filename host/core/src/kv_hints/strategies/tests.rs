@@ -363,10 +363,17 @@ fn compaction_and_session_end_evict_once_per_answer() {
     };
     let events = [
         event("s", 0, compacted.clone()),
-        event("s", 1, LifecycleKind::ThinkingStart),
+        event("s", 1, LifecycleKind::ThinkingStart { at_token: 10 }),
         event("t", 2, compacted),
         event("s", 3, LifecycleKind::SessionEnd),
-        event("u", 4, LifecycleKind::ThinkingEnd(300)),
+        event(
+            "u",
+            4,
+            LifecycleKind::ThinkingEnd {
+                at_token: 10,
+                tokens: 300,
+            },
+        ),
     ];
     assert_eq!(
         compaction.on_events(&events, &holding(&[]), ms(4)),
