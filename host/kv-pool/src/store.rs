@@ -338,17 +338,18 @@ impl Pool {
                 // A corrupt record is dropped by the disk pool and counted by its reader: a miss.
                 disk.end_lease(lease, &result);
             }
-            if result.is_err() {
+            if result.is_ok() {
+                inner.counters.disk_hits += 1;
+                inner.counters.bytes_out += out.len() as u64;
+                inner.promote(hash, &out, &self.config, now, &mut events);
+                blocks[i] = Some(out.into());
+            } else {
                 inner.counters.disk_misses += 1;
-                continue;
             }
-            inner.counters.disk_hits += 1;
-            inner.counters.bytes_out += out.len() as u64;
-            inner.promote(hash, &out, &self.config, now, &mut events);
+            // Each block's removals right after its stores: a block promoted and then spilled
+            // by the next one's promotion leaves memory before it is stored on disk again.
             inner.drain_removals(&self.config.backend_id, &mut events);
-            blocks[i] = Some(out.into());
         }
-        inner.drain_removals(&self.config.backend_id, &mut events);
         inner.emit(events);
         blocks
     }
