@@ -20,7 +20,8 @@ pub const TOOL_RESULT_AT_COLUMN: &str = "switchyard.tool-result.at-ms";
 /// Index-state extension: how many of the call's events came before each tool result.
 pub const TOOL_RESULT_POSITION_COLUMN: &str = "switchyard.tool-result.position";
 /// Lifecycle-event extension of `thinking-start` and `thinking-end`: where the thinking span
-/// starts in the session's tokens (the end of the turn's prompt), in decimal
+/// starts in the session's tokens (the turn's prompt and the answer's tokens before it), in
+/// decimal
 /// ([`LifecycleEvent::thinking_at_token`]).
 pub const THINKING_AT_TOKEN_EXTENSION: &str = "switchyard.thinking.at-token";
 
@@ -89,8 +90,8 @@ pub struct LifecycleEvent {
 }
 
 impl LifecycleEvent {
-    /// Where a thinking span starts in the session's tokens (the end of the turn's prompt: an
-    /// answer's reasoning comes first), so `at..at + tokens` are its tokens. `None` for other
+    /// Where a thinking span starts in the session's tokens (the turn's prompt and the answer's
+    /// tokens before the span), so `at..at + tokens` are its tokens. `None` for other
     /// events, or from a host that does not say.
     pub fn thinking_at_token(&self) -> Option<u64> {
         match self.kind {

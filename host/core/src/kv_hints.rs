@@ -58,8 +58,9 @@ pub enum LifecycleKind {
         /// Context tokens after.
         tokens_after: u64,
     },
-    /// The model started a thinking span at token `at_token` of the session (the end of the
-    /// turn's prompt: an answer's reasoning comes first).
+    /// The model started a thinking span at token `at_token` of the session: the turn's prompt
+    /// tokens plus the answer's tokens before the span (none when the answer starts with it, as
+    /// reasoning models' answers do).
     ThinkingStart {
         /// Where the span starts in the session's tokens.
         at_token: u64,

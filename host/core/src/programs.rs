@@ -72,8 +72,17 @@ pub struct TurnEnd {
     pub tool_call: bool,
     /// The called tool's name, when known.
     pub tool_name: Option<String>,
-    /// The answer held a thinking span of this many tokens (`None`: it did not think).
-    pub thinking_tokens: Option<u32>,
+    /// The answer's thinking spans, in order (empty: it did not think).
+    pub thinking: Vec<ThinkingSpan>,
+}
+
+/// A thinking (reasoning) span of an answer, in the answer's tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ThinkingSpan {
+    /// Tokens of the answer before the span.
+    pub offset: u32,
+    /// Its length.
+    pub tokens: u32,
 }
 
 /// One program.
@@ -448,7 +457,7 @@ mod tests {
             }),
             tool_call: tool.is_some(),
             tool_name: tool.map(str::to_owned),
-            thinking_tokens: None,
+            thinking: Vec::new(),
         }
     }
 

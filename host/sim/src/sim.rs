@@ -990,7 +990,7 @@ impl<'w> Simulation<'w> {
             tool_call: spawns || k + 1 < session.requests.len(),
             tool_name: spawns.then(|| "Task".to_owned()),
             // The traces do not say which output tokens were thinking.
-            thinking_tokens: None,
+            thinking: Vec::new(),
         }
     }
 

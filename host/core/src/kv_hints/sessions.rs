@@ -240,9 +240,9 @@ impl SessionTracker {
         events
     }
 
-    /// A turn of `session_id` ended at `now`: its thinking span, if it had one (reported whole
-    /// when the turn ends: the gateway reads it from the finished answer), then, for a tool call,
-    /// the start of the wait for its result.
+    /// A turn of `session_id` ended at `now`: each of its thinking spans, in order (reported
+    /// whole when the turn ends: the gateway reads them from the finished answer), then, for a
+    /// tool call, the start of the wait for its result.
     pub fn turn_ended(
         &mut self,
         session_id: &str,
@@ -258,10 +258,11 @@ impl SessionTracker {
             kind,
         };
         let mut events = Vec::new();
-        if let Some(tokens) = end.thinking_tokens {
+        for span in &end.thinking {
             session.thinks = true;
-            // The answer's reasoning comes first: the span starts where the prompt ends.
-            let at_token = session.prompt_tokens;
+            // The answer follows the prompt in the session's tokens.
+            let at_token = session.prompt_tokens + u64::from(span.offset);
+            let tokens = span.tokens;
             events.push(event(LifecycleKind::ThinkingStart { at_token }));
             events.push(event(LifecycleKind::ThinkingEnd { at_token, tokens }));
         }

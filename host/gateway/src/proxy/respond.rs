@@ -24,7 +24,7 @@ use futures::StreamExt;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use switchyard_core::programs::{TurnEnd, Usage as ProgramUsage};
+use switchyard_core::programs::{ThinkingSpan, TurnEnd, Usage as ProgramUsage};
 use switchyard_core::router::{Decision, Outcome, RequestId, RouteRequest};
 use switchyard_core::worker::Rank;
 use switchyard_frontend::{
@@ -275,29 +275,53 @@ impl Drop for Answer {
         self.booking.finish = finish(&self.reply, self.booking.capture_text());
         // Only the hint path, which follows sessions, uses the span.
         if self.booking.session_id.is_some() {
-            self.booking.thinking_tokens = thinking_tokens(&self.booking.shared, &self.reply);
+            let tokenizer = &self.booking.shared.tokenizer;
+            self.booking.thinking = thinking_spans(self.reply.blocks(), |text| {
+                clamp_u32(tokenizer.encode(text, false).map_or(0, |t| t.len()) as u64)
+            });
         }
     }
 }
 
-/// The reply's thinking span in tokens, if it thought (re-tokenized: engines report no count).
-fn thinking_tokens(shared: &Shared, reply: &Reply) -> Option<u32> {
-    let thinking: String = reply
-        .blocks()
-        .iter()
-        .filter_map(|b| match b {
-            Block::Thinking { text, .. } if !text.is_empty() => Some(text.as_str()),
-            _ => None,
-        })
-        .collect();
-    if thinking.is_empty() {
-        return None;
+/// The reply's thinking spans in the answer's tokens (re-tokenized: engines report no count).
+/// A span's offset counts the tokens of what the answer said before it (text, tool calls);
+/// adjacent thinking blocks are one span, and what follows the last span is not tokenized.
+/// `tokens` counts a text's tokens.
+fn thinking_spans(blocks: &[Block], tokens: impl Fn(&str) -> u32) -> Vec<ThinkingSpan> {
+    let mut spans: Vec<ThinkingSpan> = Vec::new();
+    let mut offset = 0u32;
+    // What the answer said since the last span, counted only if another span follows.
+    let mut said = String::new();
+    for block in blocks {
+        match block {
+            Block::Thinking { text, .. } if !text.is_empty() => {
+                if !said.is_empty() {
+                    offset = offset.saturating_add(tokens(&said));
+                    said.clear();
+                }
+                let length = tokens(text);
+                match spans.last_mut() {
+                    Some(last) if last.offset.saturating_add(last.tokens) == offset => {
+                        last.tokens = last.tokens.saturating_add(length);
+                    }
+                    _ => spans.push(ThinkingSpan {
+                        offset,
+                        tokens: length,
+                    }),
+                }
+                offset = offset.saturating_add(length);
+            }
+            Block::Text { text } => said.push_str(text),
+            Block::ToolCall {
+                name, arguments, ..
+            } => {
+                said.push_str(name);
+                said.push_str(arguments);
+            }
+            _ => {}
+        }
     }
-    let tokens = shared
-        .tokenizer
-        .encode(&thinking, false)
-        .map_or(0, |t| t.len());
-    Some(clamp_u32(tokens as u64))
+    spans
 }
 
 /// How the reply ended, for the trace.
@@ -400,8 +424,8 @@ pub(super) struct Booking {
     /// The whole response reached the client.
     completed: bool,
     finish: Finish,
-    /// The answer's thinking span in tokens (only for session requests).
-    thinking_tokens: Option<u32>,
+    /// The answer's thinking spans (only for session requests).
+    thinking: Vec<ThinkingSpan>,
     /// Set once the request is sent, when tracing is on.
     pub(super) trace: Option<Box<RequestDraft>>,
     /// The request's place in admission, told how it ended.
@@ -454,7 +478,7 @@ impl Booking {
             answered: false,
             completed: false,
             finish: Finish::default(),
-            thinking_tokens: None,
+            thinking: Vec::new(),
             trace: None,
             admission: None,
             slot: None,
@@ -556,7 +580,7 @@ impl Drop for Booking {
             }),
             tool_call: !self.finish.tool_calls.is_empty(),
             tool_name: self.finish.tool_calls.last().map(|c| c.name.clone()),
-            thinking_tokens: self.thinking_tokens,
+            thinking: std::mem::take(&mut self.thinking),
         };
         if let Some(ticket) = self.admission.take() {
             // The program's state follows how its turn ended: a tool call makes it ACTING.
@@ -622,5 +646,59 @@ impl Drop for Booking {
             let finish = std::mem::take(&mut self.finish);
             sink.record(draft.finish(Instant::now(), self.usage, finish, ending));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn thinking(text: &str) -> Block {
+        Block::Thinking {
+            text: text.into(),
+            signature: None,
+        }
+    }
+
+    fn text(text: &str) -> Block {
+        Block::Text { text: text.into() }
+    }
+
+    /// A word a token.
+    fn words(text: &str) -> u32 {
+        text.split_whitespace().count() as u32
+    }
+
+    #[test]
+    fn each_thinking_span_starts_after_what_the_answer_said_before_it() {
+        let blocks = [
+            thinking("a b c"),
+            // Adjacent blocks (a signature boundary) are one span.
+            thinking("d e"),
+            text("one two three four "),
+            Block::ToolCall {
+                id: "c1".into(),
+                name: "read".into(),
+                arguments: " {\"path\": \"x\"}".into(),
+            },
+            thinking("f g h i"),
+            text("the answer after the last span is never counted"),
+        ];
+        assert_eq!(
+            thinking_spans(&blocks, words),
+            [
+                ThinkingSpan {
+                    offset: 0,
+                    tokens: 5
+                },
+                // 5 tokens of thinking, 4 of text, 3 of the call (name and arguments).
+                ThinkingSpan {
+                    offset: 12,
+                    tokens: 4
+                },
+            ]
+        );
+        // An answer that only speaks, or whose thinking came back empty, did not think.
+        assert!(thinking_spans(&[text("hi"), thinking("")], words).is_empty());
     }
 }

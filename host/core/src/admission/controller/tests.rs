@@ -73,7 +73,7 @@ fn tool_end() -> TurnEnd {
         }),
         tool_call: true,
         tool_name: Some("bash".into()),
-        thinking_tokens: None,
+        thinking: Vec::new(),
     }
 }
 

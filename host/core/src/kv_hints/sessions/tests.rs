@@ -1,6 +1,6 @@
 use super::*;
 use crate::index::IndexOp;
-use crate::programs::{TurnEnd, Usage};
+use crate::programs::{ThinkingSpan, TurnEnd, Usage};
 use crate::worker::Tier;
 
 fn hashes(range: std::ops::Range<u64>) -> Vec<SequenceHash> {
@@ -49,7 +49,7 @@ fn a_tool_call_is_answered_by_the_next_turn_with_the_wait() {
         }),
         tool_call: true,
         tool_name: Some("bash".into()),
-        thinking_tokens: None,
+        thinking: Vec::new(),
     };
     let events = tracker.turn_ended("s", &end, ms(100));
     assert_eq!(
@@ -93,7 +93,10 @@ fn a_turn_that_thought_reports_its_span_and_marks_the_session() {
     let end = TurnEnd {
         tool_call: true,
         tool_name: Some("read".into()),
-        thinking_tokens: Some(300),
+        thinking: vec![ThinkingSpan {
+            offset: 0,
+            tokens: 300,
+        }],
         ..TurnEnd::default()
     };
     let events = tracker.turn_ended("s", &end, ms(50));
@@ -122,6 +125,49 @@ fn a_turn_that_thought_reports_its_span_and_marks_the_session() {
     // Unknown sessions think nothing, and report nothing.
     assert!(!tracker.thinks("t"));
     assert!(tracker.turn_ended("t", &end, ms(60)).is_empty());
+}
+
+#[test]
+fn each_thinking_span_of_an_answer_is_reported_where_it_starts() {
+    let mut tracker = SessionTracker::default();
+    tracker.routed(turn("s", R0, &hashes(0..4)), ms(0));
+    // Reasoning, 20 tokens of text, more reasoning: two spans, the second after the first
+    // span's 100 tokens and the text's 20.
+    let end = TurnEnd {
+        thinking: vec![
+            ThinkingSpan {
+                offset: 0,
+                tokens: 100,
+            },
+            ThinkingSpan {
+                offset: 120,
+                tokens: 30,
+            },
+        ],
+        ..TurnEnd::default()
+    };
+    let events = tracker.turn_ended("s", &end, ms(50));
+    assert_eq!(
+        kinds(&events),
+        [
+            ("s", &LifecycleKind::ThinkingStart { at_token: 64 }),
+            (
+                "s",
+                &LifecycleKind::ThinkingEnd {
+                    at_token: 64,
+                    tokens: 100
+                }
+            ),
+            ("s", &LifecycleKind::ThinkingStart { at_token: 184 }),
+            (
+                "s",
+                &LifecycleKind::ThinkingEnd {
+                    at_token: 184,
+                    tokens: 30
+                }
+            ),
+        ]
+    );
 }
 
 #[test]
