@@ -6,7 +6,8 @@
 use std::fmt::Write;
 use std::path::Path;
 use std::time::Duration;
-use switchyard_core::engine::{EngineConfig, HostTierConfig, PoolTierConfig};
+use switchyard_core::engine::{ENGINE_SEED, EngineConfig, HostTierConfig, PoolTierConfig};
+use switchyard_core::hash::HASH_SEED;
 use switchyard_sim::workload::{self, Workload};
 use switchyard_sim::{IndexMode, Outcome, SimConfig, Simulation};
 use xxhash_rust::xxh3::xxh3_64;
@@ -54,23 +55,37 @@ fn digest(outcome: &Outcome) -> String {
     format!("{:016x}", xxh3_64(text.as_bytes()))
 }
 
-fn assert_digest(outcome: &Outcome, expected: &str) {
-    let report = outcome.report();
-    let got = digest(outcome);
-    assert_eq!(
-        got, expected,
-        "the run's outcome changed: TTFT mean {:.3} ms, prefix hit {:.6}, recomputed {}",
-        report.ttft_ms.mean, report.prefix_hit_ratio, outcome.recomputed_tokens
-    );
+/// Run `simulate` with engines that name blocks by their own hashes and with engines that name
+/// them by the router's (`EngineConfig::hash_seed`): the index then takes their events as they
+/// are instead of translating them, which must change nothing.
+fn assert_digest(expected: &str, simulate: impl Fn(u64) -> Outcome) {
+    for (engines, seed) in [("own", ENGINE_SEED), ("the router's", HASH_SEED)] {
+        let outcome = simulate(seed);
+        let report = outcome.report();
+        let got = digest(&outcome);
+        assert_eq!(
+            got, expected,
+            "the run's outcome changed, engines hashing with {engines} seed: TTFT mean {:.3} ms, \
+             prefix hit {:.6}, recomputed {}",
+            report.ttft_ms.mean, report.prefix_hit_ratio, outcome.recomputed_tokens
+        );
+    }
 }
 
-/// 500 Mooncake conversations on 8 workers of `num_blocks` blocks, KV routing.
-fn mooncake(num_blocks: usize, speedup: f64) -> Outcome {
-    mooncake_with(num_blocks, speedup, "kv-cost", IndexMode::Events)
+/// 500 Mooncake conversations on 8 workers of `num_blocks` blocks, KV routing, engines hashing
+/// with `hash_seed`.
+fn mooncake(num_blocks: usize, speedup: f64, hash_seed: u64) -> Outcome {
+    mooncake_with(num_blocks, speedup, "kv-cost", IndexMode::Events, hash_seed)
 }
 
 /// [`mooncake`] under routing `policy`, the routers' index fed by `index`.
-fn mooncake_with(num_blocks: usize, speedup: f64, policy: &str, index: IndexMode) -> Outcome {
+fn mooncake_with(
+    num_blocks: usize,
+    speedup: f64,
+    policy: &str,
+    index: IndexMode,
+    hash_seed: u64,
+) -> Outcome {
     let workload = trace("mooncake/conversation_500.jsonl")
         .with_block_size(64)
         .expect("64 divides the trace's blocks");
@@ -81,6 +96,7 @@ fn mooncake_with(num_blocks: usize, speedup: f64, policy: &str, index: IndexMode
             engine: EngineConfig {
                 block_size: 64,
                 num_blocks,
+                hash_seed,
                 ..EngineConfig::default()
             },
             speedup,
@@ -96,7 +112,7 @@ fn mooncake_with(num_blocks: usize, speedup: f64, policy: &str, index: IndexMode
 /// Three Claude Code sessions (up to 2,175 blocks a prompt) overflowing two devices of 2,560
 /// blocks, with a host tier and a shared pool, under ThunderAgent admission (its releases place
 /// requests while other engines' steps end).
-fn claude_code(kv_hints: Option<&str>) -> Outcome {
+fn claude_code(kv_hints: Option<&str>, hash_seed: u64) -> Outcome {
     let workload = trace("claude-code");
     let outcome = run(
         &workload,
@@ -107,6 +123,7 @@ fn claude_code(kv_hints: Option<&str>) -> Outcome {
                 num_blocks: 2_560,
                 host_tier: Some(HostTierConfig::blocks(8_192)),
                 pool: Some(PoolTierConfig::default()),
+                hash_seed,
                 ..EngineConfig::default()
             },
             pool_blocks: Some(16_384),
@@ -123,7 +140,7 @@ fn claude_code(kv_hints: Option<&str>) -> Outcome {
 /// The regime of the dynamo-mocker comparison (docs/benchmarks.md (n)): 16,384 blocks a worker.
 #[test]
 fn mooncake_kv_routing() {
-    assert_digest(&mooncake(16_384, 1.0), "ddab1c933238acf2");
+    assert_digest("ddab1c933238acf2", |seed| mooncake(16_384, 1.0, seed));
 }
 
 /// At 4x on devices of 2,048 blocks: queues, evictions and recomputation. Since
@@ -132,17 +149,16 @@ fn mooncake_kv_routing() {
 /// would have: TTFT mean 29,538.7 -> 29,562.4 ms, 2.7 % more recomputed tokens.
 #[test]
 fn mooncake_kv_routing_overloaded() {
-    assert_digest(&mooncake(2_048, 4.0), "4e4be1ce247cf5bd");
+    assert_digest("4e4be1ce247cf5bd", |seed| mooncake(2_048, 4.0, seed));
 }
 
 /// Round robin, overloaded: its engines' KV events reach no index (nothing reads one), which
 /// must change nothing. Pinned from the build that still fed the index (4fb9fde).
 #[test]
 fn mooncake_round_robin_overloaded() {
-    assert_digest(
-        &mooncake_with(2_048, 4.0, "round-robin", IndexMode::Events),
-        "5b4ca96d2790324e",
-    );
+    assert_digest("5b4ca96d2790324e", |seed| {
+        mooncake_with(2_048, 4.0, "round-robin", IndexMode::Events, seed)
+    });
 }
 
 /// Overloaded again, with no KV events: the router predicts its bookings' blocks, and the
@@ -150,20 +166,19 @@ fn mooncake_round_robin_overloaded() {
 /// their prefill loads ending when the pace says (TTFT mean 31,393.2 ms).
 #[test]
 fn mooncake_approximate_kv_routing_overloaded() {
-    assert_digest(
-        &mooncake_with(2_048, 4.0, "kv-cost", IndexMode::Approximate),
-        "5ab58b0bdf6e88be",
-    );
+    assert_digest("5ab58b0bdf6e88be", |seed| {
+        mooncake_with(2_048, 4.0, "kv-cost", IndexMode::Approximate, seed)
+    });
 }
 
 #[test]
 fn claude_code_admission_and_tiers() {
-    assert_digest(&claude_code(None), "d6a1dcb50d911a5b");
+    assert_digest("d6a1dcb50d911a5b", |seed| claude_code(None, seed));
 }
 
 /// With three KV-hint strategies (the hint path runs every step: no quiet runs).
 #[test]
 fn claude_code_admission_tiers_and_hints() {
     let hints = "demote-on-tool-call:demote_above_usage=0+subagent-reclaim+share-to-subagent";
-    assert_digest(&claude_code(Some(hints)), "809f1c65f16d1bcb");
+    assert_digest("809f1c65f16d1bcb", |seed| claude_code(Some(hints), seed));
 }

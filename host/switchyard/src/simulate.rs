@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 use switchyard_core::admission::AdmissionPolicy;
 use switchyard_core::engine::{
     DEFAULT_BLOCK_BYTES, DEFAULT_DISK_BANDWIDTH, DEFAULT_HOST_BANDWIDTH, DEFAULT_POOL_BANDWIDTH,
-    DiskTierConfig, EngineConfig, HostTierConfig, PoolTierConfig,
+    DiskTierConfig, ENGINE_SEED, EngineConfig, HostTierConfig, PoolTierConfig,
 };
+use switchyard_core::hash::HASH_SEED;
 use switchyard_core::kv_hints::KvHintPolicy;
 use switchyard_core::router::queue::{QueueConfig, QueueOrder};
 use switchyard_core::router::{EngineStream, RouterConfig, RoutingPolicy};
@@ -130,6 +131,13 @@ pub(crate) struct SimulateArgs {
     /// Most tokens per engine step (longer prefills are chunked).
     #[arg(long, default_value_t = 8_192)]
     max_batched_tokens: usize,
+    /// How the engines name their blocks: `router` (by the router's hashes, as Dynamo's mocker
+    /// names them by Dynamo's router's, so the index takes their events as they are) or `own`
+    /// (a seed of their own, as vLLM's and SGLang's hashes differ from the gateway's, so their
+    /// events go through the translation the gateway runs for such engines). The same results
+    /// either way; `own` costs more CPU.
+    #[arg(long, value_enum, default_value_t = EngineHashes::Router)]
+    engine_hashes: EngineHashes,
     /// Delay of KV events from engine to index, in milliseconds of virtual time.
     #[arg(long, default_value_t = 5.0)]
     event_delay_ms: f64,
@@ -351,8 +359,21 @@ fn engine(args: &SimulateArgs, workload: &Workload, tiers: Tiers) -> anyhow::Res
         host_tier,
         disk_tier,
         pool,
+        hash_seed: match args.engine_hashes {
+            EngineHashes::Router => HASH_SEED,
+            EngineHashes::Own => ENGINE_SEED,
+        },
         ..EngineConfig::default()
     })
+}
+
+/// How the simulated engines name their blocks (`--engine-hashes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum EngineHashes {
+    /// By the router's hashes.
+    Router,
+    /// By a seed of their own.
+    Own,
 }
 
 /// The cross product of policies, concurrency levels, speed-ups and tier sets.

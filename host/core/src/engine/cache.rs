@@ -6,8 +6,10 @@
 //! block nobody references sits on the free list, in LRU order, keeping its contents until a new
 //! block is needed and it is the least recently used one.
 //!
-//! Hashes are the engine's own: [`ENGINE_SEED`] differs from the router's seed, exactly as a real
-//! engine's hashes differ from the gateway's, so consumers of the events must re-hash `token_ids`.
+//! Hashes are the engine's own: by default [`ENGINE_SEED`], which differs from the router's seed
+//! exactly as a real engine's hashes differ from the gateway's, so consumers of the events must
+//! re-hash `token_ids`. [`KvCache::with_seed`] takes another (the simulator's engines hash as the
+//! router does, as Dynamo's mocker hashes as Dynamo's router).
 
 use crate::hash::{BlockHasher, SequenceHash};
 use crate::index::flat::U64Map;
@@ -255,9 +257,17 @@ impl KvCache {
     /// If `block_size` is 0 or `num_blocks` does not fit a `u32` (configuration errors that
     /// `EngineConfig::validate` rejects earlier).
     pub fn new(block_size: usize, num_blocks: usize) -> Self {
+        Self::with_seed(block_size, num_blocks, ENGINE_SEED)
+    }
+
+    /// [`KvCache::new`], hashing blocks with `seed`.
+    ///
+    /// # Panics
+    /// As [`KvCache::new`].
+    pub fn with_seed(block_size: usize, num_blocks: usize, seed: u64) -> Self {
         assert!(num_blocks < NIL as usize, "too many KV blocks");
         let mut cache = Self {
-            hasher: BlockHasher::with_seed(block_size, ENGINE_SEED),
+            hasher: BlockHasher::with_seed(block_size, seed),
             blocks: Vec::with_capacity(num_blocks),
             free: FreeList::EMPTY,
             retained: FreeList::EMPTY,

@@ -131,6 +131,10 @@ pub struct EngineConfig {
     /// bandwidth, and computed blocks are handed out to publish. Default `None`: no pool (the
     /// field is ignored).
     pub pool: Option<PoolTierConfig>,
+    /// Seed of the block hashes the engine names its blocks by (in its cache and its KV
+    /// events). Default [`ENGINE_SEED`]: not the router's ([`crate::hash::HASH_SEED`]), as a
+    /// real engine's hashes are not, so the events go through the ingestor's translation.
+    pub hash_seed: u64,
 }
 
 impl Default for EngineConfig {
@@ -145,6 +149,7 @@ impl Default for EngineConfig {
             host_tier: None,
             disk_tier: None,
             pool: None,
+            hash_seed: ENGINE_SEED,
         }
     }
 }
@@ -403,7 +408,7 @@ impl EngineModel {
     /// An idle engine with an empty cache.
     pub fn new(config: EngineConfig) -> Result<Self, ConfigError> {
         config.validate()?;
-        let mut cache = KvCache::new(config.block_size, config.num_blocks);
+        let mut cache = KvCache::with_seed(config.block_size, config.num_blocks, config.hash_seed);
         let host = config
             .host_tier
             .clone()

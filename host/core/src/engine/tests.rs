@@ -55,6 +55,38 @@ fn a_repeated_prompt_hits_its_full_blocks() {
     assert_eq!((stats.prompt_tokens, stats.finished), (80, 2));
 }
 
+/// An engine given the router's seed names its blocks by the router's hashes in its events.
+#[test]
+fn the_hash_seed_names_the_blocks_of_the_events() {
+    let prompt: Vec<u32> = (0..12).collect();
+    let stored = |hash_seed| {
+        let mut engine = EngineModel::new(EngineConfig {
+            hash_seed,
+            ..config(4, 16)
+        })
+        .expect("valid");
+        engine
+            .add_request(request(1, prompt.clone(), 1))
+            .expect("fits");
+        let steps = drain(&mut engine);
+        let events = steps.iter().flat_map(|s| &s.events);
+        let stored: Vec<u64> = events
+            .flat_map(|e| match e {
+                CacheEvent::Stored { hashes, .. } => hashes.clone(),
+                _ => Vec::new(),
+            })
+            .collect();
+        stored
+    };
+    let router: Vec<u64> = crate::hash::BlockHasher::new(4)
+        .sequence(&prompt)
+        .iter()
+        .map(|h| h.0)
+        .collect();
+    assert_eq!(stored(crate::hash::HASH_SEED)[..3], router[..]);
+    assert_ne!(stored(ENGINE_SEED)[..3], router[..]);
+}
+
 #[test]
 fn the_last_prompt_token_is_always_computed() {
     let mut engine = EngineModel::new(config(16, 64)).expect("valid");

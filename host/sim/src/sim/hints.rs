@@ -12,8 +12,9 @@
 //! (a tick) would show the policy no session at all, and a prefetch it planned for the tick
 //! before a tool returns would find nothing resident and never be hinted.
 //!
-//! **Hashes.** The tracker names blocks by the router's sequence hashes; the engines by their
-//! own ([`switchyard_core::engine::ENGINE_SEED`]). As in the gateway, each worker's ingestor
+//! **Hashes.** The tracker names blocks by the router's sequence hashes; the engines by theirs
+//! ([`EngineConfig::hash_seed`](switchyard_core::engine::EngineConfig::hash_seed): their own
+//! [`switchyard_core::engine::ENGINE_SEED`] unless told the router's). As in the gateway, each worker's ingestor
 //! keeps the engine's names of the blocks its rank holds ([`EngineNames`]), learnt from the KV
 //! events, and a rank's actions are named with them; an action left with no named block is
 //! counted missing, without asking the engine.

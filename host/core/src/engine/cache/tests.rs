@@ -56,6 +56,9 @@ fn engine_hashes_are_not_the_routers() {
         .map(|h| h.0)
         .collect();
     assert_ne!(cache.hash_blocks(&prompt), router);
+    // Unless the engine is given the router's seed (the simulator's default).
+    let cache = KvCache::with_seed(4, 1, crate::hash::HASH_SEED);
+    assert_eq!(cache.hash_blocks(&prompt), router);
 }
 
 #[test]
