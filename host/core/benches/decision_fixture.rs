@@ -155,6 +155,19 @@ pub(crate) fn time_per_call(f: &mut dyn FnMut() -> u64, slice: Duration) -> f64 
 
 /// `calls` calls of `f` timed one by one: their (p50, p99) in nanoseconds.
 pub(crate) fn tail(f: &mut dyn FnMut() -> u64, calls: usize) -> (f64, f64) {
+    let stats = tail_stats(f, calls);
+    (stats.p50, stats.p99)
+}
+
+/// Per-call times of one round of [`tail_stats`], in nanoseconds.
+pub(crate) struct TailStats {
+    pub(crate) p50: f64,
+    pub(crate) p99: f64,
+    pub(crate) mean: f64,
+}
+
+/// `calls` calls of `f` timed one by one: their p50, p99 and mean in nanoseconds.
+pub(crate) fn tail_stats(f: &mut dyn FnMut() -> u64, calls: usize) -> TailStats {
     let mut times: Vec<f64> = (0..calls)
         .map(|_| {
             let start = std::time::Instant::now();
@@ -163,7 +176,11 @@ pub(crate) fn tail(f: &mut dyn FnMut() -> u64, calls: usize) -> (f64, f64) {
         })
         .collect();
     times.sort_by(f64::total_cmp);
-    (times[calls / 2], times[calls * 99 / 100])
+    TailStats {
+        p50: times[calls / 2],
+        p99: times[calls * 99 / 100],
+        mean: times.iter().sum::<f64>() / calls as f64,
+    }
 }
 
 pub(crate) fn median(values: &mut [f64]) -> f64 {

@@ -12,12 +12,16 @@
 //! The machine is shared and noisy, so after criterion's absolute numbers a second pass measures
 //! each bench right after the baseline, many times over, and prints the median of the ratios. A
 //! third times 32K-token decisions one by one for their tail (the goal is stated as a p99).
+//!
+//! `SWITCHYARD_ROUTER_BENCH=tail cargo bench -p switchyard-core --bench router` runs the tail pass
+//! alone (no criterion, no ratios) and also prints it as one JSON line, for
+//! `scripts/decision-vs-dynamo.sh`, which runs it beside Dynamo's own decision on this fixture.
 
 mod decision_fixture;
 
 use criterion::Criterion;
 use decision_fixture::{
-    BLOCKS_PER_WORKER, Fixture, RouteLoop, WORKERS, median, tail, time_per_call,
+    BLOCKS_PER_WORKER, Fixture, RouteLoop, WORKERS, median, tail_stats, time_per_call,
 };
 use std::time::Duration;
 use switchyard_core::predicted::PredictedBlocks;
@@ -34,6 +38,8 @@ const TAIL_ROUNDS: usize = 5;
 const TAIL_CALLS: usize = 2_000;
 /// The bench whose tail is measured.
 const TAIL_BENCH: &str = "router/route/32k-16w";
+/// Set to `tail` to run only the tail pass, and print it as JSON too.
+const MODE_VAR: &str = "SWITCHYARD_ROUTER_BENCH";
 
 type Case<'a> = (&'static str, Box<dyn FnMut() -> u64 + 'a>);
 
@@ -95,30 +101,40 @@ fn print_ratios(cases: &mut [Case<'_>]) {
 }
 
 /// Time `TAIL_BENCH` call by call and print its p50 and p99 (medians over rounds), and the p99
-/// against the baseline measured just before it.
-fn print_tail(cases: &mut [Case<'_>]) {
+/// against the baseline measured just before it. With `json`, also one JSON line with the
+/// medians over rounds of the p50, p99 and mean, the calls timed and `winner`, the worker the
+/// decision picks.
+fn print_tail(cases: &mut [Case<'_>], json: Option<u32>) {
     let (baseline, others) = cases.split_first_mut().expect("the baseline comes first");
     let (_, f) = others
         .iter_mut()
         .find(|(name, _)| *name == TAIL_BENCH)
         .expect("the tail bench is a case");
-    let (mut p50s, mut p99s, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut p50s, mut p99s, mut means, mut ratios) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..TAIL_ROUNDS {
         let base = time_per_call(&mut baseline.1, RATIO_SLICE);
-        let (p50, p99) = tail(f, TAIL_CALLS);
-        p50s.push(p50);
-        p99s.push(p99);
-        ratios.push(p99 / base);
+        let stats = tail_stats(f, TAIL_CALLS);
+        p50s.push(stats.p50);
+        p99s.push(stats.p99);
+        means.push(stats.mean);
+        ratios.push(stats.p99 / base);
     }
+    let (p50, p99) = (median(&mut p50s) / 1e3, median(&mut p99s) / 1e3);
     println!(
         "\n{TAIL_BENCH}, {TAIL_ROUNDS} rounds of {TAIL_CALLS} calls timed one by one (median of rounds):"
     );
     println!(
-        "p50 {:.1} us, p99 {:.1} us, p99 {:.3} x baseline",
-        median(&mut p50s) / 1e3,
-        median(&mut p99s) / 1e3,
+        "p50 {p50:.1} us, p99 {p99:.1} us, p99 {:.3} x baseline",
         median(&mut ratios)
     );
+    if let Some(winner) = json {
+        println!(
+            "{{\"bench\":\"{TAIL_BENCH}\",\"side\":\"switchyard\",\"p50_us\":{p50:.3},\"p99_us\":{p99:.3},\"mean_us\":{:.3},\"calls\":{},\"rounds\":{TAIL_ROUNDS},\"winner\":{winner}}}",
+            median(&mut means) / 1e3,
+            TAIL_ROUNDS * TAIL_CALLS,
+        );
+    }
 }
 
 fn main() {
@@ -136,13 +152,24 @@ fn main() {
         RouteLoop::new(Box::new(KvCost)),
     );
     // The deepest holder (device and host) must win, or the bench measures a different decision.
-    assert_eq!(long.route_once(&fixture.index, &fixture.long), WORKERS - 1);
+    let winner = long.route_once(&fixture.index, &fixture.long);
+    assert_eq!(winner, WORKERS - 1);
     assert_eq!(
         short.route_once(&fixture.index, &fixture.short),
         WORKERS - 1
     );
 
+    let tail_only = match std::env::var(MODE_VAR).as_deref() {
+        Ok("tail") => true,
+        Ok("") | Err(_) => false,
+        Ok(mode) => panic!("{MODE_VAR}={mode:?}: the only mode is `tail`"),
+    };
+
     let mut cases = cases(&fixture, &mut long, &mut short);
+    if tail_only {
+        print_tail(&mut cases, Some(winner));
+        return;
+    }
     let mut criterion = Criterion::default()
         .sample_size(20)
         .warm_up_time(Duration::from_secs(1))
@@ -156,6 +183,6 @@ fn main() {
     // `cargo bench` passes `--bench`; `cargo test --benches` does not and only smoke-tests.
     if std::env::args().any(|arg| arg == "--bench") {
         print_ratios(&mut cases);
-        print_tail(&mut cases);
+        print_tail(&mut cases, None);
     }
 }
