@@ -701,4 +701,46 @@ mod tests {
         // An answer that only speaks, or whose thinking came back empty, did not think.
         assert!(thinking_spans(&[text("hi"), thinking("")], words).is_empty());
     }
+
+    proptest::proptest! {
+        /// Whatever the answer's blocks, the spans are in order, apart (adjacent thinking is
+        /// one span), hold every thinking token, and end within the answer.
+        #[test]
+        fn spans_are_ordered_apart_and_hold_all_the_thinking(
+            blocks in proptest::collection::vec((0u8..3, 0usize..6), 0..12),
+        ) {
+            let blocks: Vec<Block> = blocks
+                .into_iter()
+                .map(|(kind, n)| {
+                    let body = "w ".repeat(n);
+                    match kind {
+                        0 => thinking(&body),
+                        1 => text(&body),
+                        _ => Block::ToolCall {
+                            id: "c".into(),
+                            name: "t ".into(),
+                            arguments: body,
+                        },
+                    }
+                })
+                .collect();
+            let spans = thinking_spans(&blocks, words);
+            let all: u32 = blocks.iter().map(|b| match b {
+                Block::Thinking { text, .. } | Block::Text { text } => words(text),
+                Block::ToolCall { name, arguments, .. } => words(name) + words(arguments),
+                _ => 0,
+            }).sum();
+            let thought: u32 = blocks.iter().map(|b| match b {
+                Block::Thinking { text, .. } => words(text),
+                _ => 0,
+            }).sum();
+            proptest::prop_assert_eq!(spans.iter().map(|s| s.tokens).sum::<u32>(), thought);
+            for pair in spans.windows(2) {
+                proptest::prop_assert!(pair[0].offset + pair[0].tokens < pair[1].offset, "{spans:?}");
+            }
+            if let Some(last) = spans.last() {
+                proptest::prop_assert!(last.offset + last.tokens <= all);
+            }
+        }
+    }
 }
