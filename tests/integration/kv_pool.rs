@@ -249,8 +249,21 @@ async fn a_subagent_on_another_worker_reuses_the_parents_prefix_through_the_pool
     // Now the worker holds the prefix itself: the next subagent's pool credit is only what lies
     // beyond the worker's own device prefix, which is nothing the pool has.
     tokio::time::sleep(Duration::from_millis(300)).await;
+    let pool_bytes_out = || async {
+        metric_sum(
+            &get_text(&format!("{pool_url}/metrics")).await,
+            "kvbm_pool_bytes_out_total",
+        )
+    };
+    let sent_before = pool_bytes_out().await;
     let (_, cached) = chat(&gateway, "subagent-2", "Review module_7's error handling.").await;
     assert!(cached * 10 >= shared * 9);
+    // And the worker fetched none of it from the pool: it asks only for what it lacks.
+    assert_eq!(
+        pool_bytes_out().await,
+        sent_before,
+        "the pool sent blocks the worker's device held"
+    );
     let again = gateway_metric(&gateway, "switchyard_routed_shared_tokens_total", &worker).await;
     assert!(
         again - credited < 16.0 * 2.0,

@@ -50,6 +50,12 @@ enum Command {
         actions: Vec<HintAction>,
         reply: oneshot::Sender<Vec<ActionOutcome>>,
     },
+    /// How many leading blocks of these engine hashes the engine holds now (device, then host
+    /// and disk), handing the hashes back.
+    Held {
+        hashes: Vec<u64>,
+        reply: oneshot::Sender<(usize, Vec<u64>)>,
+    },
     Cancel(u64),
     ResetPrefixCache(oneshot::Sender<bool>),
 }
@@ -101,16 +107,20 @@ impl EngineClient {
         let (progress, events) = mpsc::unbounded_channel();
         let (accepted, answer) = oneshot::channel();
         // Ask the pool before the engine sees the request, as a KV connector does: what it
-        // holds is loaded instead of computed.
-        let staged = match &self.pool {
-            Some(pool) => pool.fetch_prefix(&prompt).await,
-            None => Vec::new(),
+        // holds past what the engine holds itself is loaded instead of computed.
+        let (staged, pool_prefix_start) = match &self.pool {
+            Some(pool) => {
+                let (held, hashes) = self.held(pool.prompt_hashes(&prompt)).await?;
+                (pool.fetch_run(&hashes, held).await, held)
+            }
+            None => (Vec::new(), 0),
         };
         let request = EngineRequest {
             id,
             prompt,
             max_tokens,
-            pool_prefix_blocks: staged.len(),
+            pool_prefix_blocks: pool_prefix_start + staged.len(),
+            pool_prefix_start,
             max_offload_tokens,
         };
         self.commands
@@ -130,6 +140,15 @@ impl EngineClient {
             finished: false,
             commands: self.commands.clone(),
         })
+    }
+
+    /// How many leading blocks of `hashes` the engine holds now, and the hashes.
+    async fn held(&self, hashes: Vec<u64>) -> Result<(usize, Vec<u64>), SubmitError> {
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(Command::Held { hashes, reply })
+            .map_err(|_| SubmitError::Stopped)?;
+        answer.await.map_err(|_| SubmitError::Stopped)
     }
 
     /// Apply KV hints now: one outcome per action, in order.
@@ -396,6 +415,9 @@ impl Driver {
             }
             Command::Hints { actions, reply } => {
                 let _ = reply.send(self.apply_hints(&actions));
+            }
+            Command::Held { hashes, reply } => {
+                let _ = reply.send((self.model.held_prefix(&hashes), hashes));
             }
             Command::Cancel(id) => {
                 self.model.cancel(id);

@@ -1,6 +1,7 @@
-//! The shared KV pool (G4) from the engine's side: at arrival, fetch the leading run of the
-//! prompt's blocks that `switchyard kv-pool` holds (the engine model loads what its device and
-//! host lack); after each step, write the blocks it computed through to the pool, in batches,
+//! The shared KV pool (G4) from the engine's side: at arrival, fetch the run of the prompt's
+//! blocks that `switchyard kv-pool` holds past those the engine holds itself on its device and
+//! host tiers (the engine model loads them if its own still reach that run at admission, and
+//! recomputes otherwise); after each step, write the blocks it computed through to the pool, in batches,
 //! off the request path. A pool that is down or slow costs recompute, never a failed request.
 
 use bytes::Bytes;
@@ -91,20 +92,24 @@ impl PoolLink {
         })
     }
 
-    /// The leading blocks of `prompt` the pool holds, with their bytes, in order. The block of
-    /// the last prompt token is never asked for: the engine computes it to sample.
-    pub(crate) async fn fetch_prefix(&self, prompt: &[u32]) -> Vec<(u64, Bytes)> {
+    /// The engine hashes of `prompt`'s blocks a fetch may ask for: every full block but the
+    /// one of the last prompt token, which the engine computes to sample.
+    pub(crate) fn prompt_hashes(&self, prompt: &[u32]) -> Vec<u64> {
         let usable = prompt.len().saturating_sub(1) / self.block_size;
-        let hashes: Vec<u64> = self
-            .hasher
-            .sequence(&prompt[..usable * self.block_size])
+        (self.hasher.sequence(&prompt[..usable * self.block_size]))
             .into_iter()
             .map(|h| h.0)
-            .collect();
-        if hashes.is_empty() {
+            .collect()
+    }
+
+    /// The run of `hashes` from `from` on (the blocks before it the engine holds itself) that
+    /// the pool holds, with their bytes, in order.
+    pub(crate) async fn fetch_run(&self, hashes: &[u64], from: usize) -> Vec<(u64, Bytes)> {
+        let wanted = &hashes[from.min(hashes.len())..];
+        if wanted.is_empty() {
             return Vec::new();
         }
-        let run = match self.client.exists(&hashes).await {
+        let run = match self.client.exists(wanted).await {
             Ok(present) => present.iter().take_while(|p| **p).count(),
             Err(error) => {
                 self.failed(&error);
@@ -114,10 +119,9 @@ impl PoolLink {
         if run == 0 {
             return Vec::new();
         }
-        match self.client.get(&hashes[..run]).await {
+        match self.client.get(&wanted[..run]).await {
             // A block evicted between the two calls ends the run there.
-            Ok(blocks) => hashes
-                .into_iter()
+            Ok(blocks) => (wanted.iter().copied())
                 .zip(blocks)
                 .map_while(|(hash, bytes)| Some((hash, bytes?)))
                 .collect(),

@@ -328,6 +328,7 @@ mod tests {
                 prompt,
                 max_tokens: 1,
                 pool_prefix_blocks: 0,
+                pool_prefix_start: 0,
                 max_offload_tokens: None,
             })
             .expect("accepted");

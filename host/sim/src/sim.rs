@@ -896,6 +896,7 @@ impl<'w> Simulation<'w> {
             prompt,
             max_tokens,
             pool_prefix_blocks,
+            pool_prefix_start: 0,
             max_offload_tokens: None,
         };
         self.settle(worker, now);

@@ -44,6 +44,7 @@
 //!     prompt: (0..100).collect(),
 //!     max_tokens: 2,
 //!     pool_prefix_blocks: 0,
+//!     pool_prefix_start: 0,
 //!     max_offload_tokens: None,
 //! })?;
 //! let mut tokens = Vec::new();
@@ -65,7 +66,9 @@
 //! 1. **Arrival.** Hash the prompt with the engine's hashes ([`KvCache::hash_blocks`] on
 //!    [`EngineModel::cache`]), ask the pool which leading blocks it holds, and pass that count
 //!    as [`EngineRequest::pool_prefix_blocks`]. A driver that moves bytes fetches them now (or
-//!    later, before it applies the step's transfers) and keeps them by hash.
+//!    later, before it applies the step's transfers) and keeps them by hash; it need fetch only
+//!    the run past what the engine holds itself ([`EngineModel::held_prefix`]), and says where
+//!    that run starts ([`EngineRequest::pool_prefix_start`]).
 //! 2. **Admission.** Blocks after the device prefix and the host tier's run, up to that count,
 //!    are loaded: they count as `cached_tokens`, the request waits
 //!    `blocks x block_bytes / bandwidth` on the pool's link (the others keep stepping), they
@@ -224,10 +227,16 @@ pub struct EngineRequest {
     pub prompt: Vec<u32>,
     /// Tokens to generate (at least 1); generation always runs to this length.
     pub max_tokens: u32,
-    /// How many leading blocks of the prompt (engine hashes, [`KvCache::hash_blocks`]) the
-    /// shared pool holds, as the driver looked it up at arrival. 0 without a pool; ignored
-    /// unless [`EngineConfig::pool`] is set.
+    /// Where the run of the prompt's blocks (engine hashes, [`KvCache::hash_blocks`]) that the
+    /// shared pool holds ends, as the driver looked it up at arrival: the pool holds blocks
+    /// `pool_prefix_start..pool_prefix_blocks`. 0 without a pool; ignored unless
+    /// [`EngineConfig::pool`] is set.
     pub pool_prefix_blocks: usize,
+    /// The first of those blocks whose bytes the driver fetched: one that moves bytes skips
+    /// what the engine held at arrival ([`EngineModel::held_prefix`]). The pool serves the
+    /// request only if its device and lower tiers still reach this block at admission (else it
+    /// recomputes past them). 0 for a driver that fetches the whole run, or keeps no bytes.
+    pub pool_prefix_start: usize,
     /// vLLM's `kv_transfer_params.max_offload_tokens`: blocks that end past this many tokens
     /// of the sequence are neither written through to the host tier nor published to the pool,
     /// and are evicted first once free. The client does not expect to reuse them (a thinking
@@ -440,6 +449,18 @@ impl EngineModel {
     /// The KV cache, to inspect.
     pub fn cache(&self) -> &KvCache {
         &self.cache
+    }
+
+    /// How many leading blocks of `hashes` (engine hashes of a prompt) the engine holds now on
+    /// its device or, after those, in its host and disk tiers: what a driver need not fetch
+    /// from the shared pool ([`EngineRequest::pool_prefix_start`]). Touches nothing.
+    pub fn held_prefix(&self, hashes: &[u64]) -> usize {
+        let device = self.cache.cached_prefix(hashes);
+        let lower = self
+            .host
+            .as_ref()
+            .map_or(0, |h| h.held_run(&hashes[device..]));
+        device + lower
     }
 
     /// Whether steps report KV events (on from the start, as a vLLM with `--kv-events-config`).
@@ -826,12 +847,14 @@ impl EngineModel {
         };
         let near = disk_start + from_disk.len();
         let fetched = match &self.pool {
-            Some(_) => head
+            // The pool's run is usable from where the nearer tiers end, if its bytes start
+            // there or before.
+            Some(_) if head.request.pool_prefix_start <= near => head
                 .request
                 .pool_prefix_blocks
                 .min(reusable)
                 .saturating_sub(near),
-            None => 0,
+            _ => 0,
         };
         let Waiting { request, hashes } = self.waiting.pop_front()?;
         table.know(hashes);

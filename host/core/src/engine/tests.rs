@@ -16,6 +16,7 @@ fn request(id: u64, prompt: Vec<u32>, max_tokens: u32) -> EngineRequest {
         prompt,
         max_tokens,
         pool_prefix_blocks: 0,
+        pool_prefix_start: 0,
         max_offload_tokens: None,
     }
 }

@@ -349,6 +349,17 @@ impl HostTier {
         }
     }
 
+    /// How many leading blocks of `hashes` the host tier, then the disk tier after them, hold
+    /// (touching nothing).
+    pub(crate) fn held_run(&self, hashes: &[u64]) -> usize {
+        let host = held(&self.pool, hashes);
+        let disk = self
+            .disk
+            .as_ref()
+            .map_or(0, |d| d.held_run(&hashes[host..]));
+        host + disk
+    }
+
     /// The leading run of `hashes` the host tier holds (the part of a prompt after its device
     /// prefix), held so nothing evicts it before it is loaded.
     pub(crate) fn lookup(&self, hashes: &[u64], now: Tick) -> Vec<ImmutableBlock> {
@@ -644,6 +655,13 @@ impl PoolTier {
 
 /// The leading run of `hashes` that `pool` holds, each block held (so nothing evicts it before
 /// it is loaded).
+/// How many leading blocks of `hashes` `pool` holds, touching none.
+pub(super) fn held(pool: &BlockPool, hashes: &[u64]) -> usize {
+    (hashes.iter())
+        .take_while(|&&hash| pool.contains(SequenceHash(hash)))
+        .count()
+}
+
 pub(super) fn leading_run(pool: &BlockPool, hashes: &[u64], now: Tick) -> Vec<ImmutableBlock> {
     hashes
         .iter()

@@ -107,6 +107,11 @@ impl DiskTier {
         }
     }
 
+    /// How many leading blocks of `hashes` the disk holds (touching nothing).
+    pub(crate) fn held_run(&self, hashes: &[u64]) -> usize {
+        super::held(&self.pool, hashes)
+    }
+
     /// The leading run of `hashes` the disk holds, held until loaded.
     pub(crate) fn lookup(&self, hashes: &[u64], now: Tick) -> Vec<ImmutableBlock> {
         super::leading_run(&self.pool, hashes, now)

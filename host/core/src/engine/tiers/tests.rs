@@ -32,6 +32,7 @@ fn request(id: u64, prompt: Vec<u32>, max_tokens: u32) -> EngineRequest {
         prompt,
         max_tokens,
         pool_prefix_blocks: 0,
+        pool_prefix_start: 0,
         max_offload_tokens: None,
     }
 }
@@ -49,12 +50,23 @@ fn run_with_pool(
     prompt: Vec<u32>,
     pool_prefix_blocks: usize,
 ) -> Vec<Step> {
+    run_with_pool_run(engine, id, prompt, 0..pool_prefix_blocks)
+}
+
+/// Run one request whose blocks `pool` the driver fetched from the pool.
+fn run_with_pool_run(
+    engine: &mut EngineModel,
+    id: u64,
+    prompt: Vec<u32>,
+    pool: std::ops::Range<usize>,
+) -> Vec<Step> {
     engine
         .add_request(EngineRequest {
             id,
             prompt,
             max_tokens: 1,
-            pool_prefix_blocks,
+            pool_prefix_blocks: pool.end,
+            pool_prefix_start: pool.start,
             max_offload_tokens: None,
         })
         .expect("accepted");
@@ -352,6 +364,53 @@ fn a_prefix_published_by_one_engine_is_fetched_by_another() {
     assert!(first_token_time(&fetched, 2) < first_token_time(&recomputed, 3));
 }
 
+/// A driver that moves bytes fetches only what the engine lacks at arrival (`held_prefix`);
+/// the pool serves the request only if the engine's own blocks still reach that run.
+#[test]
+fn a_driver_fetches_only_the_blocks_past_what_the_engine_holds() {
+    let prompt = tokens(1, 17); // 4 full blocks + 1 token
+    let mut b = tiered(None, true);
+    let hashes = b.cache().hash_blocks(&prompt);
+    assert_eq!(b.held_prefix(&hashes), 0);
+    // B computed the first two blocks for an earlier request: it holds them.
+    run(&mut b, 1, prompt[..9].to_vec());
+    let held = b.held_prefix(&hashes);
+    assert_eq!(held, 2);
+    // The driver fetched blocks 2 and 3 only: B loads those and reuses its own.
+    let steps = run_with_pool_run(&mut b, 2, prompt.clone(), held..4);
+    assert_eq!(cached(&steps, 2), 16);
+    assert_eq!(
+        loads(&steps),
+        hashes[2..].iter().map(|&h| (false, h)).collect::<Vec<_>>()
+    );
+    assert_eq!(b.stats().tiers.pool_fetched_blocks, 2);
+    assert_eq!(b.held_prefix(&hashes), 4);
+
+    // An engine that no longer holds the blocks before the fetched run cannot use it: it
+    // computes the prompt.
+    let mut c = tiered(None, true);
+    let steps = run_with_pool_run(&mut c, 3, prompt, 2..4);
+    assert_eq!(cached(&steps, 3), 0);
+    assert!(loads(&steps).is_empty());
+}
+
+/// `held_prefix` counts the host tier's run after the device's, and touches nothing.
+#[test]
+fn the_held_prefix_reaches_into_the_host_tier() {
+    let mut engine = engine(Some(16));
+    let first = tokens(1, 17);
+    let hashes = engine.cache().hash_blocks(&first);
+    run(&mut engine, 1, first);
+    // Other prompts push the first out of the 8-block device; the host keeps it.
+    run(&mut engine, 2, tokens(2, 17));
+    run(&mut engine, 3, tokens(3, 17));
+    assert_eq!(engine.cache().cached_prefix(&hashes), 0);
+    assert_eq!(engine.held_prefix(&hashes), 4);
+    let stats = engine.stats().tiers;
+    assert_eq!(engine.held_prefix(&hashes), 4);
+    assert_eq!(engine.stats().tiers, stats);
+}
+
 #[test]
 fn without_a_pool_nothing_changes() {
     // The driver's count is ignored by an engine without a pool...
@@ -643,6 +702,7 @@ fn run_capped(
             prompt,
             max_tokens,
             pool_prefix_blocks: 0,
+            pool_prefix_start: 0,
             max_offload_tokens,
         })
         .expect("accepted");
