@@ -1,8 +1,9 @@
 //! The shared KV pool (G4) from the engine's side: at arrival, fetch the run of the prompt's
 //! blocks that `switchyard kv-pool` holds past those the engine holds itself on its device and
 //! host tiers (the engine model loads them if its own still reach that run at admission, and
-//! recomputes otherwise); after each step, write the blocks it computed through to the pool, in batches,
-//! off the request path. A pool that is down or slow costs recompute, never a failed request.
+//! recomputes otherwise); after each step, write the blocks it computed through to the pool, in
+//! batches, off the request path. A pool that is down or slow costs recompute, never a failed
+//! request.
 
 use bytes::Bytes;
 use std::sync::Arc;

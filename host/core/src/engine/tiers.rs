@@ -653,8 +653,6 @@ impl PoolTier {
     }
 }
 
-/// The leading run of `hashes` that `pool` holds, each block held (so nothing evicts it before
-/// it is loaded).
 /// How many leading blocks of `hashes` `pool` holds, touching none.
 pub(super) fn held(pool: &BlockPool, hashes: &[u64]) -> usize {
     (hashes.iter())
@@ -662,6 +660,8 @@ pub(super) fn held(pool: &BlockPool, hashes: &[u64]) -> usize {
         .count()
 }
 
+/// The leading run of `hashes` that `pool` holds, each block held (so nothing evicts it before
+/// it is loaded).
 pub(super) fn leading_run(pool: &BlockPool, hashes: &[u64], now: Tick) -> Vec<ImmutableBlock> {
     hashes
         .iter()
