@@ -238,6 +238,7 @@ pub(crate) fn start(
     let driver = Driver {
         model,
         inbox,
+        deferred: Vec::new(),
         requests: HashMap::new(),
         pins: Vec::new(),
         slabs: attached.slabs,
@@ -263,6 +264,8 @@ pub(crate) fn start(
 struct Driver {
     model: EngineModel,
     inbox: mpsc::UnboundedReceiver<Command>,
+    /// Commands that arrived while a step ran, applied (in order) once it ends.
+    deferred: Vec<Command>,
     requests: HashMap<u64, Running>,
     /// Pinned prompt prefixes and when their pins expire.
     pins: Vec<(Instant, BlockTable)>,
@@ -339,6 +342,9 @@ impl Driver {
     async fn serve(&mut self, shutdown: &CancellationToken) {
         loop {
             self.catch_up_clock();
+            for command in std::mem::take(&mut self.deferred) {
+                self.apply(command);
+            }
             while let Ok(command) = self.inbox.try_recv() {
                 self.apply(command);
             }
@@ -363,11 +369,8 @@ impl Driver {
             let step = self.model.step();
             let pause = Duration::try_from_secs_f64(step.duration.as_secs_f64() / self.speedup)
                 .unwrap_or(Duration::MAX);
-            if !pause.is_zero() {
-                tokio::select! {
-                    () = tokio::time::sleep(pause) => {}
-                    () = shutdown.cancelled() => return,
-                }
+            if !pause.is_zero() && !self.sleep_through_step(pause, shutdown).await {
+                return;
             }
             if let Some(slabs) = &mut self.slabs {
                 let pool = self.pool.as_deref();
@@ -388,6 +391,26 @@ impl Driver {
             // Gauges first: a client that reads a token and then the metrics sees this step.
             self.stats.send_replace(self.model.stats());
             self.deliver(step).await;
+        }
+    }
+
+    /// Wait out a step of `pause`. A request's question of what the engine holds (read-only:
+    /// the model is as the step left it) is answered at once, so that its pool fetch overlaps
+    /// the step; every other command waits for the step to end. False once the engine stops.
+    async fn sleep_through_step(&mut self, pause: Duration, shutdown: &CancellationToken) -> bool {
+        let step_end = tokio::time::Instant::now() + pause;
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep_until(step_end) => return true,
+                command = self.inbox.recv() => match command {
+                    Some(Command::Held { hashes, reply }) => {
+                        let _ = reply.send((self.model.held_prefix(&hashes), hashes));
+                    }
+                    Some(command) => self.deferred.push(command),
+                    None => return false,
+                },
+                () = shutdown.cancelled() => return false,
+            }
         }
     }
 
