@@ -12,13 +12,16 @@ use switchyard_sim::workload::{
 };
 use switchyard_sim::{SimConfig, SimError, Simulation};
 
-/// A trace file of `lines` in the test's own temporary directory.
-fn trace(name: &str, lines: &[String]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("switchyard-hostile-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("mkdir");
-    let path = dir.join(name);
+/// A trace file of `lines` in a temporary directory of its own, removed when the returned
+/// handle is dropped.
+fn trace(name: &str, lines: &[String]) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::Builder::new()
+        .prefix("switchyard-hostile-")
+        .tempdir()
+        .expect("mkdir");
+    let path = dir.path().join(name);
     std::fs::write(&path, lines.join("\n")).expect("write");
-    path
+    (dir, path)
 }
 
 /// Two small workers with Mooncake's 512-token blocks.
@@ -60,7 +63,7 @@ fn values_no_simulation_could_run_are_refused_naming_file_and_session() {
             "16777217 output tokens",
         ),
     ] {
-        let path = trace(name, &[row.to_string()]);
+        let (_dir, path) = trace(name, &[row.to_string()]);
         let message = refused(load(&path, Some(Format::Mooncake)));
         assert!(message.contains(name), "{message}");
         assert!(message.contains("session `"), "{message}");
@@ -72,7 +75,7 @@ fn values_no_simulation_could_run_are_refused_naming_file_and_session() {
             "hash_ids": [1]})
         .to_string()
     };
-    let path = trace("delta.jsonl", &[turn(10), turn(u32::MAX)]);
+    let (_dir, path) = trace("delta.jsonl", &[turn(10), turn(u32::MAX)]);
     let message = refused(load(&path, Some(Format::MooncakeDelta)));
     assert!(
         message.contains("request 1 has 4294967295 prompt tokens"),
@@ -228,7 +231,7 @@ proptest! {
         delta in any::<bool>(),
     ) {
         let lines: Vec<String> = rows.iter().map(ToString::to_string).collect();
-        let path = trace(&format!("fuzz-{delta}.jsonl"), &lines);
+        let (_dir, path) = trace(&format!("fuzz-{delta}.jsonl"), &lines);
         let format = if delta { Format::MooncakeDelta } else { Format::Mooncake };
         loads_and_runs_or_is_refused(&path, format)?;
     }
@@ -239,6 +242,7 @@ proptest! {
         lines in proptest::collection::vec(request_end(), 1..6),
     ) {
         let lines: Vec<String> = lines.iter().map(ToString::to_string).collect();
-        loads_and_runs_or_is_refused(&trace("fuzz-rt.jsonl", &lines), Format::RequestTrace)?;
+        let (_dir, path) = trace("fuzz-rt.jsonl", &lines);
+        loads_and_runs_or_is_refused(&path, Format::RequestTrace)?;
     }
 }

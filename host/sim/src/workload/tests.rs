@@ -8,10 +8,12 @@ fn file(dir: &Path, name: &str, text: &str) -> PathBuf {
     path
 }
 
-fn tempdir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("switchyard-sim-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("mkdir");
-    dir
+/// A directory of its own for one test, removed when the test ends.
+fn tempdir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("switchyard-sim-{name}-"))
+        .tempdir()
+        .expect("mkdir")
 }
 
 fn ms(n: u64) -> Duration {
@@ -22,7 +24,7 @@ fn ms(n: u64) -> Duration {
 fn mooncake_rows_are_lone_requests_ordered_by_time_then_line() {
     let dir = tempdir("mooncake");
     let path = file(
-        &dir,
+        dir.path(),
         "t.jsonl",
         r#"{"timestamp": 5, "input_length": 700, "output_length": 3, "hash_ids": [0, 1]}
 {"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [0, 2]}
@@ -48,7 +50,7 @@ fn mooncake_rows_are_lone_requests_ordered_by_time_then_line() {
 fn mooncake_delta_rows_accumulate_blocks_and_keep_delays() {
     let dir = tempdir("delta");
     let path = file(
-        &dir,
+        dir.path(),
         "t.jsonl",
         r#"{"session_id": "a", "timestamp": 100, "input_length": 1024, "output_length": 8, "hash_ids": [1, 2]}
 {"session_id": 7, "timestamp": 50, "input_length": 512, "output_length": 8, "hash_ids": [9]}
@@ -65,7 +67,7 @@ fn mooncake_delta_rows_accumulate_blocks_and_keep_delays() {
     assert_eq!(w.sessions[1].id, "7");
 
     // Written back as deltas, read back the same.
-    let out = dir.join("back.jsonl");
+    let out = dir.path().join("back.jsonl");
     write(&w, &out, Format::MooncakeDelta).expect("write");
     let back = load(&out, Some(Format::MooncakeDelta)).expect("reload");
     let lens: Vec<usize> = back.sessions[0]
@@ -89,7 +91,7 @@ const CLAUDE_CODE: &str = r#"{"id": "trace_x", "block_size": 64, "hash_id_scope"
 #[test]
 fn claude_code_subagents_are_spawned_and_joined_children() {
     let dir = tempdir("claude");
-    let path = file(&dir, "trace_x.json", CLAUDE_CODE);
+    let path = file(dir.path(), "trace_x.json", CLAUDE_CODE);
     let w = load(&path, None).expect("load");
     assert_eq!(w.block_size, 64);
     let ids: Vec<&str> = w.sessions.iter().map(|s| s.id.as_str()).collect();
@@ -134,7 +136,7 @@ fn request_traces_group_sessions_and_measure_gaps_from_the_end() {
         line("null", "null", 1_200, 50.0, "[9]"),
     ]
     .join("\n");
-    let w = load(&file(&dir, "t.jsonl", &text), None).expect("load");
+    let w = load(&file(dir.path(), "t.jsonl", &text), None).expect("load");
     assert_eq!(w.block_size, 16);
     let s = &w.sessions[0];
     assert_eq!(s.requests.len(), 2);
@@ -157,7 +159,7 @@ fn request_traces_group_sessions_and_measure_gaps_from_the_end() {
     assert_eq!(lone.start, ms(200));
 
     // Gzip round trip through our own writer keeps sessions, spawns and gaps.
-    let out = dir.join("back.jsonl.gz");
+    let out = dir.path().join("back.jsonl.gz");
     write(&w, &out, Format::RequestTrace).expect("write");
     let back = load(&out, None).expect("reload");
     let child = back.sessions.iter().find(|x| x.id == "c").expect("child");
@@ -177,7 +179,7 @@ fn request_traces_group_sessions_and_measure_gaps_from_the_end() {
 #[test]
 fn replicas_are_distinct_users_with_the_same_shape() {
     let dir = tempdir("replicate");
-    let path = file(&dir, "trace_x.json", CLAUDE_CODE);
+    let path = file(dir.path(), "trace_x.json", CLAUDE_CODE);
     let w = load(&path, None).expect("load");
     let three = w.replicate(3);
     assert_eq!(three.sessions.len(), 6);
@@ -247,7 +249,7 @@ fn mooncake_writes_dense_ids_at_open_loop_times() {
         input_tokens: 1400,
         output_tokens: 2,
     });
-    let out = dir.join("m.jsonl");
+    let out = dir.path().join("m.jsonl");
     write(&w, &out, Format::Mooncake).expect("write");
     let back = load(&out, None).expect("reload");
     assert_eq!(back.sessions[0].requests[0].hash_ids, [0, 1]);
