@@ -10,7 +10,10 @@
 # pays up to twice its CPU in system time faulting memory in (docs/benchmarks.md (n)), so with
 # REPS a multiple of the number of binaries each pays it as often as the others.
 #
-#   scripts/sim-vs-mocker.sh SIM_ANCHOR TRACE NAME=BINARY [NAME=BINARY...]
+#   scripts/sim-vs-mocker.sh SIM_ANCHOR TRACE NAME=BINARY[,FLAG...] [NAME=BINARY[,FLAG...]...]
+#
+# FLAGs after a binary are added to its `simulate` runs, e.g.
+# own=target/release/switchyard,--engine-hashes,own.
 #
 # SIM_ANCHOR: the dynamo-anchor harness's `sim_anchor` (built as its README says); TRACE:
 # conversation_trace.jsonl. Builds nothing. REPS (3), SPEEDUPS ("1 4") and OUT
@@ -49,9 +52,10 @@ for rep in $(seq "${REPS:-3}"); do
         --router-modes "$dynamo" --arrival-speedup-ratio "$speedup" --engine-type vllm \
         --block-size 64 --trace-block-size 512 --deterministic --json-out "$out/dynamo.jsonl"
       for named in "${order[@]}"; do
-        measure "${named%%=*}" "$routing" "$speedup" "${named#*=}" simulate --trace "$trace" \
+        IFS=, read -r -a binary <<< "${named#*=}"
+        measure "${named%%=*}" "$routing" "$speedup" "${binary[0]}" simulate --trace "$trace" \
           --block-size 64 --workers 8 --policies "$ours" --speedup "$speedup" \
-          --report "$out/${named%%=*}-$routing-x$speedup.json"
+          --report "$out/${named%%=*}-$routing-x$speedup.json" "${binary[@]:1}"
       done
     done
   done
