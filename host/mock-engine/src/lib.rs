@@ -45,6 +45,7 @@ use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
 use switchyard_core::engine::{ConfigError, EngineConfig, EngineModel, PoolTierConfig};
+use switchyard_core::hash::BlockHasher;
 use switchyard_kv_events::publisher::Publisher;
 use switchyard_kv_events::wire::Encoding;
 use switchyard_tokenizer::ModelTokenizer;
@@ -271,7 +272,7 @@ pub async fn spawn(
                 .map_err(|_| MockEngineError::PoolBlockBytes(*block_bytes))?;
             Some(Arc::new(pool::PoolLink::start(
                 settings,
-                config.block_size,
+                BlockHasher::with_seed(config.block_size, model.config().hash_seed),
                 block_bytes,
                 shutdown.clone(),
             )?))

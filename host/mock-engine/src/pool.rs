@@ -9,7 +9,6 @@ use bytes::Bytes;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-use switchyard_core::engine::ENGINE_SEED;
 use switchyard_core::hash::BlockHasher;
 use switchyard_kv_pool::{ClientTls, PoolClient, PoolError, PutBlock};
 use tokio::sync::mpsc;
@@ -55,19 +54,18 @@ pub(crate) struct PoolCounters {
 #[derive(Debug)]
 pub(crate) struct PoolLink {
     client: PoolClient,
-    /// The engine's own block hashes: the pool is keyed by them.
+    /// The engine's own block hashes (the model's seed): the pool is keyed by them.
     hasher: BlockHasher,
-    block_size: usize,
     puts: mpsc::Sender<PutBlock>,
     pub(crate) counters: Arc<PoolCounters>,
 }
 
 impl PoolLink {
-    /// A link to the pool of `settings`, for blocks of `block_size` tokens and `block_bytes`
-    /// bytes; its writer task stops with `shutdown`.
+    /// A link to the pool of `settings`, for blocks named by `hasher` (the engine's) of
+    /// `block_bytes` bytes; its writer task stops with `shutdown`.
     pub(crate) fn start(
         settings: &PoolSettings,
-        block_size: usize,
+        hasher: BlockHasher,
         block_bytes: u32,
         shutdown: CancellationToken,
     ) -> Result<PoolLink, PoolError> {
@@ -86,8 +84,7 @@ impl PoolLink {
         ));
         Ok(PoolLink {
             client,
-            hasher: BlockHasher::with_seed(block_size, ENGINE_SEED),
-            block_size,
+            hasher,
             puts,
             counters,
         })
@@ -96,8 +93,9 @@ impl PoolLink {
     /// The engine hashes of `prompt`'s blocks a fetch may ask for: every full block but the
     /// one of the last prompt token, which the engine computes to sample.
     pub(crate) fn prompt_hashes(&self, prompt: &[u32]) -> Vec<u64> {
-        let usable = prompt.len().saturating_sub(1) / self.block_size;
-        (self.hasher.sequence(&prompt[..usable * self.block_size]))
+        let block_size = self.hasher.block_size();
+        let usable = prompt.len().saturating_sub(1) / block_size;
+        (self.hasher.sequence(&prompt[..usable * block_size]))
             .into_iter()
             .map(|h| h.0)
             .collect()

@@ -71,13 +71,12 @@ fn the_hash_seed_names_the_blocks_of_the_events() {
             .expect("fits");
         let steps = drain(&mut engine);
         let events = steps.iter().flat_map(|s| &s.events);
-        let stored: Vec<u64> = events
+        events
             .flat_map(|e| match e {
                 CacheEvent::Stored { hashes, .. } => hashes.clone(),
                 _ => Vec::new(),
             })
-            .collect();
-        stored
+            .collect::<Vec<u64>>()
     };
     let router: Vec<u64> = crate::hash::BlockHasher::new(4)
         .sequence(&prompt)
