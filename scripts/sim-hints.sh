@@ -8,6 +8,7 @@
 #
 # BINARY: a built switchyard (release); TRACES_DIR: holds weka/ (default $SWITCHYARD_TRACES).
 # Builds nothing. ADMISSION (e.g. thunder-agent:migrate_after=60s), CONCURRENCY, HINTS, JOBS,
+# SPEEDUP (how much faster than recorded the sessions think and wait on tools; 10 by default),
 # REPORT and PLOT override the defaults below.
 set -euo pipefail
 bin=${1:?usage: sim-hints.sh BINARY [TRACES_DIR] [simulate flags...]}
@@ -19,7 +20,7 @@ plot=${PLOT:-hints.png}
 all=demote-on-tool-call+subagent-reclaim+share-to-subagent
 hints=${HINTS:-no-hints,demote-on-tool-call,subagent-reclaim,share-to-subagent,$all}
 set -x
-"$bin" simulate --trace "$traces/weka" --replicate 4 --workers 4 --speedup 10 --max-gap 60s \
+"$bin" simulate --trace "$traces/weka" --replicate 4 --workers 4 --speedup "${SPEEDUP:-10}" --max-gap 60s \
     --policies kv-cost --admission "${ADMISSION:-thunder-agent}" --concurrency "${CONCURRENCY:-32,64}" \
     --host-tier-blocks 65536 --kv-hints "$hints" \
     --jobs "${JOBS:-2}" --report "$report" --plot "$plot" "$@" > /dev/null
