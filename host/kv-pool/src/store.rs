@@ -19,7 +19,9 @@ use bytes::Bytes;
 use switchyard_kv_events::wire::EngineHash;
 use switchyard_kv_events::wire::mooncake::{MooncakeEvent, MooncakeEventType};
 use switchyard_kvbm::retention::Retention;
-use switchyard_kvbm::storage::{DiskReader, DiskStore, MemoryPool, PutOutcome, Spilled, StorePool};
+use switchyard_kvbm::storage::{
+    AdoptedRecord, DiskReader, DiskStore, MemoryPool, PutOutcome, Spilled, StorePool,
+};
 use switchyard_kvbm::{KvbmError, SequenceHash, StorageError, Tick};
 use tokio::sync::mpsc;
 
@@ -239,13 +241,22 @@ impl Pool {
             },
             events,
         };
-        // Announced as the first events (without tokens: the records do not keep them, and a
-        // subscriber that knew the blocks recognises their hashes).
-        for chunk in adopted.chunks(ANNOUNCED_PER_MESSAGE) {
-            let announced = chunk.iter().map(|&(_, hash)| {
-                stored_event(hash, None, Vec::new(), PoolTier::Disk, &config.backend_id)
+        // Announced as the first events, each block after its parent, with the parents the
+        // records kept (without tokens: the records do not keep them, and a subscriber that
+        // knew the blocks recognises their hashes).
+        let announced = parents_first(&adopted);
+        for chunk in announced.chunks(ANNOUNCED_PER_MESSAGE) {
+            let events = chunk.iter().map(|record| {
+                let parent = record.meta.parent.filter(|p| *p != record.hash);
+                stored_event(
+                    record.hash,
+                    parent,
+                    Vec::new(),
+                    PoolTier::Disk,
+                    &config.backend_id,
+                )
             });
-            inner.emit(announced.collect());
+            inner.emit(events.collect());
         }
         let disk_reader = inner.disk.as_ref().map(|d| d.inspect(DiskStore::reader));
         Ok(Pool {
@@ -668,6 +679,30 @@ fn stored_event(
         block_size: (!token_ids.is_empty()).then_some(token_ids.len() as u32),
         token_ids,
     }
+}
+
+/// `records` ordered so that a block comes after its parent when both are there (a chain is
+/// announced from its root), otherwise in their order.
+fn parents_first(records: &[AdoptedRecord]) -> Vec<&AdoptedRecord> {
+    let by_hash: HashMap<SequenceHash, &AdoptedRecord> =
+        records.iter().map(|record| (record.hash, record)).collect();
+    let mut done = std::collections::HashSet::with_capacity(records.len());
+    let mut ordered = Vec::with_capacity(records.len());
+    let mut chain = Vec::new();
+    for record in records {
+        // Climb to the first ancestor already announced (or absent), then announce downwards.
+        let mut next = Some(record);
+        while let Some(at) = next.filter(|at| !done.contains(&at.hash)) {
+            done.insert(at.hash);
+            chain.push(at);
+            next = at
+                .meta
+                .parent
+                .and_then(|parent| by_hash.get(&parent).copied());
+        }
+        ordered.extend(chain.drain(..).rev());
+    }
+    ordered
 }
 
 #[cfg(test)]

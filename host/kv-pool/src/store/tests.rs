@@ -171,6 +171,31 @@ fn a_restarted_pool_keeps_its_disk_blocks_and_announces_them() -> TestResult {
 }
 
 #[test]
+fn a_restarted_pool_announces_its_disk_chains_with_their_parents_root_first() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let pool = Pool::open(config(2, Some((dir.path(), 4, None))), None)?;
+    // Memory of two: the chain's leaf 2 goes to disk first, then its parent 1 (slot order is
+    // child, parent).
+    pool.put(&[block(1, None), block(2, Some(1)), block(3, Some(2))])?;
+    pool.put(&[block(9, None)])?;
+    assert_eq!(pool.hashes(PoolTier::Disk), vec![1, 2]);
+    drop(pool);
+
+    let (sender, mut receiver) = mpsc::unbounded_channel();
+    let _pool = Pool::open(config(2, Some((dir.path(), 4, None))), Some(sender))?;
+    let mut announced = Vec::new();
+    while let Ok(events) = receiver.try_recv() {
+        announced.extend(
+            events
+                .into_iter()
+                .map(|e| (e.seq_hashes[0].0, e.parent_hash.map(|p| p.0))),
+        );
+    }
+    assert_eq!(announced, vec![(1, None), (2, Some(1))]);
+    Ok(())
+}
+
+#[test]
 fn retention_decides_what_leaves_memory() -> TestResult {
     let pool = Pool::open(config(2, None), None)?;
     let keep = PutRetention {

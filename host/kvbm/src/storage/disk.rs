@@ -1,9 +1,10 @@
 //! G3: blocks in one slot file under a directory. Each slot is a record at a fixed,
 //! page-aligned stride: the payload first (so a block of whole pages is written as whole pages),
-//! then a 32-byte trailer (magic, version, sequence hash, payload length, XXH3 checksum of hash
-//! and payload). A torn, corrupt or truncated record is a miss and
-//! is counted; it is never served. Space is accounted per written slot; when the disk (or the
-//! configured byte budget) is full, writes are skipped until a probe write succeeds.
+//! then a 64-byte trailer (magic, version, sequence hash, payload length, XXH3 checksum, and
+//! what the block is: its parent and retention, so that a reopened store gives its chains back).
+//! A torn, corrupt or truncated record is a miss and is counted; it is never served. Space is
+//! accounted per written slot; when the disk (or the configured byte budget) is full, writes
+//! are skipped until a probe write succeeds.
 
 use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Write};
@@ -14,16 +15,159 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::error::StorageError;
-use crate::storage::BlockStore;
+use crate::retention::Retention;
+use crate::storage::{BlockMeta, BlockStore};
 use crate::types::{BlockId, SequenceHash};
 
 const MAGIC: [u8; 4] = *b"SYKV";
-const VERSION: u16 = 1;
-const HEADER_BYTES: usize = 32;
+/// Version 2 records keep the block's parent and retention; version 1 records (the hash
+/// alone) are still read, and reopen as leaves with the default retention.
+const VERSION: u16 = 2;
+const VERSION_1: u16 = 1;
+/// A version 1 trailer: magic, version, hash, length, checksum of hash and payload.
+const TRAILER_V1_BYTES: usize = 32;
+/// Version 2 adds the parent and the retention's flags and priority, under the checksum too.
+const TRAILER_BYTES: usize = 64;
+const HAS_PARENT: u8 = 1;
+const EPHEMERAL: u8 = 2;
 const ALIGN: usize = 4096;
 /// While full, one write in this many is attempted to see whether space came back.
 const FULL_PROBE_EVERY: u64 = 64;
 const FILE_NAME: &str = "blocks.kvb";
+
+/// A record [`DiskStore::reopen`] found: the block, its slot and what it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdoptedRecord {
+    /// Its slot.
+    pub slot: BlockId,
+    /// The block.
+    pub hash: SequenceHash,
+    /// Its parent and retention as written (a version 1 record: none and the default).
+    pub meta: BlockMeta,
+}
+
+/// A record's trailer, decoded.
+struct Trailer {
+    version: u16,
+    hash: SequenceHash,
+    len: u64,
+    checksum: u64,
+    meta: BlockMeta,
+}
+
+impl Trailer {
+    /// The trailer of block `hash` holding `data`. A retention with an end is written as the
+    /// default: its lease counts from a process that will be gone when the record is read.
+    fn encode(hash: SequenceHash, meta: BlockMeta, data: &[u8]) -> [u8; TRAILER_BYTES] {
+        let meta = BlockMeta {
+            retention: if meta.retention.until().is_some() {
+                Retention::DEFAULT
+            } else {
+                meta.retention
+            },
+            ..meta
+        };
+        let (flags, priority) = Self::meta_bytes(&meta);
+        let mut out = [0u8; TRAILER_BYTES];
+        out[0..4].copy_from_slice(&MAGIC);
+        out[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        out[6] = flags;
+        out[7] = priority;
+        out[8..16].copy_from_slice(&hash.0.to_le_bytes());
+        out[16..24].copy_from_slice(&(data.len() as u64).to_le_bytes());
+        out[24..32].copy_from_slice(&Self::checksum_v2(hash, &meta, data).to_le_bytes());
+        out[32..40].copy_from_slice(&meta.parent.map_or(0, |p| p.0).to_le_bytes());
+        out
+    }
+
+    /// `bytes`: a whole trailer, or only a version 1 trailer's worth (the last record of a
+    /// version 1 file ends there). `None`: not one of ours.
+    fn decode(bytes: &[u8]) -> Option<Trailer> {
+        let field = |range: std::ops::Range<usize>| {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(&bytes[range]);
+            u64::from_le_bytes(word)
+        };
+        if bytes.len() < TRAILER_V1_BYTES || bytes[0..4] != MAGIC {
+            return None;
+        }
+        let version = u16::from_le_bytes([bytes[4], bytes[5]]);
+        let meta = match version {
+            VERSION_1 => BlockMeta::default(),
+            VERSION if bytes.len() >= TRAILER_BYTES => {
+                let (flags, priority) = (bytes[6], bytes[7]);
+                let retention = if flags & EPHEMERAL != 0 {
+                    Retention::ephemeral()
+                } else {
+                    Retention::new(priority, None).ok()?
+                };
+                BlockMeta {
+                    parent: (flags & HAS_PARENT != 0).then(|| SequenceHash(field(32..40))),
+                    retention,
+                }
+            }
+            _ => return None,
+        };
+        Some(Trailer {
+            version,
+            hash: SequenceHash(field(8..16)),
+            len: field(16..24),
+            checksum: field(24..32),
+            meta,
+        })
+    }
+
+    /// Whether `payload` is what this trailer was written over.
+    fn verifies(&self, payload: &[u8]) -> bool {
+        self.len == payload.len() as u64
+            && self.checksum
+                == match self.version {
+                    VERSION_1 => Self::checksum_v1(self.hash, payload),
+                    _ => Self::checksum_v2(self.hash, &self.meta, payload),
+                }
+    }
+
+    fn meta_bytes(meta: &BlockMeta) -> (u8, u8) {
+        let mut flags = 0;
+        if meta.parent.is_some() {
+            flags |= HAS_PARENT;
+        }
+        if meta.retention.is_ephemeral() {
+            flags |= EPHEMERAL;
+        }
+        (flags, meta.retention.priority())
+    }
+
+    fn checksum_v1(hash: SequenceHash, payload: &[u8]) -> u64 {
+        let mut hasher = Xxh3::new();
+        hasher.update(&hash.0.to_le_bytes());
+        hasher.update(payload);
+        hasher.digest()
+    }
+
+    fn checksum_v2(hash: SequenceHash, meta: &BlockMeta, payload: &[u8]) -> u64 {
+        let (flags, priority) = Self::meta_bytes(meta);
+        let mut hasher = Xxh3::new();
+        hasher.update(&hash.0.to_le_bytes());
+        hasher.update(&meta.parent.map_or(0, |p| p.0).to_le_bytes());
+        hasher.update(&[flags, priority]);
+        hasher.update(payload);
+        hasher.digest()
+    }
+}
+
+/// Read the trailer at `at`: a whole one, or a version 1 one where the file ends sooner.
+fn read_trailer(file: &File, at: u64) -> std::io::Result<([u8; TRAILER_BYTES], usize)> {
+    let mut bytes = [0u8; TRAILER_BYTES];
+    match read_at(file, &mut bytes, at) {
+        Ok(()) => Ok((bytes, TRAILER_BYTES)),
+        Err(error) if error.kind() == ErrorKind::UnexpectedEof => {
+            read_at(file, &mut bytes[..TRAILER_V1_BYTES], at)?;
+            Ok((bytes, TRAILER_V1_BYTES))
+        }
+        Err(error) => Err(error),
+    }
+}
 
 /// The disk tier's own counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -96,15 +240,15 @@ impl DiskStore {
 
     /// Like [`open`](Self::open), but the records an earlier store left in `dir` are kept:
     /// each slot whose trailer names a block of this size (magic, version, length) is written,
-    /// and returned with its hash (the first slot of a hash wins; its payload is verified when
-    /// read, as always). Slots past `capacity_blocks` are cut off, and records past
-    /// `max_bytes` are not kept.
+    /// and returned with its hash, parent and retention (the first slot of a hash wins; its
+    /// payload is verified when read, as always). Slots past `capacity_blocks` are cut off,
+    /// and records past `max_bytes` are not kept.
     pub fn reopen(
         dir: &Path,
         capacity_blocks: usize,
         block_bytes: usize,
         max_bytes: Option<u64>,
-    ) -> Result<(DiskStore, Vec<(BlockId, SequenceHash)>), StorageError> {
+    ) -> Result<(DiskStore, Vec<AdoptedRecord>), StorageError> {
         let file = Self::slot_file(dir, capacity_blocks, block_bytes, false)?;
         let mut store = Self::over(dir, file, capacity_blocks, block_bytes, max_bytes);
         let cap = store.capacity_blocks as u64 * store.reader.stride;
@@ -122,20 +266,26 @@ impl DiskStore {
         let mut kept = Vec::new();
         for slot in 0..records as u32 {
             let slot = BlockId(slot);
-            let mut header = [0u8; HEADER_BYTES];
             let at = store.record_offset(slot) + block_bytes as u64;
-            if read_at(&store.reader.file, &mut header, at).is_err() {
-                continue;
-            }
-            let Some(hash) = Self::trailer_hash(&header, block_bytes) else {
+            let Ok((bytes, len)) = read_trailer(&store.reader.file, at) else {
                 continue;
             };
-            if store.over_budget(slot) || !seen.insert(hash) {
+            let Some(trailer) = Trailer::decode(&bytes[..len]) else {
+                continue;
+            };
+            if trailer.len != block_bytes as u64
+                || store.over_budget(slot)
+                || !seen.insert(trailer.hash)
+            {
                 continue;
             }
             store.written[slot.index()] = true;
             store.used_bytes += store.reader.stride;
-            kept.push((slot, hash));
+            kept.push(AdoptedRecord {
+                slot,
+                hash: trailer.hash,
+                meta: trailer.meta,
+            });
         }
         if kept.is_empty() {
             // Nothing of ours (another block size, or garbage): the space goes back.
@@ -172,7 +322,7 @@ impl DiskStore {
         block_bytes: usize,
         max_bytes: Option<u64>,
     ) -> DiskStore {
-        let stride = (HEADER_BYTES + block_bytes).div_ceil(ALIGN) * ALIGN;
+        let stride = (TRAILER_BYTES + block_bytes).div_ceil(ALIGN) * ALIGN;
         DiskStore {
             path: dir.join(FILE_NAME),
             block_bytes,
@@ -190,18 +340,6 @@ impl DiskStore {
                 counts: Arc::default(),
             },
         }
-    }
-
-    /// The hash a record's trailer names, if it is one of ours for blocks of `block_bytes`.
-    fn trailer_hash(header: &[u8; HEADER_BYTES], block_bytes: usize) -> Option<SequenceHash> {
-        let field = |range: std::ops::Range<usize>| {
-            let mut bytes = [0u8; 8];
-            bytes.copy_from_slice(&header[range]);
-            u64::from_le_bytes(bytes)
-        };
-        let version = u16::from_le_bytes([header[4], header[5]]);
-        (header[0..4] == MAGIC && version == VERSION && field(16..24) == block_bytes as u64)
-            .then(|| SequenceHash(field(8..16)))
     }
 
     /// The slot file.
@@ -248,13 +386,6 @@ impl DiskStore {
         super::check_slot(slot, self.capacity_blocks)
     }
 
-    fn checksum(hash: SequenceHash, payload: &[u8]) -> u64 {
-        let mut hasher = Xxh3::new();
-        hasher.update(&hash.0.to_le_bytes());
-        hasher.update(payload);
-        hasher.digest()
-    }
-
     fn over_budget(&self, slot: BlockId) -> bool {
         let extra = if self.written[slot.index()] {
             0
@@ -269,17 +400,13 @@ impl DiskStore {
         &mut self,
         slot: BlockId,
         hash: SequenceHash,
+        meta: BlockMeta,
         data: &[u8],
     ) -> std::io::Result<()> {
-        let mut header = [0u8; HEADER_BYTES];
-        header[0..4].copy_from_slice(&MAGIC);
-        header[4..6].copy_from_slice(&VERSION.to_le_bytes());
-        header[8..16].copy_from_slice(&hash.0.to_le_bytes());
-        header[16..24].copy_from_slice(&(data.len() as u64).to_le_bytes());
-        header[24..32].copy_from_slice(&Self::checksum(hash, data).to_le_bytes());
         let offset = self.record_offset(slot);
         write_at(&self.reader.file, data, offset)?;
-        write_at(&self.reader.file, &header, offset + data.len() as u64)
+        let trailer = Trailer::encode(hash, meta, data);
+        write_at(&self.reader.file, &trailer, offset + data.len() as u64)
     }
 }
 
@@ -298,6 +425,16 @@ impl BlockStore for DiskStore {
         hash: SequenceHash,
         data: &[u8],
     ) -> Result<(), StorageError> {
+        self.write_block_with(slot, hash, BlockMeta::default(), data)
+    }
+
+    fn write_block_with(
+        &mut self,
+        slot: BlockId,
+        hash: SequenceHash,
+        meta: BlockMeta,
+        data: &[u8],
+    ) -> Result<(), StorageError> {
         self.check_slot(slot)?;
         super::check_block_len(self.block_bytes, data.len())?;
         if self.full {
@@ -312,7 +449,7 @@ impl BlockStore for DiskStore {
             self.counters.writes_skipped_full += 1;
             return Err(StorageError::DiskFull { hash });
         }
-        match self.write_record(slot, hash, data) {
+        match self.write_record(slot, hash, meta, data) {
             Ok(()) => {
                 if !self.written[slot.index()] {
                     self.written[slot.index()] = true;
@@ -373,32 +510,22 @@ impl DiskReader {
                 .fetch_add(1, Ordering::Relaxed);
             Err(StorageError::Corrupt { hash })
         };
-        let mut header = [0u8; HEADER_BYTES];
         let offset = self.record_offset(slot);
         let read = read_at(&self.file, out, offset)
-            .and_then(|()| read_at(&self.file, &mut header, offset + out.len() as u64));
-        if let Err(error) = read {
-            if error.kind() == ErrorKind::UnexpectedEof {
-                return corrupt();
-            }
-            return Err(error.into());
-        }
-        let field = |range: std::ops::Range<usize>| {
-            let mut bytes = [0u8; 8];
-            bytes.copy_from_slice(&header[range]);
-            u64::from_le_bytes(bytes)
+            .and_then(|()| read_trailer(&self.file, offset + out.len() as u64));
+        let (bytes, len) = match read {
+            Ok(read) => read,
+            Err(error) if error.kind() == ErrorKind::UnexpectedEof => return corrupt(),
+            Err(error) => return Err(error.into()),
         };
-        let version = u16::from_le_bytes([header[4], header[5]]);
-        if header[0..4] != MAGIC || version != VERSION {
+        let Some(trailer) = Trailer::decode(&bytes[..len]) else {
             return corrupt();
-        }
-        if field(8..16) != hash.0 {
+        };
+        if trailer.hash != hash {
             // The slot was reused for another block: not ours, not corrupt.
             return Err(StorageError::Miss { hash });
         }
-        if field(16..24) != self.block_bytes as u64
-            || field(24..32) != DiskStore::checksum(hash, out)
-        {
+        if !trailer.verifies(out) {
             return corrupt();
         }
         self.counts.reads.fetch_add(1, Ordering::Relaxed);

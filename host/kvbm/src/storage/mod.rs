@@ -13,7 +13,7 @@ mod cuda;
 use std::fmt::Debug;
 
 pub use batch::SlabAccess;
-pub use disk::{DiskCounters, DiskReader, DiskStore};
+pub use disk::{AdoptedRecord, DiskCounters, DiskReader, DiskStore};
 pub use shared::{MemoryPool, PutOutcome, Spilled, StorePool, fetch_from_pool, publish_to_pool};
 pub use slab::HostSlab;
 
@@ -26,7 +26,19 @@ pub use cuda::DeviceSlab;
 use crate::config::ManagerConfig;
 use crate::error::{KvbmError, StorageError};
 use crate::manager::TransferBatch;
+use crate::retention::Retention;
 use crate::types::{BlockId, SequenceHash, Tier};
+
+/// What a block is besides its bytes: the block before it and how long to keep it. A store that
+/// outlives its process keeps it with the bytes (the disk's records), so that a reopened pool
+/// gets its chains and retention back ([`DiskStore::reopen`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BlockMeta {
+    /// The block before it in its sequence.
+    pub parent: Option<SequenceHash>,
+    /// Its retention.
+    pub retention: Retention,
+}
 
 /// `got` bytes are exactly one block of `expected` bytes.
 fn check_block_len(expected: usize, got: usize) -> Result<(), StorageError> {
@@ -75,6 +87,18 @@ pub trait BlockStore: Debug + Send {
         hash: SequenceHash,
         data: &[u8],
     ) -> Result<(), StorageError>;
+
+    /// [`write_block`](Self::write_block), with what the block is, for a store that keeps it.
+    /// Default: the bytes alone.
+    fn write_block_with(
+        &mut self,
+        slot: BlockId,
+        hash: SequenceHash,
+        _meta: BlockMeta,
+        data: &[u8],
+    ) -> Result<(), StorageError> {
+        self.write_block(slot, hash, data)
+    }
 
     /// Read block `hash` from `slot` into `out`. A slot that holds another block, or bytes that
     /// fail their check, is a miss: never served.

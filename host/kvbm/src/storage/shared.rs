@@ -13,7 +13,7 @@ use crate::error::{KvbmError, StorageError};
 use crate::manager::PoolFetch;
 use crate::pool::{BlockPool, ImmutableBlock, PoolCounters, PoolUsage};
 use crate::retention::Retention;
-use crate::storage::{BlockStore, HostSlab, SharedPool};
+use crate::storage::{AdoptedRecord, BlockMeta, BlockStore, HostSlab, SharedPool};
 use crate::types::{BlockId, SequenceHash, Tick, Tier};
 
 /// Where a registered block's bytes are, and its parent (kept for a spill, which happens
@@ -86,33 +86,33 @@ impl<S: BlockStore> StorePool<S> {
         })
     }
 
-    /// A pool over `store` that already holds `blocks` (`(slot, hash)`: a disk tier reopened
-    /// after a restart, [`crate::storage::DiskStore::reopen`]). They come back without their
-    /// parents and with the default retention; a hash given twice keeps its first slot.
-    pub fn adopting(
-        store: S,
-        blocks: &[(BlockId, SequenceHash)],
-    ) -> Result<StorePool<S>, KvbmError> {
+    /// A pool over `store` that already holds `blocks`: a disk tier reopened after a restart
+    /// ([`crate::storage::DiskStore::reopen`]), each block back with its parent and retention
+    /// as its record kept them, so a prefix still outlives its suffix. A hash given twice keeps
+    /// its first slot.
+    pub fn adopting(store: S, blocks: &[AdoptedRecord]) -> Result<StorePool<S>, KvbmError> {
         let pool = StorePool::over(store)?;
         if blocks.is_empty() {
             return Ok(pool);
         }
-        let wanted: HashMap<BlockId, SequenceHash> = blocks.iter().copied().collect();
+        let wanted: HashMap<BlockId, &AdoptedRecord> =
+            blocks.iter().map(|record| (record.slot, record)).collect();
         {
             let mut inner = pool.lock();
             // A fresh pool leases every slot at once; those not wanted go back as they drop.
             let allocation = inner.index.allocate(pool.capacity_blocks, Tick(0))?;
             for block in allocation.blocks {
                 let slot = block.id();
-                let Some(&hash) = wanted.get(&slot) else {
+                let Some(record) = wanted.get(&slot) else {
                     continue;
                 };
-                let complete = block.complete(hash, None);
-                let registration = inner
-                    .index
-                    .register(complete, Retention::DEFAULT, Tick(0))?;
+                let (hash, meta) = (record.hash, record.meta);
+                // A block is never its own parent, as in `put_at`.
+                let parent = meta.parent.filter(|p| *p != hash);
+                let complete = block.complete(hash, parent);
+                let registration = inner.index.register(complete, meta.retention, Tick(0))?;
                 if registration.stored {
-                    inner.held.insert(hash, Held { slot, parent: None });
+                    inner.held.insert(hash, Held { slot, parent });
                 }
             }
         }
@@ -249,7 +249,8 @@ impl<S: BlockStore> StorePool<S> {
             }
         }
         // The bytes go in before the block is registered: a failed write registers nothing.
-        inner.store.write_block(block.id(), hash, data)?;
+        let meta = BlockMeta { parent, retention };
+        inner.store.write_block_with(block.id(), hash, meta, data)?;
         let slot = block.id();
         let registration = inner
             .index

@@ -2,6 +2,7 @@ use std::fs::OpenOptions;
 use std::io::{Seek, SeekFrom, Write};
 
 use super::*;
+use crate::types::Tick;
 
 fn block(fill: u8, len: usize) -> Vec<u8> {
     (0..len).map(|i| fill.wrapping_add(i as u8)).collect()
@@ -70,7 +71,7 @@ fn a_reopened_disk_keeps_its_records_and_open_discards_them() -> TestResult {
     drop(disk);
     let (mut disk, kept) = DiskStore::reopen(dir.path(), 8, 1000, None)?;
     assert_eq!(
-        kept,
+        slots(&kept),
         vec![
             (BlockId(1), SequenceHash(11)),
             (BlockId(6), SequenceHash(66))
@@ -84,11 +85,11 @@ fn a_reopened_disk_keeps_its_records_and_open_discards_them() -> TestResult {
     // A byte budget of one record keeps one.
     let record = DiskStore::open(tempfile::tempdir()?.path(), 1, 1000, None)?.record_bytes();
     let (_, kept) = DiskStore::reopen(dir.path(), 8, 1000, Some(record))?;
-    assert_eq!(kept, vec![(BlockId(1), SequenceHash(11))]);
+    assert_eq!(slots(&kept), vec![(BlockId(1), SequenceHash(11))]);
     // Fewer slots: records past them are cut off; another block size: nothing is ours, and the
     // file is emptied.
     let (_, kept) = DiskStore::reopen(dir.path(), 4, 1000, None)?;
-    assert_eq!(kept, vec![(BlockId(1), SequenceHash(11))]);
+    assert_eq!(slots(&kept), vec![(BlockId(1), SequenceHash(11))]);
     assert!(DiskStore::reopen(dir.path(), 4, 900, None)?.1.is_empty());
     assert_eq!(std::fs::metadata(dir.path().join("blocks.kvb"))?.len(), 0);
     // `open` starts empty.
@@ -100,6 +101,135 @@ fn a_reopened_disk_keeps_its_records_and_open_discards_them() -> TestResult {
     assert_eq!(disk.used_bytes(), 0);
     drop(disk);
     assert!(DiskStore::reopen(dir.path(), 4, 1000, None)?.1.is_empty());
+    Ok(())
+}
+
+fn slots(kept: &[AdoptedRecord]) -> Vec<(BlockId, SequenceHash)> {
+    kept.iter()
+        .map(|record| (record.slot, record.hash))
+        .collect()
+}
+
+fn meta(parent: Option<u64>, retention: Retention) -> BlockMeta {
+    BlockMeta {
+        parent: parent.map(SequenceHash),
+        retention,
+    }
+}
+
+#[test]
+fn a_reopened_disk_gives_back_each_blocks_parent_and_retention() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let keep = Retention::new(90, None)?;
+    let lease = Retention::new(90, Some(Tick(1_000)))?;
+    let mut disk = DiskStore::open(dir.path(), 8, 1000, None)?;
+    disk.write_block_with(
+        BlockId(0),
+        SequenceHash(10),
+        meta(None, keep),
+        &block(0, 1000),
+    )?;
+    let thinking = meta(Some(10), Retention::ephemeral());
+    disk.write_block_with(BlockId(1), SequenceHash(11), thinking, &block(1, 1000))?;
+    disk.write_block_with(
+        BlockId(2),
+        SequenceHash(12),
+        meta(Some(11), lease),
+        &block(2, 1000),
+    )?;
+    let parent_at = disk.record_offset(BlockId(2)) + 1000 + 32;
+    drop(disk);
+    let (mut disk, kept) = DiskStore::reopen(dir.path(), 8, 1000, None)?;
+    let found: Vec<_> = kept.iter().map(|r| (r.slot, r.hash, r.meta)).collect();
+    assert_eq!(
+        found,
+        vec![
+            (BlockId(0), SequenceHash(10), meta(None, keep)),
+            (BlockId(1), SequenceHash(11), thinking),
+            // A lease counts from the process that wrote it: back at the default.
+            (
+                BlockId(2),
+                SequenceHash(12),
+                meta(Some(11), Retention::DEFAULT)
+            ),
+        ]
+    );
+    let mut out = vec![0; 1000];
+    disk.read_block(BlockId(1), SequenceHash(11), &mut out)?;
+    assert_eq!(out, block(1, 1000));
+    // The parent is under the checksum: a record whose parent changed is never served.
+    let file = OpenOptions::new().write(true).open(disk.path())?;
+    std::os::unix::fs::FileExt::write_all_at(&file, &99u64.to_le_bytes(), parent_at)?;
+    assert!(matches!(
+        disk.read_block(BlockId(2), SequenceHash(12), &mut out),
+        Err(StorageError::Corrupt { .. })
+    ));
+    assert_eq!(disk.counters().checksum_failures, 1);
+    Ok(())
+}
+
+#[test]
+fn a_version_1_record_is_still_read_and_reopens_as_a_leaf() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let payload = block(7, 1000);
+    // Version 1's layout: the payload, then magic, version, hash, length and the XXH3 of hash
+    // and payload; the file ends there.
+    let mut record = payload.clone();
+    record.extend_from_slice(b"SYKV");
+    record.extend_from_slice(&[1, 0, 0, 0]);
+    record.extend_from_slice(&77u64.to_le_bytes());
+    record.extend_from_slice(&1000u64.to_le_bytes());
+    let mut checksum = xxhash_rust::xxh3::Xxh3::new();
+    checksum.update(&77u64.to_le_bytes());
+    checksum.update(&payload);
+    record.extend_from_slice(&checksum.digest().to_le_bytes());
+    std::fs::write(dir.path().join("blocks.kvb"), &record)?;
+    let (mut disk, kept) = DiskStore::reopen(dir.path(), 4, 1000, None)?;
+    assert_eq!(
+        kept,
+        vec![AdoptedRecord {
+            slot: BlockId(0),
+            hash: SequenceHash(77),
+            meta: BlockMeta::default(),
+        }]
+    );
+    let mut out = vec![0; 1000];
+    disk.read_block(BlockId(0), SequenceHash(77), &mut out)?;
+    assert_eq!(out, payload);
+    Ok(())
+}
+
+#[test]
+fn a_reopened_disk_pool_still_evicts_a_chain_from_its_tail() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let pool = StorePool::over(DiskStore::open(dir.path(), 3, 1000, None)?)?;
+    let keep = Retention::new(90, None)?;
+    let chain = [
+        (1, None, keep),
+        (2, Some(1), Retention::DEFAULT),
+        (3, Some(2), Retention::DEFAULT),
+    ];
+    for (tick, (hash, parent, retention)) in chain.into_iter().enumerate() {
+        let parent = parent.map(SequenceHash);
+        let data = block(hash as u8, 1000);
+        let at = Tick(tick as u64 + 1);
+        pool.put_at(SequenceHash(hash), parent, retention, &data, at, None)?;
+    }
+    drop(pool);
+    let (store, kept) = DiskStore::reopen(dir.path(), 3, 1000, None)?;
+    let pool = StorePool::adopting(store, &kept)?;
+    assert_eq!(pool.retention(SequenceHash(1)), Some(keep));
+    pool.put_at(
+        SequenceHash(9),
+        None,
+        Retention::DEFAULT,
+        &block(9, 1000),
+        Tick(1),
+        None,
+    )?;
+    // Full at 3: the chain's leaf went, never its prefix (as leaves, the root went first).
+    assert_eq!(pool.drain_removed(), vec![SequenceHash(3)]);
+    assert!(pool.holds(SequenceHash(1)) && pool.holds(SequenceHash(2)));
     Ok(())
 }
 
