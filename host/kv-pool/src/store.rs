@@ -20,7 +20,7 @@ use switchyard_kv_events::wire::EngineHash;
 use switchyard_kv_events::wire::mooncake::{MooncakeEvent, MooncakeEventType};
 use switchyard_kvbm::retention::Retention;
 use switchyard_kvbm::storage::{
-    AdoptedRecord, DiskReader, DiskStore, MemoryPool, PutOutcome, Spilled, StorePool,
+    AdoptedRecord, BlockMeta, DiskReader, DiskStore, MemoryPool, PutOutcome, Spilled, StorePool,
 };
 use switchyard_kvbm::{KvbmError, SequenceHash, StorageError, Tick};
 use tokio::sync::mpsc;
@@ -241,9 +241,9 @@ impl Pool {
             },
             events,
         };
-        // Announced as the first events, each block after its parent, with the parents the
-        // records kept (without tokens: the records do not keep them, and a subscriber that
-        // knew the blocks recognises their hashes).
+        // Announced as the first events, each block after its parent, with the parents and
+        // tokens the records kept (a block whose writer gave no tokens, or whose tokens did not
+        // fit its record, goes without: a subscriber that knew it recognises its hash).
         let announced = parents_first(&adopted);
         for chunk in announced.chunks(ANNOUNCED_PER_MESSAGE) {
             let events = chunk.iter().map(|record| {
@@ -251,7 +251,7 @@ impl Pool {
                 stored_event(
                     record.hash,
                     parent,
-                    Vec::new(),
+                    record.meta.tokens.clone(),
                     PoolTier::Disk,
                     &config.backend_id,
                 )
@@ -557,7 +557,13 @@ impl Inner {
             let Some(disk) = disk.as_ref() else {
                 return;
             };
-            match disk.put_at(s.hash, s.parent, s.retention, s.bytes, now, None) {
+            // The tokens go into the disk record, so that a restarted pool announces them.
+            let meta = BlockMeta {
+                parent: s.parent,
+                retention: s.retention,
+                tokens: tokens.get(&s.hash).cloned().unwrap_or_default(),
+            };
+            match disk.put_block_at(s.hash, meta, s.bytes, now, None) {
                 Ok(_) => {
                     counters.spilled += 1;
                     spilled.push((s.hash, s.parent));

@@ -171,7 +171,7 @@ fn a_restarted_pool_keeps_its_disk_blocks_and_announces_them() -> TestResult {
 }
 
 #[test]
-fn a_restarted_pool_announces_its_disk_chains_with_their_parents_root_first() -> TestResult {
+fn a_restarted_pool_announces_its_disk_chains_root_first_with_parents_and_tokens() -> TestResult {
     let dir = tempfile::tempdir()?;
     let pool = Pool::open(config(2, Some((dir.path(), 4, None))), None)?;
     // Memory of two: the chain's leaf 2 goes to disk first, then its parent 1 (slot order is
@@ -188,10 +188,14 @@ fn a_restarted_pool_announces_its_disk_chains_with_their_parents_root_first() ->
         announced.extend(
             events
                 .into_iter()
-                .map(|e| (e.seq_hashes[0].0, e.parent_hash.map(|p| p.0))),
+                .map(|e| (e.seq_hashes[0].0, e.parent_hash.map(|p| p.0), e.token_ids)),
         );
     }
-    assert_eq!(announced, vec![(1, None), (2, Some(1))]);
+    // With the tokens their writer gave (`block` gives four per block).
+    assert_eq!(
+        announced,
+        vec![(1, None, vec![1; 4]), (2, Some(1), vec![2; 4])]
+    );
     Ok(())
 }
 

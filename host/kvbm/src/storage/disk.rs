@@ -1,7 +1,8 @@
 //! G3: blocks in one slot file under a directory. Each slot is a record at a fixed,
 //! page-aligned stride: the payload first (so a block of whole pages is written as whole pages),
 //! then a 64-byte trailer (magic, version, sequence hash, payload length, XXH3 checksum, and
-//! what the block is: its parent and retention, so that a reopened store gives its chains back).
+//! what the block is: its parent and retention, so that a reopened store gives its chains back),
+//! then the block's tokens where the stride's padding has room for them.
 //! A torn, corrupt or truncated record is a miss and is counted; it is never served. Space is
 //! accounted per written slot; when the disk (or the configured byte budget) is full, writes
 //! are skipped until a probe write succeeds.
@@ -12,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use xxhash_rust::xxh3::Xxh3;
+use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 
 use crate::error::StorageError;
 use crate::retention::Retention;
@@ -26,7 +27,8 @@ const VERSION: u16 = 2;
 const VERSION_1: u16 = 1;
 /// A version 1 trailer: magic, version, hash, length, checksum of hash and payload.
 const TRAILER_V1_BYTES: usize = 32;
-/// Version 2 adds the parent and the retention's flags and priority, under the checksum too.
+/// Version 2 adds the parent and the retention's flags and priority, under the checksum too,
+/// and the count and checksum of the tokens that follow the trailer.
 const TRAILER_BYTES: usize = 64;
 const HAS_PARENT: u8 = 1;
 const EPHEMERAL: u8 = 2;
@@ -36,47 +38,62 @@ const FULL_PROBE_EVERY: u64 = 64;
 const FILE_NAME: &str = "blocks.kvb";
 
 /// A record [`DiskStore::reopen`] found: the block, its slot and what it is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AdoptedRecord {
     /// Its slot.
     pub slot: BlockId,
     /// The block.
     pub hash: SequenceHash,
-    /// Its parent and retention as written (a version 1 record: none and the default).
+    /// Its parent, retention and tokens as written (a version 1 record: none, the default and
+    /// none; tokens that did not fit the record, or fail their checksum: none).
     pub meta: BlockMeta,
 }
 
-/// A record's trailer, decoded.
+/// A record's trailer, decoded (its `meta` without the tokens, which follow it).
 struct Trailer {
     version: u16,
     hash: SequenceHash,
     len: u64,
     checksum: u64,
     meta: BlockMeta,
+    /// Tokens after the trailer, and their checksum.
+    tokens: (u32, u64),
 }
 
 impl Trailer {
-    /// The trailer of block `hash` holding `data`. A retention with an end is written as the
-    /// default: its lease counts from a process that will be gone when the record is read.
-    fn encode(hash: SequenceHash, meta: BlockMeta, data: &[u8]) -> [u8; TRAILER_BYTES] {
-        let meta = BlockMeta {
-            retention: if meta.retention.until().is_some() {
-                Retention::DEFAULT
-            } else {
-                meta.retention
-            },
-            ..meta
+    /// The trailer of block `hash` holding `data`, and the tokens after it if `room` bytes
+    /// hold both. A retention with an end is written as the default: its lease counts from a
+    /// process that will be gone when the record is read.
+    fn encode(hash: SequenceHash, meta: &BlockMeta, data: &[u8], room: usize) -> Vec<u8> {
+        let retention = if meta.retention.until().is_some() {
+            Retention::DEFAULT
+        } else {
+            meta.retention
         };
-        let (flags, priority) = Self::meta_bytes(&meta);
-        let mut out = [0u8; TRAILER_BYTES];
+        let kept = BlockMeta {
+            parent: meta.parent,
+            retention,
+            tokens: Vec::new(),
+        };
+        let tokens: &[u32] = if TRAILER_BYTES + 4 * meta.tokens.len() <= room {
+            &meta.tokens
+        } else {
+            &[]
+        };
+        let token_bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+        let (flags, priority) = Self::meta_bytes(&kept);
+        let mut out = vec![0u8; TRAILER_BYTES];
         out[0..4].copy_from_slice(&MAGIC);
         out[4..6].copy_from_slice(&VERSION.to_le_bytes());
         out[6] = flags;
         out[7] = priority;
         out[8..16].copy_from_slice(&hash.0.to_le_bytes());
         out[16..24].copy_from_slice(&(data.len() as u64).to_le_bytes());
-        out[24..32].copy_from_slice(&Self::checksum_v2(hash, &meta, data).to_le_bytes());
-        out[32..40].copy_from_slice(&meta.parent.map_or(0, |p| p.0).to_le_bytes());
+        out[24..32].copy_from_slice(&Self::checksum_v2(hash, &kept, data).to_le_bytes());
+        out[32..40].copy_from_slice(&kept.parent.map_or(0, |p| p.0).to_le_bytes());
+        out[40..44].copy_from_slice(&(tokens.len() as u32).to_le_bytes());
+        out[44..52].copy_from_slice(&xxh3_64(&token_bytes).to_le_bytes());
+        out.extend_from_slice(&token_bytes);
         out
     }
 
@@ -104,9 +121,17 @@ impl Trailer {
                 BlockMeta {
                     parent: (flags & HAS_PARENT != 0).then(|| SequenceHash(field(32..40))),
                     retention,
+                    tokens: Vec::new(),
                 }
             }
             _ => return None,
+        };
+        let tokens = if version == VERSION {
+            let mut count = [0u8; 4];
+            count.copy_from_slice(&bytes[40..44]);
+            (u32::from_le_bytes(count), field(44..52))
+        } else {
+            (0, 0)
         };
         Some(Trailer {
             version,
@@ -114,6 +139,7 @@ impl Trailer {
             len: field(16..24),
             checksum: field(24..32),
             meta,
+            tokens,
         })
     }
 
@@ -281,10 +307,12 @@ impl DiskStore {
             }
             store.written[slot.index()] = true;
             store.used_bytes += store.reader.stride;
+            let mut meta = trailer.meta;
+            meta.tokens = store.read_tokens(at + TRAILER_BYTES as u64, trailer.tokens);
             kept.push(AdoptedRecord {
                 slot,
                 hash: trailer.hash,
-                meta: trailer.meta,
+                meta,
             });
         }
         if kept.is_empty() {
@@ -313,6 +341,23 @@ impl DiskStore {
             .create(true)
             .truncate(truncate)
             .open(dir.join(FILE_NAME))?)
+    }
+
+    /// The `count` tokens at `at` if they are there and match `checksum`; none otherwise (the
+    /// block is kept either way: its payload has a checksum of its own).
+    fn read_tokens(&self, at: u64, (count, checksum): (u32, u64)) -> Vec<u32> {
+        let room = self.reader.stride as usize - self.block_bytes - TRAILER_BYTES;
+        if count == 0 || count as usize * 4 > room {
+            return Vec::new();
+        }
+        let mut bytes = vec![0u8; count as usize * 4];
+        if read_at(&self.reader.file, &mut bytes, at).is_err() || xxh3_64(&bytes) != checksum {
+            return Vec::new();
+        }
+        bytes
+            .chunks_exact(4)
+            .map(|t| u32::from_le_bytes([t[0], t[1], t[2], t[3]]))
+            .collect()
     }
 
     fn over(
@@ -400,12 +445,13 @@ impl DiskStore {
         &mut self,
         slot: BlockId,
         hash: SequenceHash,
-        meta: BlockMeta,
+        meta: &BlockMeta,
         data: &[u8],
     ) -> std::io::Result<()> {
         let offset = self.record_offset(slot);
         write_at(&self.reader.file, data, offset)?;
-        let trailer = Trailer::encode(hash, meta, data);
+        let room = self.reader.stride as usize - data.len();
+        let trailer = Trailer::encode(hash, meta, data, room);
         write_at(&self.reader.file, &trailer, offset + data.len() as u64)
     }
 }
@@ -425,14 +471,14 @@ impl BlockStore for DiskStore {
         hash: SequenceHash,
         data: &[u8],
     ) -> Result<(), StorageError> {
-        self.write_block_with(slot, hash, BlockMeta::default(), data)
+        self.write_block_with(slot, hash, &BlockMeta::default(), data)
     }
 
     fn write_block_with(
         &mut self,
         slot: BlockId,
         hash: SequenceHash,
-        meta: BlockMeta,
+        meta: &BlockMeta,
         data: &[u8],
     ) -> Result<(), StorageError> {
         self.check_slot(slot)?;

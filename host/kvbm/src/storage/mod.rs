@@ -29,15 +29,17 @@ use crate::manager::TransferBatch;
 use crate::retention::Retention;
 use crate::types::{BlockId, SequenceHash, Tier};
 
-/// What a block is besides its bytes: the block before it and how long to keep it. A store that
-/// outlives its process keeps it with the bytes (the disk's records), so that a reopened pool
-/// gets its chains and retention back ([`DiskStore::reopen`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// What a block is besides its bytes: the block before it, how long to keep it and its
+/// tokens. A store that outlives its process keeps it with the bytes (the disk's records), so
+/// that a reopened pool gets its chains, retention and tokens back ([`DiskStore::reopen`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct BlockMeta {
     /// The block before it in its sequence.
     pub parent: Option<SequenceHash>,
     /// Its retention.
     pub retention: Retention,
+    /// Its tokens, when the writer gave them (empty otherwise).
+    pub tokens: Vec<u32>,
 }
 
 /// `got` bytes are exactly one block of `expected` bytes.
@@ -94,7 +96,7 @@ pub trait BlockStore: Debug + Send {
         &mut self,
         slot: BlockId,
         hash: SequenceHash,
-        _meta: BlockMeta,
+        _meta: &BlockMeta,
         data: &[u8],
     ) -> Result<(), StorageError> {
         self.write_block(slot, hash, data)

@@ -88,7 +88,8 @@ impl<S: BlockStore> StorePool<S> {
 
     /// A pool over `store` that already holds `blocks`: a disk tier reopened after a restart
     /// ([`crate::storage::DiskStore::reopen`]), each block back with its parent and retention
-    /// as its record kept them, so a prefix still outlives its suffix. A hash given twice keeps
+    /// as its record kept them, so a prefix still outlives its suffix (its tokens are the
+    /// caller's to use). A hash given twice keeps
     /// its first slot.
     pub fn adopting(store: S, blocks: &[AdoptedRecord]) -> Result<StorePool<S>, KvbmError> {
         let pool = StorePool::over(store)?;
@@ -106,7 +107,7 @@ impl<S: BlockStore> StorePool<S> {
                 let Some(record) = wanted.get(&slot) else {
                     continue;
                 };
-                let (hash, meta) = (record.hash, record.meta);
+                let (hash, meta) = (record.hash, &record.meta);
                 // A block is never its own parent, as in `put_at`.
                 let parent = meta.parent.filter(|p| *p != hash);
                 let complete = block.complete(hash, parent);
@@ -193,11 +194,30 @@ impl<S: BlockStore> StorePool<S> {
         retention: Retention,
         data: &[u8],
         now: Tick,
+        spill: Option<&mut dyn FnMut(Spilled<'_>)>,
+    ) -> Result<PutOutcome, StorageError> {
+        let meta = BlockMeta {
+            parent,
+            retention,
+            tokens: Vec::new(),
+        };
+        self.put_block_at(hash, meta, data, now, spill)
+    }
+
+    /// [`put_at`](Self::put_at) with the block's tokens too, for a store that keeps them (a
+    /// disk tier's records).
+    pub fn put_block_at(
+        &self,
+        hash: SequenceHash,
+        meta: BlockMeta,
+        data: &[u8],
+        now: Tick,
         mut spill: Option<&mut dyn FnMut(Spilled<'_>)>,
     ) -> Result<PutOutcome, StorageError> {
         super::check_block_len(self.block_bytes, data.len())?;
         // A block is never its own parent: it would never be a leaf.
-        let parent = parent.filter(|p| *p != hash);
+        let parent = meta.parent.filter(|p| *p != hash);
+        let retention = meta.retention;
         let mut inner = self.lock();
         if inner.held.contains_key(&hash) {
             let merged = inner
@@ -249,8 +269,10 @@ impl<S: BlockStore> StorePool<S> {
             }
         }
         // The bytes go in before the block is registered: a failed write registers nothing.
-        let meta = BlockMeta { parent, retention };
-        inner.store.write_block_with(block.id(), hash, meta, data)?;
+        let meta = BlockMeta { parent, ..meta };
+        inner
+            .store
+            .write_block_with(block.id(), hash, &meta, data)?;
         let slot = block.id();
         let registration = inner
             .index

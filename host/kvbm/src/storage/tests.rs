@@ -114,37 +114,45 @@ fn meta(parent: Option<u64>, retention: Retention) -> BlockMeta {
     BlockMeta {
         parent: parent.map(SequenceHash),
         retention,
+        tokens: Vec::new(),
     }
 }
 
 #[test]
-fn a_reopened_disk_gives_back_each_blocks_parent_and_retention() -> TestResult {
+fn a_reopened_disk_gives_back_each_blocks_parent_retention_and_tokens() -> TestResult {
     let dir = tempfile::tempdir()?;
     let keep = Retention::new(90, None)?;
     let lease = Retention::new(90, Some(Tick(1_000)))?;
     let mut disk = DiskStore::open(dir.path(), 8, 1000, None)?;
-    disk.write_block_with(
-        BlockId(0),
-        SequenceHash(10),
-        meta(None, keep),
-        &block(0, 1000),
-    )?;
+    let root = BlockMeta {
+        tokens: (0..64).collect(),
+        ..meta(None, keep)
+    };
     let thinking = meta(Some(10), Retention::ephemeral());
-    disk.write_block_with(BlockId(1), SequenceHash(11), thinking, &block(1, 1000))?;
-    disk.write_block_with(
-        BlockId(2),
-        SequenceHash(12),
-        meta(Some(11), lease),
-        &block(2, 1000),
-    )?;
+    // Tokens that do not fit the record's padding (4,096 - 1,000 - 64 bytes) are not kept.
+    let long = BlockMeta {
+        tokens: vec![7; 800],
+        ..meta(Some(11), lease)
+    };
+    for (slot, (hash, meta)) in [(10, &root), (11, &thinking), (12, &long)]
+        .into_iter()
+        .enumerate()
+    {
+        let slot = BlockId(slot as u32);
+        disk.write_block_with(slot, SequenceHash(hash), meta, &block(slot.0 as u8, 1000))?;
+    }
     let parent_at = disk.record_offset(BlockId(2)) + 1000 + 32;
+    let token_at = disk.record_offset(BlockId(0)) + 1000 + 64;
     drop(disk);
     let (mut disk, kept) = DiskStore::reopen(dir.path(), 8, 1000, None)?;
-    let found: Vec<_> = kept.iter().map(|r| (r.slot, r.hash, r.meta)).collect();
+    let found: Vec<_> = kept
+        .iter()
+        .map(|r| (r.slot, r.hash, r.meta.clone()))
+        .collect();
     assert_eq!(
         found,
         vec![
-            (BlockId(0), SequenceHash(10), meta(None, keep)),
+            (BlockId(0), SequenceHash(10), root),
             (BlockId(1), SequenceHash(11), thinking),
             // A lease counts from the process that wrote it: back at the default.
             (
@@ -165,6 +173,14 @@ fn a_reopened_disk_gives_back_each_blocks_parent_and_retention() -> TestResult {
         Err(StorageError::Corrupt { .. })
     ));
     assert_eq!(disk.counters().checksum_failures, 1);
+    // A changed token loses the tokens at the next reopen, not the block.
+    std::os::unix::fs::FileExt::write_all_at(&file, &9u32.to_le_bytes(), token_at)?;
+    drop(disk);
+    let (mut disk, kept) = DiskStore::reopen(dir.path(), 8, 1000, None)?;
+    assert_eq!(kept[0].hash, SequenceHash(10));
+    assert!(kept[0].meta.tokens.is_empty());
+    disk.read_block(BlockId(0), SequenceHash(10), &mut out)?;
+    assert_eq!(out, block(0, 1000));
     Ok(())
 }
 
