@@ -557,24 +557,25 @@ impl Inner {
             let Some(disk) = disk.as_ref() else {
                 return;
             };
-            // The tokens go into the disk record, so that a restarted pool announces them.
+            // The tokens go into the disk record, so that a restarted pool announces them, and
+            // into the disk store event.
+            let ids = tokens.get(&s.hash).cloned().unwrap_or_default();
             let meta = BlockMeta {
                 parent: s.parent,
                 retention: s.retention,
-                tokens: tokens.get(&s.hash).cloned().unwrap_or_default(),
+                tokens: ids.clone(),
             };
             match disk.put_block_at(s.hash, meta, s.bytes, now, None) {
                 Ok(_) => {
                     counters.spilled += 1;
-                    spilled.push((s.hash, s.parent));
+                    spilled.push((s.hash, s.parent, ids));
                 }
                 // A full or failing disk only loses the block: the put goes on.
                 Err(_) => counters.spill_failures += 1,
             }
         };
         let outcome = memory.put_at(hash, parent, retention, bytes, now, Some(&mut spill));
-        for (spilled, parent) in spilled {
-            let ids = tokens.get(&spilled).cloned().unwrap_or_default();
+        for (spilled, parent, ids) in spilled {
             events.push(stored_event(
                 spilled,
                 parent,

@@ -80,9 +80,10 @@ impl Trailer {
         } else {
             &[]
         };
-        let token_bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
         let (flags, priority) = Self::meta_bytes(&kept);
-        let mut out = vec![0u8; TRAILER_BYTES];
+        let mut out = Vec::with_capacity(TRAILER_BYTES + 4 * tokens.len());
+        out.resize(TRAILER_BYTES, 0);
+        out.extend(tokens.iter().flat_map(|t| t.to_le_bytes()));
         out[0..4].copy_from_slice(&MAGIC);
         out[4..6].copy_from_slice(&VERSION.to_le_bytes());
         out[6] = flags;
@@ -92,8 +93,8 @@ impl Trailer {
         out[24..32].copy_from_slice(&Self::checksum_v2(hash, &kept, data).to_le_bytes());
         out[32..40].copy_from_slice(&kept.parent.map_or(0, |p| p.0).to_le_bytes());
         out[40..44].copy_from_slice(&(tokens.len() as u32).to_le_bytes());
-        out[44..52].copy_from_slice(&xxh3_64(&token_bytes).to_le_bytes());
-        out.extend_from_slice(&token_bytes);
+        let tokens_checksum = xxh3_64(&out[TRAILER_BYTES..]);
+        out[44..52].copy_from_slice(&tokens_checksum.to_le_bytes());
         out
     }
 
@@ -109,8 +110,8 @@ impl Trailer {
             return None;
         }
         let version = u16::from_le_bytes([bytes[4], bytes[5]]);
-        let meta = match version {
-            VERSION_1 => BlockMeta::default(),
+        let (meta, tokens) = match version {
+            VERSION_1 => (BlockMeta::default(), (0, 0)),
             VERSION if bytes.len() >= TRAILER_BYTES => {
                 let (flags, priority) = (bytes[6], bytes[7]);
                 let retention = if flags & EPHEMERAL != 0 {
@@ -118,20 +119,15 @@ impl Trailer {
                 } else {
                     Retention::new(priority, None).ok()?
                 };
-                BlockMeta {
+                let meta = BlockMeta {
                     parent: (flags & HAS_PARENT != 0).then(|| SequenceHash(field(32..40))),
                     retention,
                     tokens: Vec::new(),
-                }
+                };
+                let count = u32::from_le_bytes([bytes[40], bytes[41], bytes[42], bytes[43]]);
+                (meta, (count, field(44..52)))
             }
             _ => return None,
-        };
-        let tokens = if version == VERSION {
-            let mut count = [0u8; 4];
-            count.copy_from_slice(&bytes[40..44]);
-            (u32::from_le_bytes(count), field(44..52))
-        } else {
-            (0, 0)
         };
         Some(Trailer {
             version,
